@@ -1,0 +1,59 @@
+# Makefile - the commands people type; CMake does the building.
+#
+#   make          build (build/)
+#   make test     install what is missing, build, run every test
+#   make demo     install what is missing, build, run the main job
+#   make install  install libecx.so, libecx.a, ecx.h, ecx.pc and the ecx command
+#   make asan     the whole suite under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz     build the fuzz targets with clang and run each FUZZ_SECONDS
+#   make format   clang-format every C file in place
+#   make bench    ecx bench all
+
+BUILD ?= build
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 20
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?= --output-on-failure
+
+.PHONY: all build deps test demo install asan fuzz format format-check bench clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+build:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: deps build
+	cd $(BUILD) && ctest $(CTEST_FLAGS) -j $(JOBS)
+
+demo: deps build
+	./$(BUILD)/tools/ecx demo
+
+install: build
+	cmake --install $(BUILD)
+
+asan:
+	@$(MAKE) --no-print-directory test BUILD=build-asan \
+		CMAKE_FLAGS="-DECX_SANITIZE=ON $(CMAKE_FLAGS)"
+
+fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz -DECX_FUZZ=ON -DECX_TESTS=OFF >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	@./scripts/run-fuzz.sh build-fuzz/fuzz $(FUZZ_SECONDS)
+
+format:
+	git ls-files '*.c' '*.h' | xargs clang-format -i
+
+format-check:
+	git ls-files '*.c' '*.h' | xargs clang-format --dry-run --Werror
+
+bench: build
+	./$(BUILD)/tools/ecx bench all
+
+clean:
+	rm -rf build build-asan build-fuzz build-tsan

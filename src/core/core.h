@@ -1,0 +1,91 @@
+/*
+ * core.h - internal helpers every layer uses: logging, error details,
+ * clocks, base64 and safe string copies. Not part of the public API.
+ */
+#ifndef ECX_CORE_H
+#define ECX_CORE_H
+
+#include <ecx/ecx.h>
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Largest integer that a JSON peer reading numbers as doubles gets exactly. */
+#define ECX_JSON_INT_MAX ((uint64_t)1 << 53)
+
+/* ---- logging ---- */
+
+typedef enum ecx_log_level {
+	ECX_LOG_OFF = 0,
+	ECX_LOG_ERROR = 1,
+	ECX_LOG_WARN = 2,
+	ECX_LOG_INFO = 3,
+	ECX_LOG_DEBUG = 4,
+} ecx_log_level;
+
+/* ecx_log_enabled says whether a message of this level is printed. The level
+ * comes from the ECX_LOG environment variable (error, warn, info, debug,
+ * off), read once; the default is warn. */
+bool ecx_log_enabled(ecx_log_level lvl);
+
+/* ecx_log_set_level overrides ECX_LOG (the command uses it for -v). */
+void ecx_log_set_level(ecx_log_level lvl);
+
+/* ecx_log_parse maps a level name to its value; -1 for an unknown name. */
+int ecx_log_parse(const char *name);
+
+/* ecx_logf writes one line to stderr: time, pid, level, module, message.
+ * The line is written with a single write(2) so lines of threads and
+ * processes do not interleave. */
+void ecx_logf(ecx_log_level lvl, const char *mod, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define ECX_LOG_AT(lvl, mod, ...)                                              \
+	do {                                                                   \
+		if (ecx_log_enabled(lvl))                                      \
+			ecx_logf(lvl, mod, __VA_ARGS__);                       \
+	} while (0)
+#define ecx_error(mod, ...) ECX_LOG_AT(ECX_LOG_ERROR, mod, __VA_ARGS__)
+#define ecx_warn(mod, ...) ECX_LOG_AT(ECX_LOG_WARN, mod, __VA_ARGS__)
+#define ecx_info(mod, ...) ECX_LOG_AT(ECX_LOG_INFO, mod, __VA_ARGS__)
+#define ecx_debug(mod, ...) ECX_LOG_AT(ECX_LOG_DEBUG, mod, __VA_ARGS__)
+
+/* ---- error details ---- */
+
+/* ecx_why formats a one-line reason into why (if why is not NULL and
+ * whylen > 0) and returns err, so a failure reads
+ * `return ecx_why(why, whylen, ECX_EPROTO, "...", ...);`. */
+int ecx_why(char *why, size_t whylen, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- strings ---- */
+
+/* ecx_strlcpy copies at most n-1 bytes and terminates; returns strlen(src). */
+size_t ecx_strlcpy(char *dst, const char *src, size_t n);
+
+/* ecx_ct_equal compares two byte strings in time that depends only on their
+ * lengths (for tokens). */
+bool ecx_ct_equal(const char *a, size_t alen, const char *b, size_t blen);
+
+/* ---- clocks ---- */
+
+/* Monotonic time in nanoseconds and milliseconds. */
+uint64_t ecx_now_ns(void);
+static inline uint64_t ecx_now_ms(void) { return ecx_now_ns() / 1000000u; }
+
+/* ---- base64 (RFC 4648, with padding) ---- */
+
+/* Length of the encoding of n bytes, without the terminating NUL. */
+static inline size_t ecx_b64_enclen(size_t n) { return (n + 2) / 3 * 4; }
+
+/* ecx_b64_encode writes the encoding and a NUL into out, which holds at
+ * least ecx_b64_enclen(n) + 1 bytes. */
+void ecx_b64_encode(const void *in, size_t n, char *out);
+
+/* ecx_b64_decode decodes len characters into out (room outcap). Returns the
+ * decoded length, or -1 for bad characters, bad padding, or too little room. */
+long ecx_b64_decode(const char *in, size_t len, void *out, size_t outcap);
+
+#endif /* ECX_CORE_H */

@@ -1,0 +1,43 @@
+/* err.c - the error table's strings, and the version. */
+#include "core.h"
+
+#include <stdio.h>
+
+const char *ecx_version(void) { return ECX_VERSION_STRING; }
+
+int ecx_version_number(void) { return ECX_VERSION_NUMBER; }
+
+const char *ecx_strerror(int err)
+{
+	switch (err) {
+#define ECX_ERR_STR(name, code, msg)                                           \
+	case code:                                                             \
+		return msg;
+		ECX_ERR_MAP(ECX_ERR_STR)
+#undef ECX_ERR_STR
+	}
+	return "unknown error";
+}
+
+const char *ecx_err_name(int err)
+{
+	switch (err) {
+#define ECX_ERR_NAME(name, code, msg)                                          \
+	case code:                                                             \
+		return #name;
+		ECX_ERR_MAP(ECX_ERR_NAME)
+#undef ECX_ERR_NAME
+	}
+	return "UNKNOWN";
+}
+
+int ecx_why(char *why, size_t whylen, int err, const char *fmt, ...)
+{
+	if (why != NULL && whylen > 0) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(why, whylen, fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}

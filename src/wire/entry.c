@@ -1,0 +1,287 @@
+/* entry.c - the registry entry and the batched lookup. */
+#include "wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ecx_json_id(const cJSON *n, const char *what, char *out, char *why,
+                size_t whylen);
+
+cJSON *ecx_entry_to_json(const ecx_entry *e)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON *shape = cJSON_CreateArray();
+	if (o == NULL || shape == NULL)
+		goto fail;
+	cJSON_AddItemToObject(o, "nbytes", ecx_json_u64(e->desc.nbytes));
+	cJSON_AddItemToObject(o, "shape", shape);
+	for (uint32_t i = 0; i < e->desc.ndim && i < ECX_MAX_DIMS; i++)
+		cJSON_AddItemToArray(shape, ecx_json_u64(e->desc.shape[i]));
+	const char *dt = ecx_dtype_name(e->desc.dtype);
+	cJSON_AddStringToObject(o, "dtype", dt != NULL ? dt : "invalid");
+	cJSON_AddStringToObject(o, "producer_zmq", e->producer_zmq);
+	if (e->epoch != 0)
+		cJSON_AddItemToObject(o, "ecx_epoch", ecx_json_u64(e->epoch));
+	/* cJSON reports allocation failures only through missing children. */
+	if (cJSON_GetArraySize(o) < 4 ||
+	    cJSON_GetArraySize(shape) != (int)e->desc.ndim)
+		goto fail;
+	return o;
+fail:
+	cJSON_Delete(o);
+	if (o == NULL)
+		cJSON_Delete(shape);
+	return NULL;
+}
+
+static char *json_print_free(cJSON *o)
+{
+	if (o == NULL)
+		return NULL;
+	char *s = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	return s;
+}
+
+char *ecx_entry_encode(const ecx_entry *e)
+{
+	return json_print_free(ecx_entry_to_json(e));
+}
+
+int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
+                        size_t whylen)
+{
+	ecx_entry e;
+	memset(&e, 0, sizeof(e));
+	if (!cJSON_IsObject(o))
+		return ecx_why(why, whylen, ECX_EPROTO, "entry is not an object");
+	int rc = ecx_json_get_u64(o, "nbytes", &e.desc.nbytes, why, whylen);
+	if (rc != 0)
+		return rc;
+	const cJSON *shape = cJSON_GetObjectItemCaseSensitive(o, "shape");
+	if (shape == NULL)
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "missing field \"shape\"");
+	if (!cJSON_IsArray(shape))
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"shape\" is not an array");
+	int nd = cJSON_GetArraySize(shape);
+	if (nd > ECX_MAX_DIMS)
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"shape\" has %d dimensions; at most %d", nd,
+		               ECX_MAX_DIMS);
+	e.desc.ndim = (uint32_t)nd;
+	int i = 0;
+	const cJSON *d;
+	cJSON_ArrayForEach(d, shape)
+	{
+		if (!cJSON_IsNumber(d) || d->valuedouble < 0 ||
+		    d->valuedouble != (double)(uint64_t)d->valuedouble ||
+		    d->valuedouble >= (double)ECX_JSON_INT_MAX)
+			return ecx_why(why, whylen, ECX_EPROTO,
+			               "\"shape\"[%d] is not a non-negative "
+			               "integer below 2^53",
+			               i);
+		e.desc.shape[i++] = (uint64_t)d->valuedouble;
+	}
+	char dt[32];
+	rc = ecx_json_get_str(o, "dtype", dt, sizeof(dt), why, whylen);
+	if (rc != 0)
+		return rc;
+	if (ecx_dtype_parse(dt, &e.desc.dtype) != 0)
+		return ecx_why(why, whylen, ECX_EDTYPE, "unknown dtype \"%s\"",
+		               dt);
+	rc = ecx_tensor_check(&e.desc, why, whylen);
+	if (rc != 0)
+		return rc;
+	rc = ecx_json_get_str(o, "producer_zmq", e.producer_zmq,
+	                      sizeof(e.producer_zmq), why, whylen);
+	if (rc != 0)
+		return rc;
+	if (e.producer_zmq[0] == '\0')
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"producer_zmq\" is empty");
+	if (cJSON_GetObjectItemCaseSensitive(o, "ecx_epoch") != NULL) {
+		rc = ecx_json_get_u64(o, "ecx_epoch", &e.epoch, why, whylen);
+		if (rc != 0)
+			return rc;
+	}
+	*out = e;
+	return 0;
+}
+
+int ecx_entry_decode(const char *buf, size_t len, ecx_entry *out, char *why,
+                     size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_ENTRY_MAX, why, whylen);
+	if (o == NULL)
+		return len > ECX_ENTRY_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	int rc = ecx_entry_from_json(o, out, why, whylen);
+	cJSON_Delete(o);
+	return rc;
+}
+
+char *ecx_lookup_req_encode(const char *const *ids, size_t n)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON *arr = cJSON_AddArrayToObject(o, "ids");
+	if (arr == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		cJSON *s = cJSON_CreateString(ids[i]);
+		if (s == NULL) {
+			cJSON_Delete(o);
+			return NULL;
+		}
+		cJSON_AddItemToArray(arr, s);
+	}
+	return json_print_free(o);
+}
+
+int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,
+                          char *why, size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
+	if (o == NULL)
+		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	int rc = 0;
+	ecx_idlist l = {0, NULL};
+	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "ids");
+	if (arr == NULL) {
+		rc = ecx_why(why, whylen, ECX_EPROTO, "missing field \"ids\"");
+		goto out;
+	}
+	if (!cJSON_IsArray(arr)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "\"ids\" is not an array");
+		goto out;
+	}
+	int n = cJSON_GetArraySize(arr);
+	if (n > ECX_LOOKUP_MAX_IDS) {
+		rc = ecx_why(why, whylen, ECX_ETOOBIG,
+		             "%d ids in one lookup; at most %d", n,
+		             ECX_LOOKUP_MAX_IDS);
+		goto out;
+	}
+	l.ids = calloc(n > 0 ? (size_t)n : 1, sizeof(*l.ids));
+	if (l.ids == NULL) {
+		rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+		goto out;
+	}
+	const cJSON *s;
+	cJSON_ArrayForEach(s, arr)
+	{
+		char what[32];
+		snprintf(what, sizeof(what), "\"ids\"[%zu]", l.n);
+		rc = ecx_json_id(s, what, l.ids[l.n], why, whylen);
+		if (rc != 0) {
+			free(l.ids);
+			goto out;
+		}
+		l.n++;
+	}
+	*out = l;
+out:
+	cJSON_Delete(o);
+	return rc;
+}
+
+char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON *found = cJSON_AddObjectToObject(o, "found");
+	cJSON *missing = cJSON_AddArrayToObject(o, "missing");
+	if (found == NULL || missing == NULL)
+		goto fail;
+	for (size_t i = 0; i < n; i++) {
+		cJSON *c = items[i].found ? ecx_entry_to_json(&items[i].entry)
+		                          : cJSON_CreateString(items[i].id);
+		if (c == NULL)
+			goto fail;
+		if (items[i].found)
+			cJSON_AddItemToObject(found, items[i].id, c);
+		else
+			cJSON_AddItemToArray(missing, c);
+	}
+	return json_print_free(o);
+fail:
+	cJSON_Delete(o);
+	return NULL;
+}
+
+int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
+                           size_t n, char *why, size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
+	if (o == NULL)
+		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	int rc = 0;
+	const cJSON *found = cJSON_GetObjectItemCaseSensitive(o, "found");
+	const cJSON *missing = cJSON_GetObjectItemCaseSensitive(o, "missing");
+	if (!cJSON_IsObject(found) || !cJSON_IsArray(missing)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "lookup reply needs \"found\" (object) and "
+		             "\"missing\" (array)");
+		goto out;
+	}
+	size_t nf = (size_t)cJSON_GetArraySize(found);
+	size_t nm = (size_t)cJSON_GetArraySize(missing);
+	/* The reply answers each distinct requested id once. */
+	size_t distinct = 0;
+	for (size_t i = 0; i < n; i++) {
+		bool dup = false;
+		for (size_t j = 0; j < i && !dup; j++)
+			dup = strcmp(items[i].id, items[j].id) == 0;
+		distinct += !dup;
+	}
+	if (nf + nm != distinct) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "lookup reply answers %zu ids, expected %zu",
+		             nf + nm, distinct);
+		goto out;
+	}
+	const cJSON *c;
+	cJSON_ArrayForEach(c, found)
+	{
+		bool known = false;
+		for (size_t i = 0; i < n; i++) {
+			if (strcmp(items[i].id, c->string) != 0)
+				continue;
+			rc = ecx_entry_from_json(c, &items[i].entry, why,
+			                         whylen);
+			if (rc != 0)
+				goto out;
+			items[i].found = true;
+			known = true;
+		}
+		if (!known) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "lookup reply names an id that was not "
+			             "asked for");
+			goto out;
+		}
+	}
+	cJSON_ArrayForEach(c, missing)
+	{
+		bool known = false;
+		for (size_t i = 0; i < n && !known; i++)
+			known = cJSON_IsString(c) &&
+			        strcmp(items[i].id, c->valuestring) == 0 &&
+			        !items[i].found;
+		if (!known) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "lookup reply's \"missing\" has an id that "
+			             "was not asked for");
+			goto out;
+		}
+	}
+out:
+	if (rc != 0)
+		for (size_t i = 0; i < n; i++)
+			items[i].found = false;
+	cJSON_Delete(o);
+	return rc;
+}

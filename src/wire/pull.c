@@ -1,0 +1,335 @@
+/* pull.c - ecx's batched pull request and its reply. */
+#include "wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ecx_json_id(const cJSON *n, const char *what, char *out, char *why,
+                size_t whylen);
+
+static char *json_print_free(cJSON *o)
+{
+	char *s = o != NULL ? cJSON_PrintUnformatted(o) : NULL;
+	cJSON_Delete(o);
+	return s;
+}
+
+char *ecx_pull_req_encode(const ecx_pull_req *r)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddStringToObject(o, "op", "pullv");
+	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
+	if (r->token[0] != '\0')
+		cJSON_AddStringToObject(o, "token", r->token);
+	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
+	cJSON *items = cJSON_AddArrayToObject(o, "items");
+	char *b64 = NULL;
+	if (regs == NULL || items == NULL)
+		goto fail;
+	for (size_t i = 0; i < r->nregions; i++) {
+		const ecx_region *g = &r->regions[i];
+		cJSON *x = cJSON_CreateObject();
+		if (x == NULL)
+			goto fail;
+		cJSON_AddItemToArray(regs, x);
+		b64 = malloc(ecx_b64_enclen(g->rkey_len) + 1);
+		if (b64 == NULL)
+			goto fail;
+		ecx_b64_encode(g->rkey, g->rkey_len, b64);
+		cJSON_AddItemToObject(x, "base", ecx_json_u64(g->base));
+		cJSON_AddItemToObject(x, "len", ecx_json_u64(g->len));
+		if (cJSON_AddStringToObject(x, "rkey", b64) == NULL)
+			goto fail;
+		free(b64);
+		b64 = NULL;
+	}
+	for (size_t i = 0; i < r->nitems; i++) {
+		const ecx_pull_item *it = &r->items[i];
+		cJSON *x = cJSON_CreateObject();
+		if (x == NULL)
+			goto fail;
+		cJSON_AddItemToArray(items, x);
+		cJSON_AddStringToObject(x, "id", it->id);
+		cJSON_AddItemToObject(x, "nbytes", ecx_json_u64(it->nbytes));
+		cJSON_AddItemToObject(x, "region", ecx_json_u64(it->region));
+		if (!cJSON_AddItemToObject(x, "addr", ecx_json_u64(it->addr)))
+			goto fail;
+	}
+	return json_print_free(o);
+fail:
+	free(b64);
+	cJSON_Delete(o);
+	return NULL;
+}
+
+void ecx_pull_req_free(ecx_pull_req *r)
+{
+	if (r == NULL)
+		return;
+	free(r->mem);
+	r->mem = NULL;
+	r->regions = NULL;
+	r->items = NULL;
+	r->nregions = r->nitems = 0;
+}
+
+int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
+                        char *why, size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
+	if (o == NULL)
+		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	int rc;
+	ecx_pull_req r;
+	memset(&r, 0, sizeof(r));
+	char op[16];
+	rc = ecx_json_get_str(o, "op", op, sizeof(op), why, whylen);
+	if (rc != 0)
+		goto fail;
+	if (strcmp(op, "pullv") != 0) {
+		rc = ecx_why(why, whylen, ECX_EUNSUPPORTED, "unknown op");
+		goto fail;
+	}
+	if ((rc = ecx_json_get_u64(o, "req", &r.req, why, whylen)) != 0)
+		goto fail;
+	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
+	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,
+	                           whylen)) != 0)
+		goto fail;
+	const cJSON *regs = cJSON_GetObjectItemCaseSensitive(o, "regions");
+	const cJSON *items = cJSON_GetObjectItemCaseSensitive(o, "items");
+	if (!cJSON_IsArray(regs) || !cJSON_IsArray(items)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "pull needs \"regions\" and \"items\" arrays");
+		goto fail;
+	}
+	int ng = cJSON_GetArraySize(regs), ni = cJSON_GetArraySize(items);
+	if (ng > ECX_PULL_MAX_REGIONS || ni > ECX_PULL_MAX_ITEMS) {
+		rc = ecx_why(why, whylen, ECX_ETOOBIG,
+		             "pull has %d regions and %d items; at most %d "
+		             "and %d",
+		             ng, ni, ECX_PULL_MAX_REGIONS, ECX_PULL_MAX_ITEMS);
+		goto fail;
+	}
+	/* One allocation: regions, items, then the decoded rkeys. */
+	size_t rkey_room = 0;
+	const cJSON *g;
+	cJSON_ArrayForEach(g, regs)
+	{
+		const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "rkey");
+		if (!cJSON_IsString(k) || k->valuestring == NULL) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "region's \"rkey\" is not a string");
+			goto fail;
+		}
+		size_t kl = strlen(k->valuestring);
+		if (kl > ecx_b64_enclen(ECX_RKEY_MAX)) {
+			rc = ecx_why(why, whylen, ECX_ETOOBIG,
+			             "region's \"rkey\" is too long");
+			goto fail;
+		}
+		rkey_room += kl / 4 * 3;
+	}
+	size_t sz = (size_t)ng * sizeof(ecx_region) +
+	            (size_t)ni * sizeof(ecx_pull_item) + rkey_room + 1;
+	r.mem = calloc(1, sz);
+	if (r.mem == NULL) {
+		rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+		goto fail;
+	}
+	r.regions = r.mem;
+	r.items = (ecx_pull_item *)(r.regions + ng);
+	unsigned char *kp = (unsigned char *)(r.items + ni);
+	cJSON_ArrayForEach(g, regs)
+	{
+		ecx_region *x = &r.regions[r.nregions];
+		if (!cJSON_IsObject(g)) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "region is not an object");
+			goto fail;
+		}
+		if ((rc = ecx_json_get_u64(g, "base", &x->base, why, whylen)) ||
+		    (rc = ecx_json_get_u64(g, "len", &x->len, why, whylen)))
+			goto fail;
+		if (x->len == 0 || x->base + x->len > ECX_JSON_INT_MAX) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "region %zu is empty or wraps", r.nregions);
+			goto fail;
+		}
+		const char *k =
+		    cJSON_GetObjectItemCaseSensitive(g, "rkey")->valuestring;
+		long kl = ecx_b64_decode(k, strlen(k), kp, rkey_room);
+		if (kl <= 0) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "region %zu's \"rkey\" is not base64",
+			             r.nregions);
+			goto fail;
+		}
+		x->rkey = kp;
+		x->rkey_len = (size_t)kl;
+		kp += kl;
+		rkey_room -= (size_t)kl;
+		r.nregions++;
+	}
+	const cJSON *it;
+	cJSON_ArrayForEach(it, items)
+	{
+		ecx_pull_item *x = &r.items[r.nitems];
+		uint64_t region;
+		char what[32];
+		snprintf(what, sizeof(what), "item %zu's \"id\"", r.nitems);
+		if (!cJSON_IsObject(it)) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "item is not an object");
+			goto fail;
+		}
+		if ((rc = ecx_json_id(cJSON_GetObjectItemCaseSensitive(it, "id"),
+		                      what, x->id, why, whylen)) ||
+		    (rc = ecx_json_get_u64(it, "nbytes", &x->nbytes, why,
+		                           whylen)) ||
+		    (rc = ecx_json_get_u64(it, "region", &region, why,
+		                           whylen)) ||
+		    (rc = ecx_json_get_u64(it, "addr", &x->addr, why, whylen)))
+			goto fail;
+		if (region >= r.nregions) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "item %zu names region %llu of %zu",
+			             r.nitems, (unsigned long long)region,
+			             r.nregions);
+			goto fail;
+		}
+		x->region = (uint32_t)region;
+		const ecx_region *reg = &r.regions[region];
+		if (x->addr < reg->base || x->nbytes > reg->len ||
+		    x->addr - reg->base > reg->len - x->nbytes) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "item %zu's destination lies outside its "
+			             "region",
+			             r.nitems);
+			goto fail;
+		}
+		r.nitems++;
+	}
+	cJSON_Delete(o);
+	*out = r;
+	return 0;
+fail:
+	cJSON_Delete(o);
+	ecx_pull_req_free(&r);
+	return rc;
+}
+
+char *ecx_pull_resp_encode(const ecx_pull_resp *r)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
+	if (r->err != 0) {
+		cJSON_AddBoolToObject(o, "ok", false);
+		cJSON_AddStringToObject(o, "err", r->detail[0] != '\0'
+		                                      ? r->detail
+		                                      : ecx_strerror(r->err));
+		cJSON_AddStringToObject(o, "code", ecx_err_name(r->err));
+		return json_print_free(o);
+	}
+	cJSON_AddBoolToObject(o, "ok", true);
+	cJSON *items = cJSON_AddArrayToObject(o, "items");
+	if (items == NULL)
+		goto fail;
+	for (size_t i = 0; i < r->nitems; i++) {
+		cJSON *x = cJSON_CreateObject();
+		if (x == NULL)
+			goto fail;
+		cJSON_AddItemToArray(items, x);
+		cJSON_AddBoolToObject(x, "ok", r->status[i] == 0);
+		if (r->status[i] != 0) {
+			cJSON_AddStringToObject(x, "err",
+			                        ecx_strerror(r->status[i]));
+			if (!cJSON_AddStringToObject(x, "code",
+			                             ecx_err_name(r->status[i])))
+				goto fail;
+		}
+	}
+	return json_print_free(o);
+fail:
+	cJSON_Delete(o);
+	return NULL;
+}
+
+/* An error code read off the wire: known names map back, anything else is a
+ * transport error; 0 is never returned for a failure. */
+static int wire_err(const cJSON *x)
+{
+	const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "code");
+	int e = cJSON_IsString(c) ? ecx_err_from_name(c->valuestring) : ECX_EIO;
+	return e != 0 ? e : ECX_EIO;
+}
+
+int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
+                         char *why, size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
+	if (o == NULL)
+		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	int rc;
+	ecx_pull_resp r;
+	memset(&r, 0, sizeof(r));
+	if ((rc = ecx_json_get_u64(o, "req", &r.req, why, whylen)) != 0)
+		goto fail;
+	const cJSON *ok = cJSON_GetObjectItemCaseSensitive(o, "ok");
+	if (!cJSON_IsBool(ok)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "\"ok\" is missing or not a boolean");
+		goto fail;
+	}
+	if (cJSON_IsFalse(ok)) {
+		r.err = wire_err(o);
+		const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "err");
+		ecx_strlcpy(r.detail,
+		            cJSON_IsString(e) ? e->valuestring
+		                              : ecx_strerror(r.err),
+		            sizeof(r.detail));
+		cJSON_Delete(o);
+		*out = r;
+		return 0;
+	}
+	const cJSON *items = cJSON_GetObjectItemCaseSensitive(o, "items");
+	if (!cJSON_IsArray(items)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "\"items\" is missing or not an array");
+		goto fail;
+	}
+	int n = cJSON_GetArraySize(items);
+	if (n > ECX_PULL_MAX_ITEMS) {
+		rc = ecx_why(why, whylen, ECX_ETOOBIG, "too many items");
+		goto fail;
+	}
+	r.status = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+	if (r.status == NULL) {
+		rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+		goto fail;
+	}
+	const cJSON *x;
+	cJSON_ArrayForEach(x, items)
+	{
+		const cJSON *iok = cJSON_GetObjectItemCaseSensitive(x, "ok");
+		if (!cJSON_IsBool(iok)) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "item %zu's \"ok\" is not a boolean",
+			             r.nitems);
+			goto fail;
+		}
+		r.status[r.nitems++] = cJSON_IsTrue(iok) ? 0 : wire_err(x);
+	}
+	cJSON_Delete(o);
+	*out = r;
+	return 0;
+fail:
+	free(r.status);
+	cJSON_Delete(o);
+	return rc;
+}

@@ -1,0 +1,195 @@
+/*
+ * wire.h - JSON codecs for everything ecx sends: registry entries, batched
+ * lookups, pulls and their replies, and the ZeroMQ rendezvous messages.
+ *
+ * Decoders are strict and total: they take a byte buffer and its length
+ * (not NUL-terminated), refuse inputs over their size limit, wrong types,
+ * negative, fractional or out-of-range numbers (integers must be below 2^53),
+ * missing fields, ids that break the rules and shapes that disagree with
+ * nbytes, each with a one-line reason in why, and never read out of bounds.
+ * Unknown fields are ignored so that newer peers can add fields. Encoders
+ * return a malloc'd NUL-terminated string (free with free()), or NULL when
+ * out of memory. Nothing here blocks or keeps state.
+ */
+#ifndef ECX_WIRE_H
+#define ECX_WIRE_H
+
+#include "core/core.h"
+
+#include <cjson/cJSON.h>
+
+#define ECX_ADDR_MAX 256        /* producer_zmq and similar addresses */
+#define ECX_TOKEN_MAX 256       /* tokens, including the NUL */
+#define ECX_WIRE_MAX (4u << 20) /* largest message any decoder takes */
+#define ECX_ENTRY_MAX 4096      /* largest registry entry */
+#define ECX_LOOKUP_MAX_IDS 4096 /* ids in one batched lookup */
+#define ECX_PULL_MAX_ITEMS 4096 /* items in one pull */
+#define ECX_PULL_MAX_REGIONS 64 /* consumer regions named by one pull */
+#define ECX_RKEY_MAX 4096       /* bytes of one packed UCX remote key */
+#define ECX_WORKER_ADDR_MAX 8192 /* bytes of one packed UCX worker address */
+
+/* ---- registry entry: {"nbytes","shape","dtype","producer_zmq", ...} ---- */
+
+/* What the registry says about one item. The first four fields are exactly
+ * what the reference publishes; epoch is ecx's (0 when absent): it changes
+ * each time a producer starts, so a consumer can tell a restarted producer
+ * at the same address from the one it knew. */
+typedef struct ecx_entry {
+	ecx_tensor_desc desc;
+	char producer_zmq[ECX_ADDR_MAX];
+	uint64_t epoch;
+} ecx_entry;
+
+cJSON *ecx_entry_to_json(const ecx_entry *e);
+char *ecx_entry_encode(const ecx_entry *e);
+int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
+                        size_t whylen);
+int ecx_entry_decode(const char *buf, size_t len, ecx_entry *out, char *why,
+                     size_t whylen);
+
+/* ---- batched lookup: {"ids":[...]} -> {"found":{id:entry},"missing":[]} */
+
+/* A list of ids in one allocation; free with free(). */
+typedef struct ecx_idlist {
+	size_t n;
+	char (*ids)[ECX_ID_MAX + 1];
+} ecx_idlist;
+
+char *ecx_lookup_req_encode(const char *const *ids, size_t n);
+/* On success *out holds a malloc'd list (free out->ids). Duplicate ids are
+ * kept; at most ECX_LOOKUP_MAX_IDS. */
+int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,
+                          char *why, size_t whylen);
+
+/* One id's answer in a batched lookup. */
+typedef struct ecx_lookup_item {
+	const char *id;
+	bool found;
+	ecx_entry entry;
+} ecx_lookup_item;
+
+char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n);
+/* Fills items[i].found and .entry for the n ids already set in items[i].id.
+ * Every requested id must be under "found" or in "missing", and nothing
+ * else may be; otherwise ECX_EPROTO. */
+int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
+                           size_t n, char *why, size_t whylen);
+
+/* ---- ecx's batched pull (UCX active message) ---- */
+
+/* A piece of the consumer's memory, registered with UCX, that writes of this
+ * pull may land in: [base, base + len), with its packed remote key. */
+typedef struct ecx_region {
+	uint64_t base;
+	uint64_t len;
+	size_t rkey_len;
+	unsigned char *rkey; /* points into the request's allocation */
+} ecx_region;
+
+typedef struct ecx_pull_item {
+	char id[ECX_ID_MAX + 1];
+	uint64_t nbytes;
+	uint32_t region; /* index into regions */
+	uint64_t addr;   /* destination, inside that region */
+} ecx_pull_item;
+
+typedef struct ecx_pull_req {
+	uint64_t req; /* the consumer's request number, echoed in the reply */
+	char token[ECX_TOKEN_MAX];
+	size_t nregions;
+	ecx_region *regions;
+	size_t nitems;
+	ecx_pull_item *items;
+	void *mem; /* the one allocation behind regions, items and rkeys */
+} ecx_pull_req;
+
+char *ecx_pull_req_encode(const ecx_pull_req *r);
+/* Checks every item's [addr, addr + nbytes) lies inside its region. Free
+ * with ecx_pull_req_free. */
+int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
+                        char *why, size_t whylen);
+void ecx_pull_req_free(ecx_pull_req *r);
+
+/* The reply: a whole-request status (err, for a bad token or a malformed
+ * request, with no items) or one status per item, in the request's order. */
+typedef struct ecx_pull_resp {
+	uint64_t req;
+	int err;
+	char detail[160];
+	size_t nitems;
+	int *status; /* ecx_err per item */
+} ecx_pull_resp;
+
+char *ecx_pull_resp_encode(const ecx_pull_resp *r);
+/* Free out->status with free(). */
+int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
+                         char *why, size_t whylen);
+
+/* ---- the ZeroMQ socket: rendezvous and the reference's pull ---- */
+
+typedef enum ecx_zop {
+	ECX_ZOP_HELLO = 1, /* ecx: exchange UCX worker addresses */
+	ECX_ZOP_PULL = 2,  /* the reference's single-item pull */
+} ecx_zop;
+
+/* {"op":"hello","worker":"<base64>","token":"..."} or the reference's
+ * {"op":"pull","mm_hash","dst_session","dst_ptr","nbytes"}. */
+typedef struct ecx_zreq {
+	ecx_zop op;
+	char token[ECX_TOKEN_MAX];
+	/* hello */
+	size_t worker_len;
+	unsigned char *worker; /* malloc'd; free with ecx_zreq_free */
+	/* pull */
+	char mm_hash[ECX_ID_MAX + 1];
+	char dst_session[ECX_ADDR_MAX];
+	uint64_t dst_ptr;
+	uint64_t nbytes;
+} ecx_zreq;
+
+char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
+                            const char *token);
+char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
+                           uint64_t dst_ptr, uint64_t nbytes);
+/* An unknown op gives ECX_EUNSUPPORTED with why "unknown op". */
+int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
+                    size_t whylen);
+void ecx_zreq_free(ecx_zreq *r);
+
+/* Replies on the ZeroMQ socket, in the reference's shape: {"ok":true, ...}
+ * or {"ok":false,"err":"..."}; ecx adds "code" (the ecx_err name). */
+typedef struct ecx_zresp {
+	bool ok;
+	int err;
+	char detail[160];
+	size_t worker_len; /* hello reply */
+	unsigned char *worker;
+	uint64_t epoch;
+} ecx_zresp;
+
+char *ecx_zresp_encode_error(int err, const char *detail);
+char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
+                             uint64_t epoch);
+int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
+                     size_t whylen);
+void ecx_zresp_free(ecx_zresp *r);
+
+/* ---- shared JSON helpers for the other layers ---- */
+
+/* Parses len bytes (not NUL-terminated) into a cJSON tree, refusing more
+ * than max bytes. */
+cJSON *ecx_json_parse(const char *buf, size_t len, size_t max, char *why,
+                      size_t whylen);
+/* A raw integer node: cJSON's own numbers print large values in exponent
+ * form. */
+cJSON *ecx_json_u64(uint64_t v);
+int ecx_json_get_u64(const cJSON *o, const char *key, uint64_t *out,
+                     char *why, size_t whylen);
+/* Copies a string field of at most cap-1 bytes; missing or too long fails. */
+int ecx_json_get_str(const cJSON *o, const char *key, char *out, size_t cap,
+                     char *why, size_t whylen);
+/* Maps an error code's name ("ENOTFOUND") back to its value; EIO for an
+ * unknown name. */
+int ecx_err_from_name(const char *name);
+
+#endif /* ECX_WIRE_H */

@@ -1,0 +1,237 @@
+/* zmsg.c - messages on the producer's ZeroMQ socket: ecx's hello and the
+ * reference's single-item pull, with the reference's reply shape. */
+#include "wire.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static char *json_print_free(cJSON *o)
+{
+	char *s = o != NULL ? cJSON_PrintUnformatted(o) : NULL;
+	cJSON_Delete(o);
+	return s;
+}
+
+static cJSON *b64_node(const void *p, size_t n)
+{
+	char *s = malloc(ecx_b64_enclen(n) + 1);
+	if (s == NULL)
+		return NULL;
+	ecx_b64_encode(p, n, s);
+	cJSON *c = cJSON_CreateString(s);
+	free(s);
+	return c;
+}
+
+/* Decodes the base64 string field key into a malloc'd buffer. */
+static int b64_field(const cJSON *o, const char *key, unsigned char **out,
+                     size_t *outlen, char *why, size_t whylen)
+{
+	const cJSON *w = cJSON_GetObjectItemCaseSensitive(o, key);
+	if (!cJSON_IsString(w) || w->valuestring == NULL)
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"%s\" is missing or not a string", key);
+	size_t sl = strlen(w->valuestring);
+	if (sl > ecx_b64_enclen(ECX_WORKER_ADDR_MAX))
+		return ecx_why(why, whylen, ECX_ETOOBIG, "\"%s\" is too long",
+		               key);
+	unsigned char *b = malloc(sl / 4 * 3 + 1);
+	if (b == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	long n = ecx_b64_decode(w->valuestring, sl, b, sl / 4 * 3 + 1);
+	if (n <= 0) {
+		free(b);
+		return ecx_why(why, whylen, ECX_EPROTO, "\"%s\" is not base64",
+		               key);
+	}
+	*out = b;
+	*outlen = (size_t)n;
+	return 0;
+}
+
+char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
+                            const char *token)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddStringToObject(o, "op", "hello");
+	if (token != NULL && token[0] != '\0')
+		cJSON_AddStringToObject(o, "token", token);
+	cJSON *w = b64_node(worker, worker_len);
+	if (w == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	cJSON_AddItemToObject(o, "worker", w);
+	return json_print_free(o);
+}
+
+char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
+                           uint64_t dst_ptr, uint64_t nbytes)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddStringToObject(o, "op", "pull");
+	cJSON_AddStringToObject(o, "mm_hash", mm_hash);
+	cJSON_AddStringToObject(o, "dst_session", dst_session);
+	cJSON_AddItemToObject(o, "dst_ptr", ecx_json_u64(dst_ptr));
+	cJSON_AddItemToObject(o, "nbytes", ecx_json_u64(nbytes));
+	return json_print_free(o);
+}
+
+void ecx_zreq_free(ecx_zreq *r)
+{
+	if (r != NULL) {
+		free(r->worker);
+		r->worker = NULL;
+	}
+}
+
+int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
+                    size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
+	if (o == NULL)
+		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	ecx_zreq r;
+	memset(&r, 0, sizeof(r));
+	char op[16];
+	int rc = ecx_json_get_str(o, "op", op, sizeof(op), why, whylen);
+	if (rc != 0) {
+		/* The reference answers anything without op "pull" this way. */
+		if (cJSON_GetObjectItemCaseSensitive(o, "op") == NULL ||
+		    rc == ECX_EPROTO)
+			rc = ecx_why(why, whylen, ECX_EUNSUPPORTED,
+			             "unknown op");
+		goto out;
+	}
+	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
+	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,
+	                           whylen)) != 0)
+		goto out;
+	if (strcmp(op, "hello") == 0) {
+		r.op = ECX_ZOP_HELLO;
+		rc = b64_field(o, "worker", &r.worker, &r.worker_len, why,
+		               whylen);
+	} else if (strcmp(op, "pull") == 0) {
+		r.op = ECX_ZOP_PULL;
+		const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "mm_hash");
+		if (h == NULL) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "missing field \"mm_hash\"");
+			goto out;
+		}
+		if (!cJSON_IsString(h)) {
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "\"mm_hash\" is not a string");
+			goto out;
+		}
+		char r2[160];
+		if (ecx_id_check(h->valuestring, r2, sizeof(r2)) != 0) {
+			rc = ecx_why(why, whylen, ECX_EID, "\"mm_hash\": %s",
+			             r2);
+			goto out;
+		}
+		ecx_strlcpy(r.mm_hash, h->valuestring, sizeof(r.mm_hash));
+		if ((rc = ecx_json_get_str(o, "dst_session", r.dst_session,
+		                           sizeof(r.dst_session), why,
+		                           whylen)) ||
+		    (rc = ecx_json_get_u64(o, "dst_ptr", &r.dst_ptr, why,
+		                           whylen)) ||
+		    (rc = ecx_json_get_u64(o, "nbytes", &r.nbytes, why,
+		                           whylen)))
+			goto out;
+	} else {
+		rc = ecx_why(why, whylen, ECX_EUNSUPPORTED, "unknown op");
+	}
+out:
+	cJSON_Delete(o);
+	if (rc == 0)
+		*out = r;
+	else
+		ecx_zreq_free(&r);
+	return rc;
+}
+
+char *ecx_zresp_encode_error(int err, const char *detail)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddBoolToObject(o, "ok", false);
+	cJSON_AddStringToObject(o, "err", detail != NULL ? detail
+	                                                 : ecx_strerror(err));
+	cJSON_AddStringToObject(o, "code", ecx_err_name(err));
+	return json_print_free(o);
+}
+
+char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
+                             uint64_t epoch)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON *w = b64_node(worker, worker_len);
+	if (o == NULL || w == NULL) {
+		cJSON_Delete(o);
+		cJSON_Delete(w);
+		return NULL;
+	}
+	cJSON_AddBoolToObject(o, "ok", true);
+	cJSON_AddItemToObject(o, "worker", w);
+	cJSON_AddItemToObject(o, "epoch", ecx_json_u64(epoch));
+	return json_print_free(o);
+}
+
+void ecx_zresp_free(ecx_zresp *r)
+{
+	if (r != NULL) {
+		free(r->worker);
+		r->worker = NULL;
+	}
+}
+
+int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
+                     size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
+	if (o == NULL)
+		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	ecx_zresp r;
+	memset(&r, 0, sizeof(r));
+	int rc = 0;
+	const cJSON *ok = cJSON_GetObjectItemCaseSensitive(o, "ok");
+	if (!cJSON_IsBool(ok)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "\"ok\" is missing or not a boolean");
+		goto out;
+	}
+	r.ok = cJSON_IsTrue(ok);
+	if (!r.ok) {
+		const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "code");
+		const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "err");
+		r.err = cJSON_IsString(c) ? ecx_err_from_name(c->valuestring)
+		                          : ECX_EIO;
+		if (r.err == 0)
+			r.err = ECX_EIO;
+		ecx_strlcpy(r.detail,
+		            cJSON_IsString(e) ? e->valuestring
+		                              : ecx_strerror(r.err),
+		            sizeof(r.detail));
+		goto out;
+	}
+	if (cJSON_GetObjectItemCaseSensitive(o, "worker") != NULL) {
+		rc = b64_field(o, "worker", &r.worker, &r.worker_len, why,
+		               whylen);
+		if (rc == 0 && cJSON_GetObjectItemCaseSensitive(o, "epoch"))
+			rc = ecx_json_get_u64(o, "epoch", &r.epoch, why,
+			                      whylen);
+	}
+out:
+	cJSON_Delete(o);
+	if (rc == 0)
+		*out = r;
+	else
+		ecx_zresp_free(&r);
+	return rc;
+}

@@ -1,0 +1,487 @@
+/* Unit tests for src/wire: every codec's round trip and each rejection. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "wire/wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ID64 "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+static ecx_entry sample_entry(void)
+{
+	ecx_entry e;
+	memset(&e, 0, sizeof(e));
+	uint64_t shape[] = {1369, 3584};
+	assert_int_equal(ecx_tensor_set(&e.desc, ECX_DTYPE_BFLOAT16, 2, shape),
+	                 0);
+	strcpy(e.producer_zmq, "tcp://10.0.0.2:5555");
+	e.epoch = 77;
+	return e;
+}
+
+static int dec_entry(const char *s, char *why)
+{
+	ecx_entry e;
+	return ecx_entry_decode(s, strlen(s), &e, why, 160);
+}
+
+static void test_entry_roundtrip(void **state)
+{
+	(void)state;
+	ecx_entry e = sample_entry(), back;
+	char *s = ecx_entry_encode(&e);
+	assert_non_null(s);
+	/* The reference's four fields, exactly as it writes them. */
+	assert_non_null(strstr(s, "\"nbytes\":9812992"));
+	assert_non_null(strstr(s, "\"shape\":[1369,3584]"));
+	assert_non_null(strstr(s, "\"dtype\":\"bfloat16\""));
+	assert_non_null(strstr(s, "\"producer_zmq\":\"tcp://10.0.0.2:5555\""));
+	char why[160];
+	assert_int_equal(ecx_entry_decode(s, strlen(s), &back, why, 160), 0);
+	assert_memory_equal(&back, &e, sizeof(e));
+	free(s);
+	/* Large values stay integers, not exponents. */
+	uint64_t big[] = {(uint64_t)1 << 40};
+	assert_int_equal(ecx_tensor_set(&e.desc, ECX_DTYPE_UINT8, 1, big), 0);
+	s = ecx_entry_encode(&e);
+	assert_non_null(strstr(s, "1099511627776"));
+	assert_int_equal(ecx_entry_decode(s, strlen(s), &back, why, 160), 0);
+	assert_int_equal(back.desc.nbytes, (uint64_t)1 << 40);
+	free(s);
+}
+
+static void test_entry_reference(void **state)
+{
+	(void)state;
+	/* What the reference publishes: no ecx fields, Python's spacing. */
+	const char *ref = "{\"nbytes\": 24, \"shape\": [2, 3], \"dtype\": "
+	                  "\"float32\", \"producer_zmq\": \"tcp://h:1\"}";
+	ecx_entry e;
+	char why[160];
+	assert_int_equal(ecx_entry_decode(ref, strlen(ref), &e, why, 160), 0);
+	assert_int_equal(e.desc.dtype, ECX_DTYPE_FLOAT32);
+	assert_int_equal(e.epoch, 0);
+	/* Unknown fields are ignored. */
+	const char *more = "{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	                   "\"producer_zmq\":\"tcp://h:1\",\"future\":[1]}";
+	assert_int_equal(dec_entry(more, why), 0);
+}
+
+static void test_entry_rejects(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *json;
+		int err;
+		const char *why;
+	} bad[] = {
+	    {"", ECX_EPROTO, "empty"},
+	    {"{", ECX_EPROTO, "not valid JSON"},
+	    {"[]", ECX_EPROTO, "not a JSON object"},
+	    {"{} x", ECX_EPROTO, "trailing"},
+	    {"{\"shape\":[1],\"dtype\":\"uint8\",\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "missing field \"nbytes\""},
+	    {"{\"nbytes\":\"1\",\"shape\":[1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "not a number"},
+	    {"{\"nbytes\":-1,\"shape\":[1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "negative"},
+	    {"{\"nbytes\":1.5,\"shape\":[1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "not an integer"},
+	    {"{\"nbytes\":1e300,\"shape\":[1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "out of range"},
+	    {"{\"nbytes\":1,\"dtype\":\"uint8\",\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "missing field \"shape\""},
+	    {"{\"nbytes\":1,\"shape\":1,\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "not an array"},
+	    {"{\"nbytes\":1,\"shape\":[-1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "shape\"[0]"},
+	    {"{\"nbytes\":1,\"shape\":[\"1\"],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "shape\"[0]"},
+	    {"{\"nbytes\":1,\"shape\":[1,1,1,1,1,1,1,1,1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "dimensions"},
+	    {"{\"nbytes\":1,\"shape\":[1],\"dtype\":\"float\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_EDTYPE, "unknown dtype"},
+	    {"{\"nbytes\":1,\"shape\":[1],\"dtype\":7,\"producer_zmq\":\"a\"}",
+	     ECX_EPROTO, "not a string"},
+	    {"{\"nbytes\":3,\"shape\":[1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\"}",
+	     ECX_ESIZE, "disagrees"},
+	    {"{\"nbytes\":0,\"shape\":[4294967296,4294967296,4294967296],"
+	     "\"dtype\":\"uint8\",\"producer_zmq\":\"a\"}",
+	     ECX_ETOOBIG, "overflows"},
+	    {"{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\"}", ECX_EPROTO,
+	     "producer_zmq"},
+	    {"{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"\"}",
+	     ECX_EPROTO, "empty"},
+	    {"{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	     "\"producer_zmq\":\"a\",\"ecx_epoch\":-4}",
+	     ECX_EPROTO, "negative"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char why[160] = "";
+		int rc = dec_entry(bad[i].json, why);
+		if (rc != bad[i].err || strstr(why, bad[i].why) == NULL)
+			fail_msg("case %zu (%s): got %s \"%s\"", i, bad[i].json,
+			         ecx_err_name(rc), why);
+	}
+	/* Over the size limit. */
+	size_t n = ECX_ENTRY_MAX + 10;
+	char *big = malloc(n + 1);
+	memset(big, ' ', n);
+	big[0] = '{';
+	big[n - 1] = '}';
+	big[n] = '\0';
+	char why[160];
+	assert_int_equal(ecx_entry_decode(big, n, &(ecx_entry){0}, why, 160),
+	                 ECX_ETOOBIG);
+	free(big);
+	/* A NUL inside the buffer, and a buffer cut short: no overread. */
+	const char s[] = "{\"nbytes\":1}";
+	assert_int_not_equal(ecx_entry_decode(s, 5, &(ecx_entry){0}, why, 160),
+	                     0);
+}
+
+static void test_lookup(void **state)
+{
+	(void)state;
+	const char *ids[] = {ID64, "lora:abc", "x"};
+	char *req = ecx_lookup_req_encode(ids, 3);
+	assert_non_null(req);
+	ecx_idlist l;
+	char why[160];
+	assert_int_equal(ecx_lookup_req_decode(req, strlen(req), &l, why, 160),
+	                 0);
+	assert_int_equal(l.n, 3);
+	assert_string_equal(l.ids[1], "lora:abc");
+	free(l.ids);
+	free(req);
+
+	ecx_lookup_item items[3] = {{.id = ID64}, {.id = "lora:abc"}, {.id = "x"}};
+	items[0].found = true;
+	items[0].entry = sample_entry();
+	items[2].found = true;
+	items[2].entry = sample_entry();
+	char *resp = ecx_lookup_resp_encode(items, 3);
+	assert_non_null(resp);
+	ecx_lookup_item back[3] = {{.id = ID64}, {.id = "lora:abc"}, {.id = "x"}};
+	assert_int_equal(
+	    ecx_lookup_resp_decode(resp, strlen(resp), back, 3, why, 160), 0);
+	assert_true(back[0].found);
+	assert_false(back[1].found);
+	assert_true(back[2].found);
+	assert_memory_equal(&back[2].entry, &items[2].entry, sizeof(ecx_entry));
+	/* A reply that does not answer what was asked. */
+	ecx_lookup_item other[2] = {{.id = ID64}, {.id = "y"}};
+	assert_int_equal(
+	    ecx_lookup_resp_decode(resp, strlen(resp), other, 2, why, 160),
+	    ECX_EPROTO);
+	assert_false(other[0].found);
+	free(resp);
+
+	static const struct {
+		const char *json;
+		int err;
+	} bad[] = {
+	    {"{}", ECX_EPROTO},
+	    {"{\"ids\":\"x\"}", ECX_EPROTO},
+	    {"{\"ids\":[1]}", ECX_EPROTO},
+	    {"{\"ids\":[\"a/b\"]}", ECX_EID},
+	    {"{\"ids\":[\"\"]}", ECX_EID},
+	    {"nope", ECX_EPROTO},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = ecx_lookup_req_decode(bad[i].json, strlen(bad[i].json),
+		                               &l, why, 160);
+		if (rc != bad[i].err)
+			fail_msg("lookup case %zu: %s", i, ecx_err_name(rc));
+	}
+	/* Too many ids. */
+	size_t cap = 16 + (ECX_LOOKUP_MAX_IDS + 1) * 4;
+	char *many = malloc(cap);
+	size_t off = (size_t)sprintf(many, "{\"ids\":[");
+	for (int i = 0; i <= ECX_LOOKUP_MAX_IDS; i++)
+		off += (size_t)sprintf(many + off, "%s\"a\"", i ? "," : "");
+	strcpy(many + off, "]}");
+	assert_int_equal(
+	    ecx_lookup_req_decode(many, strlen(many), &l, why, 160),
+	    ECX_ETOOBIG);
+	assert_non_null(strstr(why, "at most 4096"));
+	free(many);
+	const char *bad_resp[] = {"{\"found\":[],\"missing\":[]}",
+	                          "{\"found\":{},\"missing\":[\"x\"]}",
+	                          "{\"found\":{\"x\":{}},\"missing\":[]}"};
+	ecx_lookup_item one[1] = {{.id = "x"}};
+	assert_int_equal(ecx_lookup_resp_decode(bad_resp[0],
+	                                        strlen(bad_resp[0]), one, 1,
+	                                        why, 160),
+	                 ECX_EPROTO);
+	assert_int_equal(ecx_lookup_resp_decode(bad_resp[1],
+	                                        strlen(bad_resp[1]), one, 1,
+	                                        why, 160),
+	                 0);
+	assert_false(one[0].found);
+	assert_int_equal(ecx_lookup_resp_decode(bad_resp[2],
+	                                        strlen(bad_resp[2]), one, 1,
+	                                        why, 160),
+	                 ECX_EPROTO);
+}
+
+static void test_pull_roundtrip(void **state)
+{
+	(void)state;
+	unsigned char rkey[] = {1, 2, 3, 4, 5, 250};
+	ecx_region regs[2] = {{4096, 1 << 20, sizeof(rkey), rkey},
+	                      {1 << 30, 4096, 3, rkey}};
+	ecx_pull_item items[2];
+	memset(items, 0, sizeof(items));
+	strcpy(items[0].id, ID64);
+	items[0].nbytes = 1000;
+	items[0].region = 0;
+	items[0].addr = 8192;
+	strcpy(items[1].id, "b");
+	items[1].nbytes = 4096;
+	items[1].region = 1;
+	items[1].addr = 1 << 30;
+	ecx_pull_req r = {.req = 42, .nregions = 2, .regions = regs,
+	                  .nitems = 2, .items = items};
+	strcpy(r.token, "s3cret");
+	char *s = ecx_pull_req_encode(&r);
+	assert_non_null(s);
+	ecx_pull_req b;
+	char why[160];
+	assert_int_equal(ecx_pull_req_decode(s, strlen(s), &b, why, 160), 0);
+	assert_int_equal(b.req, 42);
+	assert_string_equal(b.token, "s3cret");
+	assert_int_equal(b.nregions, 2);
+	assert_int_equal(b.regions[0].rkey_len, sizeof(rkey));
+	assert_memory_equal(b.regions[0].rkey, rkey, sizeof(rkey));
+	assert_int_equal(b.regions[1].rkey_len, 3);
+	assert_int_equal(b.nitems, 2);
+	assert_memory_equal(&b.items[0], &items[0], sizeof(items[0]));
+	assert_memory_equal(&b.items[1], &items[1], sizeof(items[1]));
+	ecx_pull_req_free(&b);
+	free(s);
+
+	int st[3] = {0, ECX_ENOTFOUND, ECX_ESIZE};
+	ecx_pull_resp p = {.req = 42, .nitems = 3, .status = st};
+	s = ecx_pull_resp_encode(&p);
+	assert_non_null(strstr(s, "\"err\":\"unknown mm_hash\""));
+	ecx_pull_resp pb;
+	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
+	assert_int_equal(pb.req, 42);
+	assert_int_equal(pb.nitems, 3);
+	assert_memory_equal(pb.status, st, sizeof(st));
+	free(pb.status);
+	free(s);
+	ecx_pull_resp whole = {.req = 7, .err = ECX_EAUTH};
+	s = ecx_pull_resp_encode(&whole);
+	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
+	assert_int_equal(pb.err, ECX_EAUTH);
+	assert_int_equal(pb.nitems, 0);
+	assert_null(pb.status);
+	free(s);
+}
+
+static void test_pull_rejects(void **state)
+{
+	(void)state;
+#define REG "\"regions\":[{\"base\":4096,\"len\":4096,\"rkey\":\"AQID\"}]"
+	static const struct {
+		const char *json;
+		int err;
+		const char *why;
+	} bad[] = {
+	    {"{\"op\":\"push\",\"req\":1," REG ",\"items\":[]}", ECX_EUNSUPPORTED,
+	     "unknown op"},
+	    {"{\"op\":\"pullv\"," REG ",\"items\":[]}", ECX_EPROTO, "\"req\""},
+	    {"{\"op\":\"pullv\",\"req\":1,\"items\":[]}", ECX_EPROTO, "arrays"},
+	    {"{\"op\":\"pullv\",\"req\":1," REG
+	     ",\"items\":[{\"id\":\"a\",\"nbytes\":10,\"region\":1,"
+	     "\"addr\":4096}]}",
+	     ECX_EPROTO, "region 1 of 1"},
+	    {"{\"op\":\"pullv\",\"req\":1," REG
+	     ",\"items\":[{\"id\":\"a\",\"nbytes\":10,\"region\":0,"
+	     "\"addr\":8190}]}",
+	     ECX_EPROTO, "outside"},
+	    {"{\"op\":\"pullv\",\"req\":1," REG
+	     ",\"items\":[{\"id\":\"a\",\"nbytes\":10,\"region\":0,"
+	     "\"addr\":100}]}",
+	     ECX_EPROTO, "outside"},
+	    {"{\"op\":\"pullv\",\"req\":1," REG
+	     ",\"items\":[{\"id\":\"a\",\"nbytes\":9999,\"region\":0,"
+	     "\"addr\":4096}]}",
+	     ECX_EPROTO, "outside"},
+	    {"{\"op\":\"pullv\",\"req\":1," REG
+	     ",\"items\":[{\"id\":\"a b\",\"nbytes\":1,\"region\":0,"
+	     "\"addr\":4096}]}",
+	     ECX_EID, "0x20"},
+	    {"{\"op\":\"pullv\",\"req\":1," REG
+	     ",\"items\":[{\"id\":\"a\",\"nbytes\":-1,\"region\":0,"
+	     "\"addr\":4096}]}",
+	     ECX_EPROTO, "negative"},
+	    {"{\"op\":\"pullv\",\"req\":1,\"regions\":[{\"base\":1,\"len\":0,"
+	     "\"rkey\":\"AQID\"}],\"items\":[]}",
+	     ECX_EPROTO, "empty"},
+	    {"{\"op\":\"pullv\",\"req\":1,\"regions\":[{\"base\":1,\"len\":5,"
+	     "\"rkey\":\"!!!!\"}],\"items\":[]}",
+	     ECX_EPROTO, "base64"},
+	    {"{\"op\":\"pullv\",\"req\":1,\"regions\":[{\"base\":1,\"len\":5,"
+	     "\"rkey\":7}],\"items\":[]}",
+	     ECX_EPROTO, "not a string"},
+	    {"{\"op\":\"pullv\",\"req\":1,\"token\":5," REG ",\"items\":[]}",
+	     ECX_EPROTO, "token"},
+	    {"{\"op\":\"pullv\",\"req\":1," REG ",\"items\":[7]}", ECX_EPROTO,
+	     "not an object"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char why[160] = "";
+		ecx_pull_req r;
+		int rc = ecx_pull_req_decode(bad[i].json, strlen(bad[i].json),
+		                             &r, why, 160);
+		if (rc != bad[i].err || strstr(why, bad[i].why) == NULL)
+			fail_msg("pull case %zu: got %s \"%s\"", i,
+			         ecx_err_name(rc), why);
+	}
+	const char *bad_resp[] = {"{\"ok\":true,\"items\":[]}",
+	                          "{\"req\":1,\"items\":[]}",
+	                          "{\"req\":1,\"ok\":true}",
+	                          "{\"req\":1,\"ok\":true,\"items\":[{}]}"};
+	for (size_t i = 0; i < 4; i++) {
+		ecx_pull_resp p;
+		char why[160];
+		assert_int_equal(ecx_pull_resp_decode(bad_resp[i],
+		                                      strlen(bad_resp[i]), &p,
+		                                      why, 160),
+		                 ECX_EPROTO);
+	}
+	/* An unknown code on the wire is a failure, never success. */
+	const char *odd = "{\"req\":1,\"ok\":true,\"items\":[{\"ok\":false,"
+	                  "\"code\":\"OK\"}]}";
+	ecx_pull_resp p;
+	char why[160];
+	assert_int_equal(ecx_pull_resp_decode(odd, strlen(odd), &p, why, 160),
+	                 0);
+	assert_int_equal(p.status[0], ECX_EIO);
+	free(p.status);
+}
+
+static void test_zmsg(void **state)
+{
+	(void)state;
+	unsigned char w[100];
+	for (int i = 0; i < 100; i++)
+		w[i] = (unsigned char)(i * 7);
+	char *s = ecx_zreq_encode_hello(w, sizeof(w), "tok");
+	ecx_zreq r;
+	char why[160];
+	assert_int_equal(ecx_zreq_decode(s, strlen(s), &r, why, 160), 0);
+	assert_int_equal(r.op, ECX_ZOP_HELLO);
+	assert_string_equal(r.token, "tok");
+	assert_int_equal(r.worker_len, sizeof(w));
+	assert_memory_equal(r.worker, w, sizeof(w));
+	ecx_zreq_free(&r);
+	free(s);
+
+	s = ecx_zreq_encode_pull(ID64, "10.0.0.3:17000", 140737488355328ull,
+	                         7340032);
+	assert_int_equal(ecx_zreq_decode(s, strlen(s), &r, why, 160), 0);
+	assert_int_equal(r.op, ECX_ZOP_PULL);
+	assert_string_equal(r.mm_hash, ID64);
+	assert_string_equal(r.dst_session, "10.0.0.3:17000");
+	assert_int_equal(r.dst_ptr, 140737488355328ull);
+	assert_int_equal(r.nbytes, 7340032);
+	free(s);
+	/* The reference's own encoding (Python json.dumps). */
+	const char *py = "{\"op\": \"pull\", \"mm_hash\": \"abc\", "
+	                 "\"dst_session\": \"h:1\", \"dst_ptr\": 1234, "
+	                 "\"nbytes\": 8}";
+	assert_int_equal(ecx_zreq_decode(py, strlen(py), &r, why, 160), 0);
+
+	static const struct {
+		const char *json;
+		int err;
+	} bad[] = {
+	    {"{\"op\":\"push\"}", ECX_EUNSUPPORTED},
+	    {"{}", ECX_EUNSUPPORTED},
+	    {"{\"op\":3}", ECX_EUNSUPPORTED},
+	    {"{\"op\":\"hello\"}", ECX_EPROTO},
+	    {"{\"op\":\"hello\",\"worker\":\"@@@@\"}", ECX_EPROTO},
+	    {"{\"op\":\"pull\",\"dst_session\":\"a\",\"dst_ptr\":1,"
+	     "\"nbytes\":1}",
+	     ECX_EPROTO},
+	    {"{\"op\":\"pull\",\"mm_hash\":\"a/b\",\"dst_session\":\"a\","
+	     "\"dst_ptr\":1,\"nbytes\":1}",
+	     ECX_EID},
+	    {"{\"op\":\"pull\",\"mm_hash\":\"a\",\"dst_session\":\"a\","
+	     "\"dst_ptr\":-1,\"nbytes\":1}",
+	     ECX_EPROTO},
+	    {"{\"op\":\"pull\",\"mm_hash\":\"a\",\"dst_session\":\"a\","
+	     "\"dst_ptr\":1,\"nbytes\":\"1\"}",
+	     ECX_EPROTO},
+	    {"{\"op\":\"pull\",\"mm_hash\":1}", ECX_EPROTO},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = ecx_zreq_decode(bad[i].json, strlen(bad[i].json), &r,
+		                         why, 160);
+		if (rc != bad[i].err)
+			fail_msg("zreq case %zu: got %s \"%s\"", i,
+			         ecx_err_name(rc), why);
+	}
+	s = ecx_zresp_encode_error(ECX_ENOTFOUND, NULL);
+	assert_string_equal(s, "{\"ok\":false,\"err\":\"unknown "
+	                       "mm_hash\",\"code\":\"ENOTFOUND\"}");
+	ecx_zresp z;
+	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
+	assert_false(z.ok);
+	assert_int_equal(z.err, ECX_ENOTFOUND);
+	free(s);
+	s = ecx_zresp_encode_hello(w, 10, 99);
+	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
+	assert_true(z.ok);
+	assert_int_equal(z.epoch, 99);
+	assert_memory_equal(z.worker, w, 10);
+	ecx_zresp_free(&z);
+	free(s);
+	/* The reference's replies. */
+	const char *refok = "{\"ok\": true, \"mooncake_ret\": 0}";
+	assert_int_equal(ecx_zresp_decode(refok, strlen(refok), &z, why, 160),
+	                 0);
+	assert_true(z.ok);
+	const char *referr = "{\"ok\": false, \"err\": \"size mismatch\"}";
+	assert_int_equal(
+	    ecx_zresp_decode(referr, strlen(referr), &z, why, 160), 0);
+	assert_false(z.ok);
+	assert_string_equal(z.detail, "size mismatch");
+	assert_int_equal(ecx_zresp_decode("{}", 2, &z, why, 160), ECX_EPROTO);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_entry_roundtrip),
+	    cmocka_unit_test(test_entry_reference),
+	    cmocka_unit_test(test_entry_rejects),
+	    cmocka_unit_test(test_lookup),
+	    cmocka_unit_test(test_pull_roundtrip),
+	    cmocka_unit_test(test_pull_rejects),
+	    cmocka_unit_test(test_zmsg),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
