@@ -159,6 +159,49 @@ ECX_API int ecx_tensor_check(const ecx_tensor_desc *d, char *why,
 ECX_API int ecx_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
                            const uint64_t *shape);
 
+/* ---- Registry server --------------------------------------------------- */
+
+/* The HTTP registry: GET /ec/info/{id} (the reference's route), POST
+ * /ec/lookup, PUT and DELETE /ec/info/{id}, GET /ec/list, /metrics and
+ * /healthz. docs/registry.md describes each route. It serves from threads of
+ * its own; the calls below are safe from any thread. */
+typedef struct ecx_registry ecx_registry;
+
+#define ECX_REGISTRY_PORT_DEFAULT 9018
+
+enum {
+	ECX_REGISTRY_PARAM_BIND_HOST = 1u << 0,
+	ECX_REGISTRY_PARAM_PORT = 1u << 1,
+	ECX_REGISTRY_PARAM_TOKEN = 1u << 2,
+	ECX_REGISTRY_PARAM_TOKEN_READS = 1u << 3,
+	ECX_REGISTRY_PARAM_THREADS = 1u << 4,
+	ECX_REGISTRY_PARAM_STORE = 1u << 5,
+};
+
+/* Fields not named in field_mask take their defaults. */
+typedef struct ecx_registry_params {
+	uint64_t field_mask;
+	const char *bind_host; /* default "0.0.0.0", as the reference */
+	uint16_t port;         /* default 9018; 0 picks a free port */
+	const char *token;     /* default none: writes are open */
+	int token_reads;       /* default 0: reads need no token */
+	unsigned threads;      /* default 2 serving threads */
+	const char *store;     /* default "memory" */
+} ecx_registry_params;
+
+/* ecx_registry_create binds and starts serving before it returns. Fails
+ * with ECX_EADDRINUSE when the port is taken, ECX_EINVAL for a bad address
+ * or parameter, each with a one-line reason in why. */
+ECX_API int ecx_registry_create(const ecx_registry_params *params,
+                                ecx_registry **out, char *why, size_t whylen);
+
+/* ecx_registry_port returns the port it listens on (useful after port 0). */
+ECX_API uint16_t ecx_registry_port(const ecx_registry *r);
+
+/* ecx_registry_destroy stops serving, waiting for requests in flight, and
+ * frees everything. Accepts NULL. */
+ECX_API void ecx_registry_destroy(ecx_registry *r);
+
 #ifdef __cplusplus
 }
 #endif

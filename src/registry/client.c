@@ -1,0 +1,427 @@
+/* client.c - the registry client on libcurl: one persistent connection per
+ * registry, bounded waits, and back-off for registries that are down. */
+#include "registry/registry.h"
+
+#include <curl/curl.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MOD "regclient"
+#define MAX_REGISTRIES 16
+
+typedef struct reg_conn {
+	char url[ECX_ADDR_MAX]; /* without a trailing slash */
+	CURL *curl;
+	uint64_t down_until_ms; /* skip until then; 0 when up */
+	uint64_t backoff_ms;
+} reg_conn;
+
+struct ecx_regclient {
+	reg_conn regs[MAX_REGISTRIES];
+	size_t nregs;
+	struct curl_slist *headers; /* Content-Type and Authorization */
+	int connect_timeout_ms, timeout_ms;
+	long connects;
+};
+
+typedef struct buf {
+	char *p;
+	size_t len, cap;
+} buf;
+
+static size_t on_body(char *data, size_t sz, size_t nm, void *ud)
+{
+	buf *b = ud;
+	size_t n = sz * nm;
+	if (b->len + n > ECX_WIRE_MAX)
+		return 0; /* too big: curl fails with a write error */
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = (b->len + n + 1) * 2;
+		char *p = realloc(b->p, cap);
+		if (p == NULL)
+			return 0;
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, data, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+	return n;
+}
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
+                         char *why, size_t whylen)
+{
+	pthread_once(&curl_once, curl_init_once);
+	if (o == NULL || o->urls == NULL || o->urls[0] == '\0')
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "no registry URL given");
+	ecx_regclient *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	c->connect_timeout_ms =
+	    o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 1000;
+	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
+	int rc = 0;
+	const char *p = o->urls;
+	while (*p != '\0') {
+		const char *comma = strchr(p, ',');
+		size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
+		while (n > 0 && p[n - 1] == ' ')
+			n--;
+		while (n > 0 && *p == ' ')
+			p++, n--;
+		if (n > 0) {
+			if (c->nregs == MAX_REGISTRIES) {
+				rc = ecx_why(why, whylen, ECX_EINVAL,
+				             "at most %d registries",
+				             MAX_REGISTRIES);
+				goto fail;
+			}
+			if (n < 8 || strncmp(p, "http://", 7) != 0 ||
+			    n >= ECX_ADDR_MAX - 1) {
+				rc = ecx_why(why, whylen, ECX_EINVAL,
+				             "registry URL '%.*s' is not "
+				             "http://HOST:PORT",
+				             (int)(n > 200 ? 200 : n), p);
+				goto fail;
+			}
+			reg_conn *g = &c->regs[c->nregs++];
+			memcpy(g->url, p, n);
+			while (n > 0 && g->url[n - 1] == '/')
+				n--;
+			g->url[n] = '\0';
+			g->backoff_ms = 500;
+		}
+		p += comma != NULL ? (size_t)(comma - p) + 1 : strlen(p);
+	}
+	if (c->nregs == 0) {
+		rc = ecx_why(why, whylen, ECX_EINVAL, "no registry URL given");
+		goto fail;
+	}
+	c->headers = curl_slist_append(NULL, "Content-Type: application/json");
+	/* libcurl adds "Expect: 100-continue" to large bodies; it costs a
+	 * round trip. */
+	c->headers = curl_slist_append(c->headers, "Expect:");
+	if (o->token != NULL && o->token[0] != '\0') {
+		size_t tl = strlen(o->token) + 32;
+		char *h = malloc(tl);
+		if (h == NULL) {
+			rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+			goto fail;
+		}
+		snprintf(h, tl, "Authorization: Bearer %s", o->token);
+		c->headers = curl_slist_append(c->headers, h);
+		memset(h, 0, tl);
+		free(h);
+	}
+	*out = c;
+	return 0;
+fail:
+	ecx_regclient_destroy(c);
+	return rc;
+}
+
+void ecx_regclient_destroy(ecx_regclient *c)
+{
+	if (c == NULL)
+		return;
+	for (size_t i = 0; i < c->nregs; i++)
+		if (c->regs[i].curl != NULL)
+			curl_easy_cleanup(c->regs[i].curl);
+	curl_slist_free_all(c->headers);
+	free(c);
+}
+
+long ecx_regclient_connects(const ecx_regclient *c) { return c->connects; }
+
+static int curl_err(CURLcode cc, const char *url, char *why, size_t whylen)
+{
+	int e;
+	switch (cc) {
+	case CURLE_OPERATION_TIMEDOUT:
+		e = ECX_ETIMEDOUT;
+		break;
+	case CURLE_COULDNT_CONNECT:
+	case CURLE_COULDNT_RESOLVE_HOST:
+		e = ECX_ECONNECT;
+		break;
+	case CURLE_WEIRD_SERVER_REPLY:
+	case CURLE_UNSUPPORTED_PROTOCOL:
+		e = ECX_EPROTO;
+		break;
+	default:
+		e = ECX_EIO;
+	}
+	return ecx_why(why, whylen, e, "registry %s: %s", url,
+	               curl_easy_strerror(cc));
+}
+
+/* One HTTP request on registry g's persistent connection. */
+static int reg_request(ecx_regclient *c, reg_conn *g, const char *method,
+                       const char *path, const char *body, long *status,
+                       buf *resp, char *why, size_t whylen)
+{
+	if (g->curl == NULL) {
+		g->curl = curl_easy_init();
+		if (g->curl == NULL)
+			return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	}
+	CURL *h = g->curl;
+	char url[ECX_ADDR_MAX + 512];
+	int ul = snprintf(url, sizeof(url), "%s%s", g->url, path);
+	if (ul < 0 || (size_t)ul >= sizeof(url))
+		return ecx_why(why, whylen, ECX_EINVAL, "URL too long");
+	/* Options are set on every call: the handle keeps its connection. */
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+	                 (long)c->connect_timeout_ms);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)c->timeout_ms);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, c->headers);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, resp);
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
+	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, NULL);
+	curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+	if (body != NULL) {
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+	}
+	if (strcmp(method, "GET") != 0)
+		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+	CURLcode cc = curl_easy_perform(h);
+	long nc = 0;
+	curl_easy_getinfo(h, CURLINFO_NUM_CONNECTS, &nc);
+	c->connects += nc;
+	if (cc != CURLE_OK)
+		return curl_err(cc, g->url, why, whylen);
+	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+	return 0;
+}
+
+static bool reg_usable(reg_conn *g, uint64_t now)
+{
+	return g->down_until_ms == 0 || now >= g->down_until_ms;
+}
+
+static void reg_mark(reg_conn *g, int rc)
+{
+	if (rc == 0) {
+		g->down_until_ms = 0;
+		g->backoff_ms = 500;
+		return;
+	}
+	if (rc == ECX_ECONNECT || rc == ECX_ETIMEDOUT || rc == ECX_EIO ||
+	    rc == ECX_EPROTO) {
+		g->down_until_ms = ecx_now_ms() + g->backoff_ms;
+		ecx_warn(MOD, "registry %s unusable; retrying in %llu ms",
+		         g->url, (unsigned long long)g->backoff_ms);
+		if (g->backoff_ms < 10000)
+			g->backoff_ms *= 2;
+	}
+}
+
+/* Reads the detail of an error answer, or says what the body is. */
+static int http_err(long status, const buf *b, const char *url, char *why,
+                    size_t whylen)
+{
+	int e = status == 401 || status == 403 ? ECX_EAUTH
+	        : status == 404                ? ECX_ENOTFOUND
+	        : status == 413                ? ECX_ETOOBIG
+	        : status >= 500                ? ECX_EIO
+	                                       : ECX_EPROTO;
+	cJSON *o = b->p != NULL ? cJSON_ParseWithLength(b->p, b->len) : NULL;
+	const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "detail");
+	ecx_why(why, whylen, e, "registry %s answered %ld: %s", url, status,
+	        cJSON_IsString(d) ? d->valuestring : "(no detail)");
+	cJSON_Delete(o);
+	return e;
+}
+
+static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
+                          char *why, size_t whylen)
+{
+	char path[ECX_ID_MAX + 16];
+	snprintf(path, sizeof(path), "/ec/info/%s", it->id);
+	buf b = {0};
+	long status = 0;
+	int rc = reg_request(c, g, "GET", path, NULL, &status, &b, why, whylen);
+	if (rc == 0) {
+		if (status == 200) {
+			rc = ecx_entry_decode(b.p, b.len, &it->entry, why,
+			                      whylen);
+			if (rc != 0)
+				rc = ecx_why(why, whylen, ECX_EPROTO,
+				             "registry %s answered an entry "
+				             "ecx cannot read",
+				             g->url);
+			it->found = rc == 0;
+		} else if (status != 404) {
+			rc = http_err(status, &b, g->url, why, whylen);
+		}
+	}
+	free(b.p);
+	return rc;
+}
+
+static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
+                           ecx_lookup_item *items, size_t n, char *why,
+                           size_t whylen)
+{
+	const char **ids = malloc(n * sizeof(*ids));
+	if (ids == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		ids[i] = items[i].id;
+	char *body = ecx_lookup_req_encode(ids, n);
+	free(ids);
+	if (body == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	buf b = {0};
+	long status = 0;
+	int rc = reg_request(c, g, "POST", "/ec/lookup", body, &status, &b,
+	                     why, whylen);
+	free(body);
+	if (rc == 0 && status != 200)
+		rc = http_err(status, &b, g->url, why, whylen);
+	if (rc == 0) {
+		rc = ecx_lookup_resp_decode(b.p, b.len, items, n, why, whylen);
+		if (rc != 0)
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "registry %s answered a lookup ecx cannot "
+			             "read",
+			             g->url);
+	}
+	free(b.p);
+	return rc;
+}
+
+int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
+                         char *why, size_t whylen)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (ecx_id_check(items[i].id, why, whylen) != 0)
+			return ECX_EID;
+		items[i].found = false;
+	}
+	if (n > ECX_LOOKUP_MAX_IDS)
+		return ecx_why(why, whylen, ECX_ETOOBIG,
+		               "%zu ids in one lookup; at most %d", n,
+		               ECX_LOOKUP_MAX_IDS);
+	/* Ids still missing are gathered at the front of a scratch array. */
+	ecx_lookup_item *miss = malloc((n + 1) * sizeof(*miss));
+	size_t *where = malloc((n + 1) * sizeof(*where));
+	if (miss == NULL || where == NULL) {
+		free(miss);
+		free(where);
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	}
+	int last = 0;
+	size_t asked = 0;
+	uint64_t now = ecx_now_ms();
+	for (size_t r = 0; r < c->nregs; r++) {
+		reg_conn *g = &c->regs[r];
+		size_t m = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (!items[i].found) {
+				miss[m] = items[i];
+				where[m++] = i;
+			}
+		}
+		if (m == 0)
+			break;
+		if (!reg_usable(g, now)) {
+			last = ecx_why(why, whylen, ECX_ECONNECT,
+			               "registry %s is down (retrying later)",
+			               g->url);
+			continue;
+		}
+		asked++;
+		int rc = m == 1 ? reg_lookup_one(c, g, miss, why, whylen)
+		                : reg_lookup_many(c, g, miss, m, why, whylen);
+		reg_mark(g, rc);
+		if (rc != 0) {
+			last = rc;
+			continue;
+		}
+		for (size_t k = 0; k < m; k++)
+			if (miss[k].found)
+				items[where[k]] = miss[k];
+	}
+	free(miss);
+	free(where);
+	/* Every registry that was asked answered: a plain miss is no error. */
+	bool all_found = true;
+	for (size_t i = 0; i < n; i++)
+		all_found = all_found && items[i].found;
+	return all_found ? 0 : last;
+}
+
+int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
+                      char *why, size_t whylen)
+{
+	if (ecx_id_check(id, why, whylen) != 0)
+		return ECX_EID;
+	char *body = ecx_entry_encode(e);
+	if (body == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	char path[ECX_ID_MAX + 16];
+	snprintf(path, sizeof(path), "/ec/info/%s", id);
+	buf b = {0};
+	long status = 0;
+	int rc = reg_request(c, &c->regs[0], "PUT", path, body, &status, &b,
+	                     why, whylen);
+	if (rc == 0 && status != 200)
+		rc = http_err(status, &b, c->regs[0].url, why, whylen);
+	free(body);
+	free(b.p);
+	return rc;
+}
+
+int ecx_regclient_delete(ecx_regclient *c, const char *id,
+                         const char *producer_zmq, char *why, size_t whylen)
+{
+	if (ecx_id_check(id, why, whylen) != 0)
+		return ECX_EID;
+	char path[ECX_ID_MAX + ECX_ADDR_MAX * 3 + 40];
+	int off = snprintf(path, sizeof(path), "/ec/info/%s", id);
+	if (producer_zmq != NULL) {
+		char *esc = curl_easy_escape(NULL, producer_zmq, 0);
+		if (esc == NULL)
+			return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+		snprintf(path + off, sizeof(path) - (size_t)off,
+		         "?producer_zmq=%s", esc);
+		curl_free(esc);
+	}
+	buf b = {0};
+	long status = 0;
+	int rc = reg_request(c, &c->regs[0], "DELETE", path, NULL, &status, &b,
+	                     why, whylen);
+	if (rc == 0 && status != 200)
+		rc = http_err(status, &b, c->regs[0].url, why, whylen);
+	free(b.p);
+	return rc;
+}
+
+int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
+                          char **body, size_t *len, char *why, size_t whylen)
+{
+	buf b = {0};
+	int rc = reg_request(c, &c->regs[0], "GET", path, NULL, status, &b, why,
+	                     whylen);
+	if (rc != 0) {
+		free(b.p);
+		return rc;
+	}
+	*body = b.p != NULL ? b.p : strdup("");
+	*len = b.len;
+	return *body != NULL ? 0 : ecx_why(why, whylen, ECX_ENOMEM, "oom");
+}

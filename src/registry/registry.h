@@ -1,0 +1,64 @@
+/*
+ * registry.h - the registry's internal API: the server's store (for the
+ * producer that embeds it), and the client (libcurl) that consumers,
+ * producers publishing remotely, and the command use.
+ */
+#ifndef ECX_REGISTRY_H
+#define ECX_REGISTRY_H
+
+#include "registry/store.h"
+
+#define ECX_REG_MAX_BODY (1u << 20) /* largest request body the server takes */
+#define ECX_REG_MAX_PAGE 1000       /* rows in one GET /ec/list page */
+
+/* The store behind a running server; the embedding producer publishes into
+ * it directly (no HTTP), and its counters count those too. */
+ecx_store *ecx_registry_store(ecx_registry *r);
+void ecx_registry_count_publish(ecx_registry *r, bool removal);
+
+/* ---- client ---- */
+
+typedef struct ecx_regclient ecx_regclient;
+
+typedef struct ecx_regclient_opts {
+	const char *urls;  /* one or more, comma-separated: http://host:port */
+	const char *token; /* sent as Authorization: Bearer, NULL for none */
+	int connect_timeout_ms; /* default 1000 */
+	int timeout_ms;         /* whole request, default 5000 */
+} ecx_regclient_opts;
+
+/* Creates a client. Nothing is connected until the first request; each
+ * registry then keeps one persistent connection. ECX_EINVAL for a URL that
+ * is not http://. Not thread-safe per call: one thread uses a client at a
+ * time (the consumer serialises), but distinct clients are independent. */
+int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
+                         char *why, size_t whylen);
+void ecx_regclient_destroy(ecx_regclient *c);
+
+/* Looks n ids up: one GET /ec/info for one id, one POST /ec/lookup for
+ * more, per registry; ids missing from the first registry are asked of the
+ * next. A registry that fails is skipped for a back-off period (starting at
+ * 500 ms, doubling to 10 s) instead of costing its timeout on every call.
+ * Returns 0 when every registry that was asked answered (items[].found says
+ * which ids were found); otherwise the last registry's error, with the
+ * items found elsewhere still filled in. */
+int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
+                         char *why, size_t whylen);
+
+/* PUT and DELETE against the first registry in the list (a producer
+ * publishes to one). producer_zmq, when not NULL, makes the delete conditional
+ * on the entry being that producer's. */
+int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
+                      char *why, size_t whylen);
+int ecx_regclient_delete(ecx_regclient *c, const char *id,
+                         const char *producer_zmq, char *why, size_t whylen);
+
+/* GET path (e.g. "/ec/list?limit=10") on the first registry; the body is
+ * returned malloc'd in *body with its HTTP status. */
+int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
+                          char **body, size_t *len, char *why, size_t whylen);
+
+/* Connections opened so far, over all registries (tests prove reuse). */
+long ecx_regclient_connects(const ecx_regclient *c);
+
+#endif /* ECX_REGISTRY_H */

@@ -1,0 +1,58 @@
+/*
+ * store.h - where a registry keeps its entries, behind a small ops table:
+ * memory (store_mem.c) and, later, Redis. All operations are safe to call
+ * from many threads at once; none blocks longer than the store's own
+ * timeout (memory: never).
+ */
+#ifndef ECX_REGISTRY_STORE_H
+#define ECX_REGISTRY_STORE_H
+
+#include "wire/wire.h"
+
+typedef struct ecx_store ecx_store;
+
+/* One row of a listing. */
+typedef struct ecx_store_row {
+	char id[ECX_ID_MAX + 1];
+	ecx_entry entry;
+} ecx_store_row;
+
+typedef struct ecx_store_ops {
+	const char *name;
+	/* Inserts or replaces. */
+	int (*put)(ecx_store *s, const char *id, const ecx_entry *e, char *why,
+	           size_t whylen);
+	/* ECX_ENOTFOUND when absent. */
+	int (*get)(ecx_store *s, const char *id, ecx_entry *out, char *why,
+	           size_t whylen);
+	/* Removes id; when producer_zmq is not NULL, only if the entry is that
+	 * producer's. ECX_ENOTFOUND when nothing was removed. */
+	int (*del)(ecx_store *s, const char *id, const char *producer_zmq,
+	           char *why, size_t whylen);
+	/* Fills items[i].found/.entry for n ids, in one round trip. */
+	int (*mget)(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
+	            size_t whylen);
+	/* Up to limit rows with ids sorted after `after` ("" for the first
+	 * page) into rows; *nrows is set, and *total to the store's size. */
+	int (*list)(ecx_store *s, const char *after, size_t limit,
+	            ecx_store_row *rows, size_t *nrows, size_t *total,
+	            char *why, size_t whylen);
+	size_t (*count)(ecx_store *s);
+	void (*destroy)(ecx_store *s);
+} ecx_store_ops;
+
+struct ecx_store {
+	const ecx_store_ops *ops;
+};
+
+/* ecx_store_mem_create makes an empty in-memory store. NULL when out of
+ * memory. */
+ecx_store *ecx_store_mem_create(void);
+
+static inline void ecx_store_destroy(ecx_store *s)
+{
+	if (s != NULL)
+		s->ops->destroy(s);
+}
+
+#endif /* ECX_REGISTRY_STORE_H */
