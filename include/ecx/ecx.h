@@ -33,8 +33,9 @@ extern "C" {
 #define ECX_VERSION_PATCH 0
 #define ECX_VERSION_STRING "0.1.0"
 /* One integer that orders versions: major * 10000 + minor * 100 + patch. */
-#define ECX_VERSION_NUMBER                                                     \
-	(ECX_VERSION_MAJOR * 10000 + ECX_VERSION_MINOR * 100 + ECX_VERSION_PATCH)
+#define ECX_VERSION_NUMBER                                     \
+	(ECX_VERSION_MAJOR * 10000 + ECX_VERSION_MINOR * 100 + \
+	 ECX_VERSION_PATCH)
 
 /* ecx_version returns the library's version string ("0.1.0"); it never
  * fails and the string is static. Compare with ECX_VERSION_STRING to detect a
@@ -47,25 +48,25 @@ ECX_API int ecx_version_number(void);
 /* ---- Errors ------------------------------------------------------------- */
 
 /* The error table. Codes are only ever appended, never renumbered. */
-#define ECX_ERR_MAP(XX)                                                        \
-	XX(OK, 0, "success")                                                   \
-	XX(EINVAL, -1, "invalid argument")                                     \
-	XX(ENOMEM, -2, "out of memory")                                        \
-	XX(EPROTO, -3, "malformed message")                                    \
-	XX(ETOOBIG, -4, "too large")                                           \
-	XX(ENOTFOUND, -5, "unknown mm_hash")                                   \
-	XX(ESIZE, -6, "size mismatch")                                         \
-	XX(ETIMEDOUT, -7, "timed out")                                         \
-	XX(ECONNECT, -8, "cannot connect")                                     \
-	XX(EAUTH, -9, "bad or missing token")                                  \
-	XX(ENOSPC, -10, "no room in arena")                                    \
-	XX(EIO, -11, "transport error")                                        \
-	XX(EADDRINUSE, -12, "address already in use")                          \
-	XX(ECLOSED, -13, "peer closed")                                        \
-	XX(EBUSY, -14, "busy")                                                 \
-	XX(EDTYPE, -15, "unknown dtype")                                       \
-	XX(EID, -16, "invalid id")                                             \
-	XX(EUNSUPPORTED, -17, "not supported")                                 \
+#define ECX_ERR_MAP(XX)                               \
+	XX(OK, 0, "success")                          \
+	XX(EINVAL, -1, "invalid argument")            \
+	XX(ENOMEM, -2, "out of memory")               \
+	XX(EPROTO, -3, "malformed message")           \
+	XX(ETOOBIG, -4, "too large")                  \
+	XX(ENOTFOUND, -5, "unknown mm_hash")          \
+	XX(ESIZE, -6, "size mismatch")                \
+	XX(ETIMEDOUT, -7, "timed out")                \
+	XX(ECONNECT, -8, "cannot connect")            \
+	XX(EAUTH, -9, "bad or missing token")         \
+	XX(ENOSPC, -10, "no room in arena")           \
+	XX(EIO, -11, "transport error")               \
+	XX(EADDRINUSE, -12, "address already in use") \
+	XX(ECLOSED, -13, "peer closed")               \
+	XX(EBUSY, -14, "busy")                        \
+	XX(EDTYPE, -15, "unknown dtype")              \
+	XX(EID, -16, "invalid id")                    \
+	XX(EUNSUPPORTED, -17, "not supported")        \
 	XX(EINTERNAL, -18, "internal error")
 
 typedef enum ecx_err {
@@ -96,18 +97,18 @@ ECX_API int ecx_id_check(const char *id, char *why, size_t whylen);
 /* ---- dtypes and tensor descriptors -------------------------------------- */
 
 /* Element types, named as torch names them. */
-#define ECX_DTYPE_MAP(XX)                                                      \
-	XX(FLOAT16, "float16", 2)                                              \
-	XX(BFLOAT16, "bfloat16", 2)                                            \
-	XX(FLOAT32, "float32", 4)                                              \
-	XX(FLOAT64, "float64", 8)                                              \
-	XX(INT8, "int8", 1)                                                    \
-	XX(UINT8, "uint8", 1)                                                  \
-	XX(INT16, "int16", 2)                                                  \
-	XX(INT32, "int32", 4)                                                  \
-	XX(INT64, "int64", 8)                                                  \
-	XX(BOOL, "bool", 1)                                                    \
-	XX(FLOAT8_E4M3FN, "float8_e4m3fn", 1)                                  \
+#define ECX_DTYPE_MAP(XX)                     \
+	XX(FLOAT16, "float16", 2)             \
+	XX(BFLOAT16, "bfloat16", 2)           \
+	XX(FLOAT32, "float32", 4)             \
+	XX(FLOAT64, "float64", 8)             \
+	XX(INT8, "int8", 1)                   \
+	XX(UINT8, "uint8", 1)                 \
+	XX(INT16, "int16", 2)                 \
+	XX(INT32, "int32", 4)                 \
+	XX(INT64, "int64", 8)                 \
+	XX(BOOL, "bool", 1)                   \
+	XX(FLOAT8_E4M3FN, "float8_e4m3fn", 1) \
 	XX(FLOAT8_E5M2, "float8_e5m2", 1)
 
 typedef enum ecx_dtype {
@@ -115,7 +116,7 @@ typedef enum ecx_dtype {
 #define ECX_DTYPE_ENUM(name, str, size) ECX_DTYPE_##name,
 	ECX_DTYPE_MAP(ECX_DTYPE_ENUM)
 #undef ECX_DTYPE_ENUM
-	ECX_DTYPE_COUNT
+	    ECX_DTYPE_COUNT
 } ecx_dtype;
 
 /* ecx_dtype_name returns torch's name for dt ("bfloat16"), or NULL for a
@@ -201,6 +202,201 @@ ECX_API uint16_t ecx_registry_port(const ecx_registry *r);
 /* ecx_registry_destroy stops serving, waiting for requests in flight, and
  * frees everything. Accepts NULL. */
 ECX_API void ecx_registry_destroy(ecx_registry *r);
+
+/* ecx_last_error returns the one-line detail of the calling thread's last
+ * failed ecx call ("" if none). Valid until that thread's next ecx call;
+ * ecx_producer_last_error and ecx_consumer_last_error are the same. */
+ECX_API const char *ecx_last_error(void);
+
+/* ---- Producer ------------------------------------------------------------ */
+
+/* A producer keeps items in an arena registered with UCX once, publishes
+ * them to a registry, and serves pulls from its own threads. put and remove
+ * may be called from any thread. */
+typedef struct ecx_producer ecx_producer;
+
+enum {
+	ECX_PRODUCER_PARAM_CAPACITY = 1u << 0,
+	ECX_PRODUCER_PARAM_BIND_HOST = 1u << 1,
+	ECX_PRODUCER_PARAM_ADVERTISE_HOST = 1u << 2,
+	ECX_PRODUCER_PARAM_ZMQ_PORT = 1u << 3,
+	ECX_PRODUCER_PARAM_REGISTRY_PORT = 1u << 4,
+	ECX_PRODUCER_PARAM_REGISTRY = 1u << 5,
+	ECX_PRODUCER_PARAM_TOKEN = 1u << 6,
+	ECX_PRODUCER_PARAM_TRANSPORT = 1u << 7,
+	ECX_PRODUCER_PARAM_TIMEOUT = 1u << 8,
+};
+
+#define ECX_CAPACITY_DEFAULT ((uint64_t)1 << 30)
+
+typedef struct ecx_producer_params {
+	uint64_t field_mask;
+	uint64_t capacity_bytes;    /* arena size, default 1 GiB */
+	const char *bind_host;      /* where ZeroMQ and the embedded registry
+	                               listen; default "0.0.0.0" */
+	const char *advertise_host; /* host named in producer_zmq; default the
+	                               bind host, or this host's first
+	                               non-loopback IPv4 address */
+	uint16_t zmq_port;          /* default 0: a free port */
+	int registry_port;          /* embedded registry: default 9018, 0 a
+	                               free port, -1 none */
+	const char *registry;       /* publish to this remote registry URL
+	                               instead of an embedded one */
+	const char *token;          /* required on pulls and registry writes */
+	const char *transport;      /* "auto" (default), "tcp", "shm" */
+	int timeout_ms;             /* bound on transfers and registry calls,
+	                               default 5000 */
+} ecx_producer_params;
+
+/* ecx_producer_create maps and populates the arena (capacity bytes touched
+ * once, now), binds its sockets, starts its threads, and returns once it
+ * serves. Blocks for as long as populating takes. Errors: ECX_EADDRINUSE
+ * (a port is taken), ECX_EINVAL, ECX_ENOMEM, ECX_EIO; the detail is in
+ * why. */
+ECX_API int ecx_producer_create(const ecx_producer_params *params,
+                                ecx_producer **out, char *why, size_t whylen);
+
+/* ecx_producer_put copies desc->nbytes bytes from src into the arena and
+ * publishes id once they are in place. When the arena is full it evicts
+ * least-recently-used items that no pull is reading, and unpublishes them.
+ * An id already held with the same descriptor is kept as is (ids are
+ * content hashes) and only marked recently used. Errors: ECX_EID,
+ * ECX_ESIZE (bad descriptor), ECX_ETOOBIG (larger than the arena),
+ * ECX_ENOSPC (no room: everything is pinned), ECX_EINVAL (id held with
+ * another descriptor), or the registry's error (the item is then not kept).
+ * On failure the store is as it was. Blocks on the copy and, with a remote
+ * registry, on one HTTP request. */
+ECX_API int ecx_producer_put(ecx_producer *p, const char *id,
+                             const ecx_tensor_desc *desc, const void *src);
+
+/* ecx_producer_remove unpublishes id and frees its space once no pull reads
+ * it. ECX_ENOTFOUND if not held. */
+ECX_API int ecx_producer_remove(ecx_producer *p, const char *id);
+
+typedef struct ecx_producer_stats {
+	uint64_t items;         /* items held */
+	uint64_t bytes_used;    /* arena bytes taken */
+	uint64_t capacity;      /* arena size */
+	uint64_t pinned;        /* items a pull is reading now */
+	uint64_t evictions;     /* items evicted to make room */
+	uint64_t pulls;         /* pull requests answered */
+	uint64_t items_served;  /* items written to consumers */
+	uint64_t items_failed;  /* items answered with an error */
+	uint64_t bytes_served;  /* bytes written to consumers */
+	uint64_t registrations; /* memory registrations made (1: the arena) */
+	uint64_t connections;   /* consumer endpoints open now */
+} ecx_producer_stats;
+
+ECX_API void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out);
+
+/* The producer_zmq address it publishes ("tcp://HOST:PORT"). */
+ECX_API const char *ecx_producer_address(const ecx_producer *p);
+
+/* The embedded registry's port, 0 when it runs none. */
+ECX_API uint16_t ecx_producer_registry_port(const ecx_producer *p);
+
+ECX_API const char *ecx_producer_last_error(void);
+
+/* ecx_producer_destroy stops serving, unpublishes every item, closes its
+ * endpoints and frees everything. Accepts NULL. */
+ECX_API void ecx_producer_destroy(ecx_producer *p);
+
+/* ---- Consumer ------------------------------------------------------------ */
+
+/* A consumer looks ids up and loads items into its memory: buffers from
+ * its receive arena (ecx_consumer_alloc; fastest) or memory the caller
+ * brings (registered once, through a bounded cache). Calls are safe from
+ * any thread. */
+typedef struct ecx_consumer ecx_consumer;
+
+enum {
+	ECX_CONSUMER_PARAM_REGISTRY = 1u << 0,
+	ECX_CONSUMER_PARAM_TOKEN = 1u << 1,
+	ECX_CONSUMER_PARAM_TIMEOUT = 1u << 2,
+	ECX_CONSUMER_PARAM_RECV_CAPACITY = 1u << 3,
+	ECX_CONSUMER_PARAM_TRANSPORT = 1u << 4,
+	ECX_CONSUMER_PARAM_BIND_HOST = 1u << 5,
+	ECX_CONSUMER_PARAM_REGCACHE_MAX = 1u << 6,
+};
+
+typedef struct ecx_consumer_params {
+	uint64_t field_mask;
+	const char *registry; /* required: registry URLs, comma-separated */
+	const char *token;
+	int timeout_ms;         /* bound on every wait, default 5000 */
+	uint64_t recv_capacity; /* receive arena, default 256 MiB; 0: none */
+	const char *transport;  /* "auto" (default), "tcp", "shm" */
+	const char *bind_host;  /* restrict UCX TCP to this address's
+	                           interface; default none */
+	unsigned regcache_max;  /* caller-memory registrations kept, default
+	                           64 */
+} ecx_consumer_params;
+
+ECX_API int ecx_consumer_create(const ecx_consumer_params *params,
+                                ecx_consumer **out, char *why, size_t whylen);
+
+/* One item of a lookup or a load. lookup fills desc, producer and epoch
+ * (status 0, or ECX_ENOTFOUND); load reads id, desc, producer and epoch
+ * (as lookup left them, or as they came from another process) and dst, and
+ * sets status: 0 when the bytes are in place, else why this item failed. */
+typedef struct ecx_item {
+	const char *id;
+	int status;
+	ecx_tensor_desc desc;
+	char producer[256];
+	uint64_t epoch;
+	void *dst; /* desc.nbytes bytes of the caller's or the arena's */
+} ecx_item;
+
+/* ecx_consumer_lookup asks the registries for n ids in one round trip each.
+ * Returns 0 when the registries answered (each item's status says found or
+ * not), else the registry error. Blocks up to the timeout per registry. */
+ECX_API int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n);
+
+/* A load in flight. */
+typedef struct ecx_load ecx_load;
+
+/* ecx_consumer_load_start sends one pull per producer for the n items
+ * (producers are served in parallel) and returns at once with the load in
+ * *out; items and their dst memory must stay valid until the load ends.
+ * Connecting to a producer for the first time blocks for that handshake,
+ * bounded by the timeout. */
+ECX_API int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
+                                    ecx_load **out);
+
+/* ecx_load_test returns 0 when the load has ended, ECX_EBUSY while not. */
+ECX_API int ecx_load_test(ecx_load *l);
+
+/* ecx_load_wait blocks until the load ends or the consumer's timeout from
+ * its start passes (its items then fail with ECX_ETIMEDOUT), frees the load,
+ * and returns 0 when every item loaded, else the first item's error. */
+ECX_API int ecx_load_wait(ecx_load *l);
+
+/* ecx_consumer_load is start then wait. */
+ECX_API int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n);
+
+/* ecx_consumer_alloc returns nbytes from the receive arena, or NULL when it
+ * has no room (ecx_last_error says so). ecx_consumer_free gives it back. */
+ECX_API void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes);
+ECX_API void ecx_consumer_free(ecx_consumer *c, void *ptr);
+
+typedef struct ecx_consumer_stats {
+	uint64_t lookups;       /* ids looked up */
+	uint64_t loads;         /* items asked for */
+	uint64_t loaded;        /* items loaded */
+	uint64_t failed;        /* items failed */
+	uint64_t bytes;         /* bytes loaded */
+	uint64_t registrations; /* memory registrations made */
+	uint64_t regcache_hits; /* caller memory found registered */
+	uint64_t connections;   /* producer handshakes made */
+} ecx_consumer_stats;
+
+ECX_API void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out);
+ECX_API const char *ecx_consumer_last_error(void);
+
+/* ecx_consumer_destroy ends loads in flight (their waits fail), closes its
+ * endpoints and frees everything. Accepts NULL. */
+ECX_API void ecx_consumer_destroy(ecx_consumer *c);
 
 #ifdef __cplusplus
 }

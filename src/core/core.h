@@ -42,10 +42,10 @@ int ecx_log_parse(const char *name);
 void ecx_logf(ecx_log_level lvl, const char *mod, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define ECX_LOG_AT(lvl, mod, ...)                                              \
-	do {                                                                   \
-		if (ecx_log_enabled(lvl))                                      \
-			ecx_logf(lvl, mod, __VA_ARGS__);                       \
+#define ECX_LOG_AT(lvl, mod, ...)                        \
+	do {                                             \
+		if (ecx_log_enabled(lvl))                \
+			ecx_logf(lvl, mod, __VA_ARGS__); \
 	} while (0)
 #define ecx_error(mod, ...) ECX_LOG_AT(ECX_LOG_ERROR, mod, __VA_ARGS__)
 #define ecx_warn(mod, ...) ECX_LOG_AT(ECX_LOG_WARN, mod, __VA_ARGS__)
@@ -73,12 +73,18 @@ bool ecx_ct_equal(const char *a, size_t alen, const char *b, size_t blen);
 
 /* Monotonic time in nanoseconds and milliseconds. */
 uint64_t ecx_now_ns(void);
-static inline uint64_t ecx_now_ms(void) { return ecx_now_ns() / 1000000u; }
+static inline uint64_t ecx_now_ms(void)
+{
+	return ecx_now_ns() / 1000000u;
+}
 
 /* ---- base64 (RFC 4648, with padding) ---- */
 
 /* Length of the encoding of n bytes, without the terminating NUL. */
-static inline size_t ecx_b64_enclen(size_t n) { return (n + 2) / 3 * 4; }
+static inline size_t ecx_b64_enclen(size_t n)
+{
+	return (n + 2) / 3 * 4;
+}
 
 /* ecx_b64_encode writes the encoding and a NUL into out, which holds at
  * least ecx_b64_enclen(n) + 1 bytes. */
@@ -88,4 +94,10 @@ void ecx_b64_encode(const void *in, size_t n, char *out);
  * decoded length, or -1 for bad characters, bad padding, or too little room. */
 long ecx_b64_decode(const char *in, size_t len, void *out, size_t outcap);
 
+/* ---- the calling thread's last error detail (ecx_last_error) ---- */
+
+/* ecx_set_error formats the detail of a failure of a public call and
+ * returns err. */
+int ecx_set_error(int err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 #endif /* ECX_CORE_H */

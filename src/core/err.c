@@ -3,15 +3,21 @@
 
 #include <stdio.h>
 
-const char *ecx_version(void) { return ECX_VERSION_STRING; }
+const char *ecx_version(void)
+{
+	return ECX_VERSION_STRING;
+}
 
-int ecx_version_number(void) { return ECX_VERSION_NUMBER; }
+int ecx_version_number(void)
+{
+	return ECX_VERSION_NUMBER;
+}
 
 const char *ecx_strerror(int err)
 {
 	switch (err) {
-#define ECX_ERR_STR(name, code, msg)                                           \
-	case code:                                                             \
+#define ECX_ERR_STR(name, code, msg) \
+	case code:                   \
 		return msg;
 		ECX_ERR_MAP(ECX_ERR_STR)
 #undef ECX_ERR_STR
@@ -22,8 +28,8 @@ const char *ecx_strerror(int err)
 const char *ecx_err_name(int err)
 {
 	switch (err) {
-#define ECX_ERR_NAME(name, code, msg)                                          \
-	case code:                                                             \
+#define ECX_ERR_NAME(name, code, msg) \
+	case code:                    \
 		return #name;
 		ECX_ERR_MAP(ECX_ERR_NAME)
 #undef ECX_ERR_NAME
@@ -39,5 +45,29 @@ int ecx_why(char *why, size_t whylen, int err, const char *fmt, ...)
 		vsnprintf(why, whylen, fmt, ap);
 		va_end(ap);
 	}
+	return err;
+}
+
+static __thread char last_error[256];
+
+const char *ecx_last_error(void)
+{
+	return last_error;
+}
+const char *ecx_producer_last_error(void)
+{
+	return last_error;
+}
+const char *ecx_consumer_last_error(void)
+{
+	return last_error;
+}
+
+int ecx_set_error(int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
 	return err;
 }

@@ -50,11 +50,12 @@ void ecx_logf(ecx_log_level lvl, const char *mod, const char *fmt, ...)
 	struct tm tm;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
-	int n = snprintf(line, sizeof(line),
-	                 "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ ecx[%ld] %s %s: ",
-	                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-	                 tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, (long)getpid(),
-	                 tags[lvl <= ECX_LOG_DEBUG ? lvl : 0], mod);
+	int n =
+	    snprintf(line, sizeof(line),
+	             "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ ecx[%ld] %s %s: ",
+	             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+	             tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, (long)getpid(),
+	             tags[lvl <= ECX_LOG_DEBUG ? lvl : 0], mod);
 	va_list ap;
 	va_start(ap, fmt);
 	if (n > 0 && (size_t)n < sizeof(line))

@@ -24,14 +24,16 @@ int ecx_id_check(const char *id, char *why, size_t whylen)
 		unsigned char c = (unsigned char)id[i];
 		if (!id_byte_ok(c)) {
 			if (c > 0x20 && c < 0x7f)
-				return ecx_why(why, whylen, ECX_EID,
-				               "id has byte '%c' (0x%02x) at offset "
-				               "%zu; allowed: A-Z a-z 0-9 . _ : @ + = -",
-				               c, c, i);
-			return ecx_why(why, whylen, ECX_EID,
-			               "id has byte 0x%02x at offset %zu; allowed: "
-			               "A-Z a-z 0-9 . _ : @ + = -",
-			               c, i);
+				return ecx_why(
+				    why, whylen, ECX_EID,
+				    "id has byte '%c' (0x%02x) at offset "
+				    "%zu; allowed: A-Z a-z 0-9 . _ : @ + = -",
+				    c, c, i);
+			return ecx_why(
+			    why, whylen, ECX_EID,
+			    "id has byte 0x%02x at offset %zu; allowed: "
+			    "A-Z a-z 0-9 . _ : @ + = -",
+			    c, i);
 		}
 	}
 	return 0;
@@ -40,10 +42,9 @@ int ecx_id_check(const char *id, char *why, size_t whylen)
 static const struct {
 	const char *name;
 	size_t size;
-} dtypes[ECX_DTYPE_COUNT] = {
-    [ECX_DTYPE_INVALID] = {NULL, 0},
+} dtypes[ECX_DTYPE_COUNT] = {[ECX_DTYPE_INVALID] = {NULL, 0},
 #define ECX_DTYPE_ROW(name, str, sz) [ECX_DTYPE_##name] = {str, sz},
-    ECX_DTYPE_MAP(ECX_DTYPE_ROW)
+                             ECX_DTYPE_MAP(ECX_DTYPE_ROW)
 #undef ECX_DTYPE_ROW
 };
 

@@ -53,7 +53,10 @@ static size_t on_body(char *data, size_t sz, size_t nm, void *ud)
 }
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+static void curl_init_once(void)
+{
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+}
 
 int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
                          char *why, size_t whylen)
@@ -139,7 +142,10 @@ void ecx_regclient_destroy(ecx_regclient *c)
 	free(c);
 }
 
-long ecx_regclient_connects(const ecx_regclient *c) { return c->connects; }
+long ecx_regclient_connects(const ecx_regclient *c)
+{
+	return c->connects;
+}
 
 static int curl_err(CURLcode cc, const char *url, char *why, size_t whylen)
 {
@@ -171,7 +177,8 @@ static int reg_request(ecx_regclient *c, reg_conn *g, const char *method,
 	if (g->curl == NULL) {
 		g->curl = curl_easy_init();
 		if (g->curl == NULL)
-			return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+			return ecx_why(why, whylen, ECX_ENOMEM,
+			               "out of memory");
 	}
 	CURL *h = g->curl;
 	char url[ECX_ADDR_MAX + 512];
@@ -287,8 +294,8 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	buf b = {0};
 	long status = 0;
-	int rc = reg_request(c, g, "POST", "/ec/lookup", body, &status, &b,
-	                     why, whylen);
+	int rc = reg_request(c, g, "POST", "/ec/lookup", body, &status, &b, why,
+	                     whylen);
 	free(body);
 	if (rc == 0 && status != 200)
 		rc = http_err(status, &b, g->url, why, whylen);
@@ -396,7 +403,8 @@ int ecx_regclient_delete(ecx_regclient *c, const char *id,
 	if (producer_zmq != NULL) {
 		char *esc = curl_easy_escape(NULL, producer_zmq, 0);
 		if (esc == NULL)
-			return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+			return ecx_why(why, whylen, ECX_ENOMEM,
+			               "out of memory");
 		snprintf(path + off, sizeof(path) - (size_t)off,
 		         "?producer_zmq=%s", esc);
 		curl_free(esc);

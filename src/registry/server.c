@@ -111,16 +111,15 @@ static bool authorized(ecx_registry *r, struct MHD_Connection *c)
 {
 	if (r->token == NULL)
 		return true;
-	const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-	                                            MHD_HTTP_HEADER_AUTHORIZATION);
+	const char *h = MHD_lookup_connection_value(
+	    c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
 	if (h == NULL || strncmp(h, "Bearer ", 7) != 0)
 		return false;
 	h += 7;
 	return ecx_ct_equal(h, strlen(h), r->token, r->token_len);
 }
 
-static enum MHD_Result route_info_get(ecx_registry *r,
-                                      struct MHD_Connection *c,
+static enum MHD_Result route_info_get(ecx_registry *r, struct MHD_Connection *c,
                                       const char *id)
 {
 	char why[200];
@@ -137,8 +136,7 @@ static enum MHD_Result route_info_get(ecx_registry *r,
 	return reply_json(c, MHD_HTTP_OK, ecx_entry_encode(&e));
 }
 
-static enum MHD_Result route_info_put(ecx_registry *r,
-                                      struct MHD_Connection *c,
+static enum MHD_Result route_info_put(ecx_registry *r, struct MHD_Connection *c,
                                       const char *id, reg_req *q)
 {
 	char why[200];
@@ -152,9 +150,8 @@ static enum MHD_Result route_info_put(ecx_registry *r,
 	return reply_json(c, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 
-static enum MHD_Result route_info_delete(ecx_registry *r,
-                                         struct MHD_Connection *c,
-                                         const char *id)
+static enum MHD_Result
+route_info_delete(ecx_registry *r, struct MHD_Connection *c, const char *id)
 {
 	char why[200];
 	const char *producer = MHD_lookup_connection_value(
@@ -267,9 +264,9 @@ static enum MHD_Result route_metrics(ecx_registry *r, struct MHD_Connection *c)
 	if (s == NULL)
 		return reply_error(c, 500, "out of memory");
 #define P(...) off += (size_t)snprintf(s + off, cap - off, __VA_ARGS__)
-#define COUNTER(name, help, v)                                                 \
-	P("# HELP ecx_registry_" name " " help "\n# TYPE ecx_registry_" name  \
-	  " counter\necx_registry_" name " %llu\n",                            \
+#define COUNTER(name, help, v)                                               \
+	P("# HELP ecx_registry_" name " " help "\n# TYPE ecx_registry_" name \
+	  " counter\necx_registry_" name " %llu\n",                          \
 	  (unsigned long long)(v))
 	COUNTER("lookups_total", "Ids looked up.", load(&r->lookups));
 	COUNTER("hits_total", "Ids looked up and found.", load(&r->hits));
@@ -362,7 +359,8 @@ static enum MHD_Result reg_dispatch(ecx_registry *r, struct MHD_Connection *c,
 	}
 	return reply_error(c, MHD_HTTP_NOT_FOUND, "Not Found");
 not_allowed:
-	return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "Method Not Allowed");
+	return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED,
+	                   "Method Not Allowed");
 }
 
 static enum MHD_Result reg_handle(void *cls, struct MHD_Connection *c,
@@ -468,10 +466,9 @@ static int reg_listen(const char *host, uint16_t port, int *fd_out,
 			               "port %u on %s is already in use (is "
 			               "another registry or producer running?)",
 			               port, host);
-		return ecx_why(why, whylen, e == EADDRNOTAVAIL ? ECX_EINVAL
-		                                               : ECX_EIO,
-		               "cannot bind %s:%u: %s", host, port,
-		               strerror(e));
+		return ecx_why(
+		    why, whylen, e == EADDRNOTAVAIL ? ECX_EINVAL : ECX_EIO,
+		    "cannot bind %s:%u: %s", host, port, strerror(e));
 	}
 	freeaddrinfo(res);
 	if (listen(fd, 512) != 0) {
@@ -496,18 +493,15 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	const char *host = (m & ECX_REGISTRY_PARAM_BIND_HOST) && p->bind_host
 	                       ? p->bind_host
 	                       : "0.0.0.0";
-	uint16_t port = (m & ECX_REGISTRY_PARAM_PORT)
-	                    ? p->port
-	                    : ECX_REGISTRY_PORT_DEFAULT;
+	uint16_t port =
+	    (m & ECX_REGISTRY_PARAM_PORT) ? p->port : ECX_REGISTRY_PORT_DEFAULT;
 	const char *token =
-	    (m & ECX_REGISTRY_PARAM_TOKEN) && p->token && p->token[0]
-	        ? p->token
-	        : NULL;
+	    (m & ECX_REGISTRY_PARAM_TOKEN) && p->token && p->token[0] ? p->token
+	                                                              : NULL;
 	unsigned threads =
 	    (m & ECX_REGISTRY_PARAM_THREADS) && p->threads ? p->threads : 2;
-	const char *store = (m & ECX_REGISTRY_PARAM_STORE) && p->store
-	                        ? p->store
-	                        : "memory";
+	const char *store =
+	    (m & ECX_REGISTRY_PARAM_STORE) && p->store ? p->store : "memory";
 	if (threads > 64)
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "at most 64 registry threads");
@@ -562,9 +556,15 @@ fail:
 	return rc;
 }
 
-uint16_t ecx_registry_port(const ecx_registry *r) { return r->port; }
+uint16_t ecx_registry_port(const ecx_registry *r)
+{
+	return r->port;
+}
 
-ecx_store *ecx_registry_store(ecx_registry *r) { return r->store; }
+ecx_store *ecx_registry_store(ecx_registry *r)
+{
+	return r->store;
+}
 
 void ecx_registry_count_publish(ecx_registry *r, bool removal)
 {

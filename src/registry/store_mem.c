@@ -58,8 +58,8 @@ static void mem_grow(mem_store *m)
 	m->nbuckets = nb;
 }
 
-static int mem_put(ecx_store *s, const char *id, const ecx_entry *e,
-                   char *why, size_t whylen)
+static int mem_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
+                   size_t whylen)
 {
 	mem_store *m = (mem_store *)s;
 	uint64_t h = mem_hash(id);
@@ -168,14 +168,16 @@ static int mem_list(ecx_store *s, const char *after, size_t limit,
 					continue;
 				slot = big;
 			}
-			ecx_strlcpy(rows[slot].id, x->id, sizeof(rows[slot].id));
+			ecx_strlcpy(rows[slot].id, x->id,
+			            sizeof(rows[slot].id));
 			rows[slot].entry = x->entry;
 			if (n < limit)
 				n++;
 			if (n == limit) {
 				big = 0;
 				for (size_t i = 1; i < n; i++)
-					if (strcmp(rows[i].id, rows[big].id) > 0)
+					if (strcmp(rows[i].id, rows[big].id) >
+					    0)
 						big = i;
 			}
 		}

@@ -55,7 +55,8 @@ int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
 	ecx_entry e;
 	memset(&e, 0, sizeof(e));
 	if (!cJSON_IsObject(o))
-		return ecx_why(why, whylen, ECX_EPROTO, "entry is not an object");
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "entry is not an object");
 	int rc = ecx_json_get_u64(o, "nbytes", &e.desc.nbytes, why, whylen);
 	if (rc != 0)
 		return rc;
@@ -74,8 +75,7 @@ int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
 	e.desc.ndim = (uint32_t)nd;
 	int i = 0;
 	const cJSON *d;
-	cJSON_ArrayForEach(d, shape)
-	{
+	cJSON_ArrayForEach (d, shape) {
 		if (!cJSON_IsNumber(d) || d->valuedouble < 0 ||
 		    d->valuedouble != (double)(uint64_t)d->valuedouble ||
 		    d->valuedouble >= (double)ECX_JSON_INT_MAX)
@@ -155,8 +155,8 @@ int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,
 		goto out;
 	}
 	if (!cJSON_IsArray(arr)) {
-		rc = ecx_why(why, whylen, ECX_EPROTO,
-		             "\"ids\" is not an array");
+		rc =
+		    ecx_why(why, whylen, ECX_EPROTO, "\"ids\" is not an array");
 		goto out;
 	}
 	int n = cJSON_GetArraySize(arr);
@@ -172,8 +172,7 @@ int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,
 		goto out;
 	}
 	const cJSON *s;
-	cJSON_ArrayForEach(s, arr)
-	{
+	cJSON_ArrayForEach (s, arr) {
 		char what[32];
 		snprintf(what, sizeof(what), "\"ids\"[%zu]", l.n);
 		rc = ecx_json_id(s, what, l.ids[l.n], why, whylen);
@@ -244,8 +243,7 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 		goto out;
 	}
 	const cJSON *c;
-	cJSON_ArrayForEach(c, found)
-	{
+	cJSON_ArrayForEach (c, found) {
 		bool known = false;
 		for (size_t i = 0; i < n; i++) {
 			if (strcmp(items[i].id, c->string) != 0)
@@ -264,17 +262,17 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 			goto out;
 		}
 	}
-	cJSON_ArrayForEach(c, missing)
-	{
+	cJSON_ArrayForEach (c, missing) {
 		bool known = false;
 		for (size_t i = 0; i < n && !known; i++)
 			known = cJSON_IsString(c) &&
 			        strcmp(items[i].id, c->valuestring) == 0 &&
 			        !items[i].found;
 		if (!known) {
-			rc = ecx_why(why, whylen, ECX_EPROTO,
-			             "lookup reply's \"missing\" has an id that "
-			             "was not asked for");
+			rc =
+			    ecx_why(why, whylen, ECX_EPROTO,
+			            "lookup reply's \"missing\" has an id that "
+			            "was not asked for");
 			goto out;
 		}
 	}

@@ -16,7 +16,8 @@ cJSON *ecx_json_parse(const char *buf, size_t len, size_t max, char *why,
 	}
 	if (len > max) {
 		ecx_why(why, whylen, ECX_ETOOBIG,
-		        "message of %zu bytes exceeds the limit of %zu", len, max);
+		        "message of %zu bytes exceeds the limit of %zu", len,
+		        max);
 		return NULL;
 	}
 	const char *end = NULL;
@@ -37,7 +38,8 @@ cJSON *ecx_json_parse(const char *buf, size_t len, size_t max, char *why,
 	}
 	if (!cJSON_IsObject(o)) {
 		cJSON_Delete(o);
-		ecx_why(why, whylen, ECX_EPROTO, "message is not a JSON object");
+		ecx_why(why, whylen, ECX_EPROTO,
+		        "message is not a JSON object");
 		return NULL;
 	}
 	return o;
@@ -54,8 +56,8 @@ static int json_num_u64(const cJSON *n, const char *key, uint64_t *out,
                         char *why, size_t whylen)
 {
 	if (!cJSON_IsNumber(n))
-		return ecx_why(why, whylen, ECX_EPROTO, "\"%s\" is not a number",
-		               key);
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"%s\" is not a number", key);
 	double d = n->valuedouble;
 	if (!isfinite(d) || d < 0)
 		return ecx_why(why, whylen, ECX_EPROTO, "\"%s\" is negative",
@@ -70,8 +72,8 @@ static int json_num_u64(const cJSON *n, const char *key, uint64_t *out,
 	return 0;
 }
 
-int ecx_json_get_u64(const cJSON *o, const char *key, uint64_t *out,
-                     char *why, size_t whylen)
+int ecx_json_get_u64(const cJSON *o, const char *key, uint64_t *out, char *why,
+                     size_t whylen)
 {
 	const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, key);
 	if (n == NULL)
@@ -88,8 +90,8 @@ int ecx_json_get_str(const cJSON *o, const char *key, char *out, size_t cap,
 		return ecx_why(why, whylen, ECX_EPROTO, "missing field \"%s\"",
 		               key);
 	if (!cJSON_IsString(n) || n->valuestring == NULL)
-		return ecx_why(why, whylen, ECX_EPROTO, "\"%s\" is not a string",
-		               key);
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"%s\" is not a string", key);
 	size_t len = strlen(n->valuestring);
 	if (len >= cap)
 		return ecx_why(why, whylen, ECX_EPROTO,
@@ -100,8 +102,8 @@ int ecx_json_get_str(const cJSON *o, const char *key, char *out, size_t cap,
 
 int ecx_err_from_name(const char *name)
 {
-#define ECX_ERR_BYNAME(nm, code, msg)                                          \
-	if (strcmp(name, #nm) == 0)                                            \
+#define ECX_ERR_BYNAME(nm, code, msg) \
+	if (strcmp(name, #nm) == 0)   \
 		return code;
 	ECX_ERR_MAP(ECX_ERR_BYNAME)
 #undef ECX_ERR_BYNAME

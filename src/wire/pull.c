@@ -117,8 +117,7 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 	/* One allocation: regions, items, then the decoded rkeys. */
 	size_t rkey_room = 0;
 	const cJSON *g;
-	cJSON_ArrayForEach(g, regs)
-	{
+	cJSON_ArrayForEach (g, regs) {
 		const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "rkey");
 		if (!cJSON_IsString(k) || k->valuestring == NULL) {
 			rc = ecx_why(why, whylen, ECX_EPROTO,
@@ -143,8 +142,7 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 	r.regions = r.mem;
 	r.items = (ecx_pull_item *)(r.regions + ng);
 	unsigned char *kp = (unsigned char *)(r.items + ni);
-	cJSON_ArrayForEach(g, regs)
-	{
+	cJSON_ArrayForEach (g, regs) {
 		ecx_region *x = &r.regions[r.nregions];
 		if (!cJSON_IsObject(g)) {
 			rc = ecx_why(why, whylen, ECX_EPROTO,
@@ -155,8 +153,9 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 		    (rc = ecx_json_get_u64(g, "len", &x->len, why, whylen)))
 			goto fail;
 		if (x->len == 0 || x->base + x->len > ECX_JSON_INT_MAX) {
-			rc = ecx_why(why, whylen, ECX_EPROTO,
-			             "region %zu is empty or wraps", r.nregions);
+			rc =
+			    ecx_why(why, whylen, ECX_EPROTO,
+			            "region %zu is empty or wraps", r.nregions);
 			goto fail;
 		}
 		const char *k =
@@ -175,8 +174,7 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 		r.nregions++;
 	}
 	const cJSON *it;
-	cJSON_ArrayForEach(it, items)
-	{
+	cJSON_ArrayForEach (it, items) {
 		ecx_pull_item *x = &r.items[r.nitems];
 		uint64_t region;
 		char what[32];
@@ -186,8 +184,9 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 			             "item is not an object");
 			goto fail;
 		}
-		if ((rc = ecx_json_id(cJSON_GetObjectItemCaseSensitive(it, "id"),
-		                      what, x->id, why, whylen)) ||
+		if ((rc =
+		         ecx_json_id(cJSON_GetObjectItemCaseSensitive(it, "id"),
+		                     what, x->id, why, whylen)) ||
 		    (rc = ecx_json_get_u64(it, "nbytes", &x->nbytes, why,
 		                           whylen)) ||
 		    (rc = ecx_json_get_u64(it, "region", &region, why,
@@ -230,9 +229,9 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
 	if (r->err != 0) {
 		cJSON_AddBoolToObject(o, "ok", false);
-		cJSON_AddStringToObject(o, "err", r->detail[0] != '\0'
-		                                      ? r->detail
-		                                      : ecx_strerror(r->err));
+		cJSON_AddStringToObject(
+		    o, "err",
+		    r->detail[0] != '\0' ? r->detail : ecx_strerror(r->err));
 		cJSON_AddStringToObject(o, "code", ecx_err_name(r->err));
 		return json_print_free(o);
 	}
@@ -249,8 +248,8 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 		if (r->status[i] != 0) {
 			cJSON_AddStringToObject(x, "err",
 			                        ecx_strerror(r->status[i]));
-			if (!cJSON_AddStringToObject(x, "code",
-			                             ecx_err_name(r->status[i])))
+			if (!cJSON_AddStringToObject(
+			        x, "code", ecx_err_name(r->status[i])))
 				goto fail;
 		}
 	}
@@ -314,8 +313,7 @@ int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
 		goto fail;
 	}
 	const cJSON *x;
-	cJSON_ArrayForEach(x, items)
-	{
+	cJSON_ArrayForEach (x, items) {
 		const cJSON *iok = cJSON_GetObjectItemCaseSensitive(x, "ok");
 		if (!cJSON_IsBool(iok)) {
 			rc = ecx_why(why, whylen, ECX_EPROTO,

@@ -18,14 +18,14 @@
 
 #include <cjson/cJSON.h>
 
-#define ECX_ADDR_MAX 256        /* producer_zmq and similar addresses */
-#define ECX_TOKEN_MAX 256       /* tokens, including the NUL */
-#define ECX_WIRE_MAX (4u << 20) /* largest message any decoder takes */
-#define ECX_ENTRY_MAX 4096      /* largest registry entry */
-#define ECX_LOOKUP_MAX_IDS 4096 /* ids in one batched lookup */
-#define ECX_PULL_MAX_ITEMS 4096 /* items in one pull */
-#define ECX_PULL_MAX_REGIONS 64 /* consumer regions named by one pull */
-#define ECX_RKEY_MAX 4096       /* bytes of one packed UCX remote key */
+#define ECX_ADDR_MAX 256         /* producer_zmq and similar addresses */
+#define ECX_TOKEN_MAX 256        /* tokens, including the NUL */
+#define ECX_WIRE_MAX (4u << 20)  /* largest message any decoder takes */
+#define ECX_ENTRY_MAX 4096       /* largest registry entry */
+#define ECX_LOOKUP_MAX_IDS 4096  /* ids in one batched lookup */
+#define ECX_PULL_MAX_ITEMS 4096  /* items in one pull */
+#define ECX_PULL_MAX_REGIONS 64  /* consumer regions named by one pull */
+#define ECX_RKEY_MAX 4096        /* bytes of one packed UCX remote key */
 #define ECX_WORKER_ADDR_MAX 8192 /* bytes of one packed UCX worker address */
 
 /* ---- registry entry: {"nbytes","shape","dtype","producer_zmq", ...} ---- */
@@ -164,12 +164,13 @@ typedef struct ecx_zresp {
 	char detail[160];
 	size_t worker_len; /* hello reply */
 	unsigned char *worker;
-	uint64_t epoch;
+	uint64_t epoch; /* the producer's epoch */
+	uint64_t conn;  /* the consumer's connection number at the producer */
 } ecx_zresp;
 
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
-                             uint64_t epoch);
+                             uint64_t epoch, uint64_t conn);
 int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
                      size_t whylen);
 void ecx_zresp_free(ecx_zresp *r);
@@ -183,8 +184,8 @@ cJSON *ecx_json_parse(const char *buf, size_t len, size_t max, char *why,
 /* A raw integer node: cJSON's own numbers print large values in exponent
  * form. */
 cJSON *ecx_json_u64(uint64_t v);
-int ecx_json_get_u64(const cJSON *o, const char *key, uint64_t *out,
-                     char *why, size_t whylen);
+int ecx_json_get_u64(const cJSON *o, const char *key, uint64_t *out, char *why,
+                     size_t whylen);
 /* Copies a string field of at most cap-1 bytes; missing or too long fails. */
 int ecx_json_get_str(const cJSON *o, const char *key, char *out, size_t cap,
                      char *why, size_t whylen);

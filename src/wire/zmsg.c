@@ -140,8 +140,8 @@ int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
 		                           whylen)) ||
 		    (rc = ecx_json_get_u64(o, "dst_ptr", &r.dst_ptr, why,
 		                           whylen)) ||
-		    (rc = ecx_json_get_u64(o, "nbytes", &r.nbytes, why,
-		                           whylen)))
+		    (rc =
+		         ecx_json_get_u64(o, "nbytes", &r.nbytes, why, whylen)))
 			goto out;
 	} else {
 		rc = ecx_why(why, whylen, ECX_EUNSUPPORTED, "unknown op");
@@ -161,14 +161,14 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 	if (o == NULL)
 		return NULL;
 	cJSON_AddBoolToObject(o, "ok", false);
-	cJSON_AddStringToObject(o, "err", detail != NULL ? detail
-	                                                 : ecx_strerror(err));
+	cJSON_AddStringToObject(o, "err",
+	                        detail != NULL ? detail : ecx_strerror(err));
 	cJSON_AddStringToObject(o, "code", ecx_err_name(err));
 	return json_print_free(o);
 }
 
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
-                             uint64_t epoch)
+                             uint64_t epoch, uint64_t conn)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *w = b64_node(worker, worker_len);
@@ -180,6 +180,7 @@ char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
 	cJSON_AddBoolToObject(o, "ok", true);
 	cJSON_AddItemToObject(o, "worker", w);
 	cJSON_AddItemToObject(o, "epoch", ecx_json_u64(epoch));
+	cJSON_AddItemToObject(o, "conn", ecx_json_u64(conn));
 	return json_print_free(o);
 }
 
@@ -223,9 +224,11 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 	if (cJSON_GetObjectItemCaseSensitive(o, "worker") != NULL) {
 		rc = b64_field(o, "worker", &r.worker, &r.worker_len, why,
 		               whylen);
-		if (rc == 0 && cJSON_GetObjectItemCaseSensitive(o, "epoch"))
-			rc = ecx_json_get_u64(o, "epoch", &r.epoch, why,
-			                      whylen);
+		if (rc == 0)
+			rc =
+			    ecx_json_get_u64(o, "epoch", &r.epoch, why, whylen);
+		if (rc == 0)
+			rc = ecx_json_get_u64(o, "conn", &r.conn, why, whylen);
 	}
 out:
 	cJSON_Delete(o);

@@ -28,9 +28,9 @@ static void test_errors(void **state)
 	assert_string_equal(ecx_strerror(-9999), "unknown error");
 	assert_string_equal(ecx_err_name(12345), "UNKNOWN");
 	/* Every code is negative except OK, and names and strings exist. */
-#define CHECK(name, code, msg)                                                 \
-	assert_true(code <= 0);                                                \
-	assert_string_equal(ecx_err_name(code), #name);                        \
+#define CHECK(name, code, msg)                          \
+	assert_true(code <= 0);                         \
+	assert_string_equal(ecx_err_name(code), #name); \
 	assert_string_equal(ecx_strerror(code), msg);
 	ECX_ERR_MAP(CHECK)
 #undef CHECK
@@ -84,10 +84,10 @@ static void test_dtypes(void **state)
 	static const struct {
 		const char *name;
 		size_t size;
-	} want[] = {{"float16", 2},       {"bfloat16", 2},     {"float32", 4},
-	            {"float64", 8},       {"int8", 1},         {"uint8", 1},
-	            {"int16", 2},         {"int32", 4},        {"int64", 8},
-	            {"bool", 1},          {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
+	} want[] = {{"float16", 2}, {"bfloat16", 2},      {"float32", 4},
+	            {"float64", 8}, {"int8", 1},          {"uint8", 1},
+	            {"int16", 2},   {"int32", 4},         {"int64", 8},
+	            {"bool", 1},    {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
 	assert_int_equal(ECX_DTYPE_COUNT - 1, sizeof(want) / sizeof(want[0]));
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		ecx_dtype dt;
@@ -149,9 +149,12 @@ static void test_tensor(void **state)
 static void test_base64(void **state)
 {
 	(void)state;
-	const char *vec[][2] = {{"", ""},         {"f", "Zg=="},
-	                        {"fo", "Zm8="},   {"foo", "Zm9v"},
-	                        {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="},
+	const char *vec[][2] = {{"", ""},
+	                        {"f", "Zg=="},
+	                        {"fo", "Zm8="},
+	                        {"foo", "Zm9v"},
+	                        {"foob", "Zm9vYg=="},
+	                        {"fooba", "Zm9vYmE="},
 	                        {"foobar", "Zm9vYmFy"}};
 	for (size_t i = 0; i < sizeof(vec) / sizeof(vec[0]); i++) {
 		char enc[16];
@@ -198,10 +201,10 @@ static void test_log_names(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_version),  cmocka_unit_test(test_errors),
-	    cmocka_unit_test(test_id_ok),    cmocka_unit_test(test_id_bad),
-	    cmocka_unit_test(test_dtypes),   cmocka_unit_test(test_tensor),
-	    cmocka_unit_test(test_base64),   cmocka_unit_test(test_ct_equal),
+	    cmocka_unit_test(test_version),   cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_id_ok),     cmocka_unit_test(test_id_bad),
+	    cmocka_unit_test(test_dtypes),    cmocka_unit_test(test_tensor),
+	    cmocka_unit_test(test_base64),    cmocka_unit_test(test_ct_equal),
 	    cmocka_unit_test(test_log_names),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,14 +21,14 @@
 
 static ecx_registry *start(const char *token, int token_reads)
 {
-	ecx_registry_params p = {
-	    .field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
-	                  ECX_REGISTRY_PARAM_PORT | ECX_REGISTRY_PARAM_TOKEN |
-	                  ECX_REGISTRY_PARAM_TOKEN_READS,
-	    .bind_host = "127.0.0.1",
-	    .port = 0,
-	    .token = token,
-	    .token_reads = token_reads};
+	ecx_registry_params p = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
+	                                       ECX_REGISTRY_PARAM_PORT |
+	                                       ECX_REGISTRY_PARAM_TOKEN |
+	                                       ECX_REGISTRY_PARAM_TOKEN_READS,
+	                         .bind_host = "127.0.0.1",
+	                         .port = 0,
+	                         .token = token,
+	                         .token_reads = token_reads};
 	ecx_registry *r = NULL;
 	char why[200];
 	int rc = ecx_registry_create(&p, &r, why, sizeof(why));
@@ -73,8 +73,8 @@ static long raw(ecx_registry *r, const char *method, const char *path,
                 const char *body, const char *auth, char *out, size_t outn)
 {
 	char url[512];
-	snprintf(url, sizeof(url), "http://127.0.0.1:%u%s", ecx_registry_port(r),
-	         path);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%u%s",
+	         ecx_registry_port(r), path);
 	CURL *h = curl_easy_init();
 	FILE *f = fmemopen(out, outn, "w");
 	struct curl_slist *hd = NULL;
@@ -111,18 +111,19 @@ static void test_routes(void **state)
 	assert_int_equal(ecx_regclient_put(c, "img-b", &e, why, 200), 0);
 
 	/* The reference's route. */
-	assert_int_equal(raw(r, "GET", "/ec/info/img-a", NULL, NULL, body,
-	                     sizeof(body)),
-	                 200);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/info/img-a", NULL, NULL, body, sizeof(body)),
+	    200);
 	assert_non_null(strstr(body, "\"nbytes\":3791872"));
-	assert_non_null(strstr(body, "\"producer_zmq\":\"tcp://127.0.0.1:7001\""));
-	assert_int_equal(raw(r, "GET", "/ec/info/nope", NULL, NULL, body,
-	                     sizeof(body)),
-	                 404);
+	assert_non_null(
+	    strstr(body, "\"producer_zmq\":\"tcp://127.0.0.1:7001\""));
+	assert_int_equal(
+	    raw(r, "GET", "/ec/info/nope", NULL, NULL, body, sizeof(body)),
+	    404);
 	assert_string_equal(body, "{\"detail\":\"unknown mm_hash\"}");
-	assert_int_equal(raw(r, "GET", "/ec/info/bad%7Cid", NULL, NULL, body,
-	                     sizeof(body)),
-	                 400);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/info/bad%7Cid", NULL, NULL, body, sizeof(body)),
+	    400);
 	assert_non_null(strstr(body, "\"detail\":\"id has byte '|'"));
 
 	/* Single and batched lookups through the client. */
@@ -130,7 +131,8 @@ static void test_routes(void **state)
 	assert_int_equal(ecx_regclient_lookup(c, &one, 1, why, 200), 0);
 	assert_true(one.found);
 	assert_int_equal(one.entry.desc.shape[0], 1369);
-	ecx_lookup_item many[3] = {{.id = "img-a"}, {.id = "zz"}, {.id = "img-b"}};
+	ecx_lookup_item many[3] = {
+	    {.id = "img-a"}, {.id = "zz"}, {.id = "img-b"}};
 	assert_int_equal(ecx_regclient_lookup(c, many, 3, why, 200), 0);
 	assert_true(many[0].found && !many[1].found && many[2].found);
 	assert_string_equal(many[2].entry.producer_zmq, "tcp://127.0.0.1:7002");
@@ -141,9 +143,9 @@ static void test_routes(void **state)
 		snprintf(id, sizeof(id), "p%d", i);
 		assert_int_equal(ecx_regclient_put(c, id, &e, why, 200), 0);
 	}
-	assert_int_equal(raw(r, "GET", "/ec/list?limit=3", NULL, NULL, body,
-	                     sizeof(body)),
-	                 200);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/list?limit=3", NULL, NULL, body, sizeof(body)),
+	    200);
 	assert_non_null(strstr(body, "\"id\":\"img-a\""));
 	assert_non_null(strstr(body, "\"next\":\"p0\""));
 	assert_non_null(strstr(body, "\"total\":7"));
@@ -157,17 +159,17 @@ static void test_routes(void **state)
 	                     sizeof(body)),
 	                 400);
 	assert_non_null(strstr(body, "at most 1000"));
-	assert_int_equal(raw(r, "GET", "/ec/list?limit=-1", NULL, NULL, body,
-	                     sizeof(body)),
-	                 400);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/list?limit=-1", NULL, NULL, body, sizeof(body)),
+	    400);
 
 	/* Removal: conditional on the producer, then plain. */
 	assert_int_equal(
 	    ecx_regclient_delete(c, "img-a", "tcp://other:1", why, 200),
 	    ECX_ENOTFOUND);
-	assert_int_equal(ecx_regclient_delete(c, "img-a",
-	                                      "tcp://127.0.0.1:7001", why, 200),
-	                 0);
+	assert_int_equal(
+	    ecx_regclient_delete(c, "img-a", "tcp://127.0.0.1:7001", why, 200),
+	    0);
 	assert_int_equal(ecx_regclient_delete(c, "img-a", NULL, why, 200),
 	                 ECX_ENOTFOUND);
 	one.id = "img-a";
@@ -175,39 +177,33 @@ static void test_routes(void **state)
 	assert_false(one.found);
 
 	/* Health, metrics, unknown routes and methods. */
-	assert_int_equal(raw(r, "GET", "/healthz", NULL, NULL, body,
-	                     sizeof(body)),
-	                 200);
-	assert_int_equal(raw(r, "GET", "/metrics", NULL, NULL, body,
-	                     sizeof(body)),
-	                 200);
+	assert_int_equal(
+	    raw(r, "GET", "/healthz", NULL, NULL, body, sizeof(body)), 200);
+	assert_int_equal(
+	    raw(r, "GET", "/metrics", NULL, NULL, body, sizeof(body)), 200);
 	assert_non_null(strstr(body, "ecx_registry_publishes_total 7\n"));
 	assert_non_null(strstr(body, "ecx_registry_removals_total 1\n"));
 	assert_non_null(strstr(body, "ecx_registry_entries 6\n"));
 	assert_non_null(strstr(body, "ecx_registry_lookups_total 7\n"));
 	assert_non_null(strstr(body, "ecx_registry_hits_total 4\n"));
 	assert_non_null(strstr(body, "ecx_registry_misses_total 3\n"));
-	assert_non_null(
-	    strstr(body, "ecx_registry_request_duration_seconds_bucket{le=\"+Inf\"}"));
-	assert_int_equal(raw(r, "GET", "/nothing", NULL, NULL, body,
-	                     sizeof(body)),
-	                 404);
+	assert_non_null(strstr(
+	    body, "ecx_registry_request_duration_seconds_bucket{le=\"+Inf\"}"));
+	assert_int_equal(
+	    raw(r, "GET", "/nothing", NULL, NULL, body, sizeof(body)), 404);
 	assert_string_equal(body, "{\"detail\":\"Not Found\"}");
-	assert_int_equal(raw(r, "POST", "/ec/info/x", "{}", NULL, body,
-	                     sizeof(body)),
-	                 405);
-	assert_int_equal(raw(r, "GET", "/ec/lookup", NULL, NULL, body,
-	                     sizeof(body)),
-	                 405);
+	assert_int_equal(
+	    raw(r, "POST", "/ec/info/x", "{}", NULL, body, sizeof(body)), 405);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/lookup", NULL, NULL, body, sizeof(body)), 405);
 
 	/* Bad bodies. */
 	assert_int_equal(raw(r, "PUT", "/ec/info/x", "{\"nbytes\":1}", NULL,
 	                     body, sizeof(body)),
 	                 400);
 	assert_non_null(strstr(body, "missing field"));
-	assert_int_equal(raw(r, "PUT", "/ec/info/x", "nope", NULL, body,
-	                     sizeof(body)),
-	                 400);
+	assert_int_equal(
+	    raw(r, "PUT", "/ec/info/x", "nope", NULL, body, sizeof(body)), 400);
 	assert_int_equal(raw(r, "POST", "/ec/lookup", "{\"ids\":[\"a b\"]}",
 	                     NULL, body, sizeof(body)),
 	                 400);
@@ -218,9 +214,8 @@ static void test_routes(void **state)
 	char *huge = malloc(big + 1);
 	memset(huge, ' ', big);
 	huge[big] = '\0';
-	assert_int_equal(raw(r, "POST", "/ec/lookup", huge, NULL, body,
-	                     sizeof(body)),
-	                 413);
+	assert_int_equal(
+	    raw(r, "POST", "/ec/lookup", huge, NULL, body, sizeof(body)), 413);
 	assert_non_null(strstr(body, "exceeds"));
 	free(huge);
 	/* Too many ids in one lookup. */
@@ -229,9 +224,8 @@ static void test_routes(void **state)
 	for (int i = 0; i <= ECX_LOOKUP_MAX_IDS; i++)
 		off += (size_t)sprintf(ids + off, "%s\"a\"", i ? "," : "");
 	strcpy(ids + off, "]}");
-	assert_int_equal(raw(r, "POST", "/ec/lookup", ids, NULL, body,
-	                     sizeof(body)),
-	                 413);
+	assert_int_equal(
+	    raw(r, "POST", "/ec/lookup", ids, NULL, body, sizeof(body)), 413);
 	free(ids);
 
 	/* The persistent connection carried all of the client's requests. */
@@ -251,10 +245,11 @@ static void test_token(void **state)
 	ecx_regclient *good = client(url, "s3cret", 2000);
 	ecx_entry e = entry_for(4, "tcp://h:1");
 	assert_int_equal(ecx_regclient_put(anon, "a", &e, why, 200), ECX_EAUTH);
-	assert_int_equal(ecx_regclient_put(wrong, "a", &e, why, 200), ECX_EAUTH);
+	assert_int_equal(ecx_regclient_put(wrong, "a", &e, why, 200),
+	                 ECX_EAUTH);
 	assert_null(strstr(why, "s3cre")); /* the token is not echoed */
-	assert_int_equal(raw(r, "PUT", "/ec/info/a", "{}", "Authorization: s3cret",
-	                     body, sizeof(body)),
+	assert_int_equal(raw(r, "PUT", "/ec/info/a", "{}",
+	                     "Authorization: s3cret", body, sizeof(body)),
 	                 401);
 	ecx_lookup_item it = {.id = "a"};
 	assert_int_equal(ecx_regclient_lookup(anon, &it, 1, why, 200), 0);
@@ -277,19 +272,19 @@ static void test_token(void **state)
 	anon = client(url, NULL, 2000);
 	good = client(url, "s3cret", 2000);
 	assert_int_equal(ecx_regclient_put(good, "a", &e, why, 200), 0);
-	assert_int_equal(ecx_regclient_lookup(anon, &it, 1, why, 200), ECX_EAUTH);
+	assert_int_equal(ecx_regclient_lookup(anon, &it, 1, why, 200),
+	                 ECX_EAUTH);
 	assert_false(it.found);
 	assert_int_equal(ecx_regclient_lookup(good, &it, 1, why, 200), 0);
 	assert_true(it.found);
 	assert_int_equal(raw(r, "GET", "/ec/info/a", NULL,
-	                     "Authorization: Bearer s3cret", body, sizeof(body)),
-	                 200);
-	assert_int_equal(raw(r, "GET", "/metrics", NULL, NULL, body,
-	                     sizeof(body)),
-	                 401);
-	assert_int_equal(raw(r, "GET", "/healthz", NULL, NULL, body,
+	                     "Authorization: Bearer s3cret", body,
 	                     sizeof(body)),
 	                 200);
+	assert_int_equal(
+	    raw(r, "GET", "/metrics", NULL, NULL, body, sizeof(body)), 401);
+	assert_int_equal(
+	    raw(r, "GET", "/healthz", NULL, NULL, body, sizeof(body)), 200);
 	ecx_regclient_destroy(anon);
 	ecx_regclient_destroy(good);
 	ecx_registry_destroy(r);
@@ -364,7 +359,8 @@ static void test_concurrent(void **state)
 		url_of(r, a[i].url, sizeof(a[i].url));
 		a[i].idx = i;
 		a[i].bad = 0;
-		pthread_create(&t[i], NULL, i < WRITERS ? writer : reader, &a[i]);
+		pthread_create(&t[i], NULL, i < WRITERS ? writer : reader,
+		               &a[i]);
 	}
 	for (int i = 0; i < WRITERS + READERS; i++) {
 		pthread_join(t[i], NULL);
@@ -391,7 +387,8 @@ static void test_down(void **state)
 	ecx_regclient *c = client(url, NULL, 300);
 	ecx_lookup_item it = {.id = "a"};
 	uint64_t t0 = ecx_now_ms();
-	assert_int_equal(ecx_regclient_lookup(c, &it, 1, why, 200), ECX_ECONNECT);
+	assert_int_equal(ecx_regclient_lookup(c, &it, 1, why, 200),
+	                 ECX_ECONNECT);
 	assert_true(ecx_now_ms() - t0 < 1000);
 	assert_non_null(strstr(why, url));
 	ecx_regclient_destroy(c);
@@ -406,7 +403,8 @@ static void test_down(void **state)
 	assert_true(took >= 250 && took < 1500);
 	/* Within the back-off the dead registry costs nothing. */
 	t0 = ecx_now_ms();
-	assert_int_equal(ecx_regclient_lookup(c, &it, 1, why, 200), ECX_ECONNECT);
+	assert_int_equal(ecx_regclient_lookup(c, &it, 1, why, 200),
+	                 ECX_ECONNECT);
 	assert_true(ecx_now_ms() - t0 < 50);
 	assert_non_null(strstr(why, "retrying later"));
 
@@ -512,9 +510,12 @@ int main(void)
 {
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_routes),     cmocka_unit_test(test_token),
-	    cmocka_unit_test(test_concurrent), cmocka_unit_test(test_down),
-	    cmocka_unit_test(test_garbage),    cmocka_unit_test(test_start_errors),
+	    cmocka_unit_test(test_routes),
+	    cmocka_unit_test(test_token),
+	    cmocka_unit_test(test_concurrent),
+	    cmocka_unit_test(test_down),
+	    cmocka_unit_test(test_garbage),
+	    cmocka_unit_test(test_start_errors),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	curl_global_cleanup();

@@ -173,14 +173,16 @@ static void test_lookup(void **state)
 	free(l.ids);
 	free(req);
 
-	ecx_lookup_item items[3] = {{.id = ID64}, {.id = "lora:abc"}, {.id = "x"}};
+	ecx_lookup_item items[3] = {
+	    {.id = ID64}, {.id = "lora:abc"}, {.id = "x"}};
 	items[0].found = true;
 	items[0].entry = sample_entry();
 	items[2].found = true;
 	items[2].entry = sample_entry();
 	char *resp = ecx_lookup_resp_encode(items, 3);
 	assert_non_null(resp);
-	ecx_lookup_item back[3] = {{.id = ID64}, {.id = "lora:abc"}, {.id = "x"}};
+	ecx_lookup_item back[3] = {
+	    {.id = ID64}, {.id = "lora:abc"}, {.id = "x"}};
 	assert_int_equal(
 	    ecx_lookup_resp_decode(resp, strlen(resp), back, 3, why, 160), 0);
 	assert_true(back[0].found);
@@ -259,8 +261,11 @@ static void test_pull_roundtrip(void **state)
 	items[1].nbytes = 4096;
 	items[1].region = 1;
 	items[1].addr = 1 << 30;
-	ecx_pull_req r = {.req = 42, .nregions = 2, .regions = regs,
-	                  .nitems = 2, .items = items};
+	ecx_pull_req r = {.req = 42,
+	                  .nregions = 2,
+	                  .regions = regs,
+	                  .nitems = 2,
+	                  .items = items};
 	strcpy(r.token, "s3cret");
 	char *s = ecx_pull_req_encode(&r);
 	assert_non_null(s);
@@ -308,8 +313,8 @@ static void test_pull_rejects(void **state)
 		int err;
 		const char *why;
 	} bad[] = {
-	    {"{\"op\":\"push\",\"req\":1," REG ",\"items\":[]}", ECX_EUNSUPPORTED,
-	     "unknown op"},
+	    {"{\"op\":\"push\",\"req\":1," REG ",\"items\":[]}",
+	     ECX_EUNSUPPORTED, "unknown op"},
 	    {"{\"op\":\"pullv\"," REG ",\"items\":[]}", ECX_EPROTO, "\"req\""},
 	    {"{\"op\":\"pullv\",\"req\":1,\"items\":[]}", ECX_EPROTO, "arrays"},
 	    {"{\"op\":\"pullv\",\"req\":1," REG
@@ -452,10 +457,11 @@ static void test_zmsg(void **state)
 	assert_false(z.ok);
 	assert_int_equal(z.err, ECX_ENOTFOUND);
 	free(s);
-	s = ecx_zresp_encode_hello(w, 10, 99);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5);
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_true(z.ok);
 	assert_int_equal(z.epoch, 99);
+	assert_int_equal(z.conn, 5);
 	assert_memory_equal(z.worker, w, 10);
 	ecx_zresp_free(&z);
 	free(s);
@@ -465,8 +471,8 @@ static void test_zmsg(void **state)
 	                 0);
 	assert_true(z.ok);
 	const char *referr = "{\"ok\": false, \"err\": \"size mismatch\"}";
-	assert_int_equal(
-	    ecx_zresp_decode(referr, strlen(referr), &z, why, 160), 0);
+	assert_int_equal(ecx_zresp_decode(referr, strlen(referr), &z, why, 160),
+	                 0);
 	assert_false(z.ok);
 	assert_string_equal(z.detail, "size mismatch");
 	assert_int_equal(ecx_zresp_decode("{}", 2, &z, why, 160), ECX_EPROTO);

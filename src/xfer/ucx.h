@@ -1,0 +1,89 @@
+/*
+ * ucx.h - the data plane: one UCX context and worker, progressed by a
+ * thread of its own that sleeps on the worker's event descriptor when idle.
+ *
+ * The worker is created in UCX's multi-thread mode, so any thread may post
+ * operations on it; a thread that waits for an operation progresses the
+ * worker itself for a short while (lower latency than a wake-up), then lets
+ * the progress thread carry on. ecx's UCX defaults (fast TCP segment sizes,
+ * transports, the network device of the bind address) are applied only
+ * where the user's UCX_* environment says nothing.
+ */
+#ifndef ECX_XFER_UCX_H
+#define ECX_XFER_UCX_H
+
+#include "core/core.h"
+
+#include <ucp/api/ucp.h>
+
+typedef struct ecx_ucx ecx_ucx;
+
+typedef struct ecx_ucx_opts {
+	/* "auto" (UCX picks: shared memory on one host, else TCP or RDMA),
+	 * "tcp", or "shm". NULL is "auto". */
+	const char *transport;
+	/* An address of this host; TCP is restricted to its interface. NULL,
+	 * "", "0.0.0.0" or "::" leave UCX's choice. */
+	const char *bind_host;
+	/* Called by the progress thread after each round of progress (the
+	 * producer serves queued pulls there). May be NULL. */
+	void (*on_progress)(void *arg);
+	void *arg;
+	/* Active-message handlers to set before the thread starts. */
+	struct {
+		unsigned id;
+		ucp_am_recv_callback_t cb;
+		void *arg;
+	} am[4];
+	unsigned nam;
+} ecx_ucx_opts;
+
+int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
+                   size_t whylen);
+/* Stops the progress thread (idempotent); the worker stays usable by the
+ * caller's own waits. */
+void ecx_ucx_stop(ecx_ucx *u);
+/* Stops the progress thread, then destroys the worker and the context. The
+ * caller has closed its endpoints and unmapped its memory first. */
+void ecx_ucx_destroy(ecx_ucx *u);
+
+ucp_context_h ecx_ucx_context(ecx_ucx *u);
+ucp_worker_h ecx_ucx_worker(ecx_ucx *u);
+/* Wakes the progress thread (after queueing work for on_progress). */
+void ecx_ucx_wake(ecx_ucx *u);
+
+/* The worker's packed address (valid until destroy). */
+void ecx_ucx_address(ecx_ucx *u, const void **addr, size_t *len);
+
+/* Maps len bytes of memory that UCX allocates (shared-memory transports
+ * then move data at memcpy speed), and touches every page now so no page
+ * fault lands on a transfer. */
+int ecx_ucx_mem_alloc(ecx_ucx *u, size_t len, void **addr, ucp_mem_h *memh,
+                      char *why, size_t whylen);
+/* Registers memory the caller owns. */
+int ecx_ucx_mem_reg(ecx_ucx *u, void *addr, size_t len, ucp_mem_h *memh,
+                    char *why, size_t whylen);
+void ecx_ucx_mem_unmap(ecx_ucx *u, ucp_mem_h memh);
+/* Packs memh's remote key into a malloc'd buffer. */
+int ecx_ucx_rkey_pack(ecx_ucx *u, ucp_mem_h memh, void **buf, size_t *len);
+
+/* Creates an endpoint to a peer worker's address. With transport "tcp" it
+ * asks for peer-failure handling, and on_error runs in a progress context
+ * when the peer fails; UCX's shared-memory transports cannot report that,
+ * so with "auto" and "shm" a failed peer shows as a timeout. */
+int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
+                      ucp_err_handler_cb_t on_error, void *arg, ucp_ep_h *ep,
+                      char *why, size_t whylen);
+/* Closes an endpoint without waiting on the peer (flush is not attempted:
+ * used on failed peers and at shutdown), bounded by timeout_ms. */
+void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, int timeout_ms);
+
+/* Waits for req (a status pointer from a *_nbx call) until deadline_ns on
+ * the monotonic clock, progressing the worker. Returns 0, ECX_ETIMEDOUT
+ * (the request is then cancelled and freed) or ECX_EIO. */
+int ecx_ucx_wait(ecx_ucx *u, ucs_status_ptr_t req, uint64_t deadline_ns);
+
+/* Maps a UCX status to an ecx error. */
+int ecx_ucx_err(ucs_status_t st);
+
+#endif /* ECX_XFER_UCX_H */

@@ -1,0 +1,147 @@
+/* testutil.h - helpers the C tests share: deterministic item bytes, and a
+ * child process (tests/peer.c) driven line by line over pipes. */
+#ifndef ECX_TESTUTIL_H
+#define ECX_TESTUTIL_H
+
+#include <ecx/ecx.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Fills n bytes with a stream that depends only on id: random-looking,
+ * never all zeros, so a test tells any two items (and zeros) apart. */
+static inline void tu_fill(const char *id, void *buf, size_t n)
+{
+	uint64_t x = 1469598103934665603ull;
+	for (const char *s = id; *s; s++)
+		x = (x ^ (unsigned char)*s) * 1099511628211ull;
+	unsigned char *p = buf;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		memcpy(p + i, &x, 8);
+	}
+	for (; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (unsigned char)(x | 1);
+	}
+}
+
+/* Returns true when buf holds exactly what tu_fill(id) writes. */
+static inline bool tu_check(const char *id, const void *buf, size_t n)
+{
+	unsigned char *want = malloc(n ? n : 1);
+	tu_fill(id, want, n);
+	bool ok = memcmp(want, buf, n) == 0;
+	free(want);
+	return ok;
+}
+
+typedef struct tu_child {
+	pid_t pid;
+	FILE *in;  /* its stdin */
+	FILE *out; /* its stdout */
+} tu_child;
+
+/* Starts argv[0] (a path) with pipes on stdin and stdout. */
+static inline bool tu_spawn(tu_child *c, char *const argv[])
+{
+	int in[2], out[2];
+	if (pipe(in) != 0 || pipe(out) != 0)
+		return false;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+	posix_spawn_file_actions_addclose(&fa, in[1]);
+	posix_spawn_file_actions_addclose(&fa, out[0]);
+	extern char **environ;
+	int rc = posix_spawn(&c->pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	close(in[0]);
+	close(out[1]);
+	if (rc != 0)
+		return false;
+	c->in = fdopen(in[1], "w");
+	c->out = fdopen(out[0], "r");
+	setvbuf(c->in, NULL, _IOLBF, 0);
+	return true;
+}
+
+/* Reads the child's next answer line, skipping UCX's own log lines (UCX
+ * logs to stdout unless UCX_LOG_FILE says otherwise). */
+static inline bool tu_line(tu_child *c, char *ans, size_t n)
+{
+	do {
+		if (fgets(ans, (int)n, c->out) == NULL)
+			return false;
+	} while (ans[0] == '[');
+	ans[strcspn(ans, "\n")] = '\0';
+	return true;
+}
+
+/* Sends one command line and reads one answer line (without newline). */
+static inline bool tu_ask(tu_child *c, char *ans, size_t n, const char *fmt,
+                          ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(c->in, fmt, ap);
+	va_end(ap);
+	fputc('\n', c->in);
+	fflush(c->in);
+	return tu_line(c, ans, n);
+}
+
+/* Reads a "name value" field out of a stats line. */
+static inline long long tu_field(const char *line, const char *name)
+{
+	char key[64];
+	snprintf(key, sizeof(key), " %s ", name);
+	char padded[1024];
+	snprintf(padded, sizeof(padded), " %s ", line);
+	const char *p = strstr(padded, key);
+	return p != NULL ? atoll(p + strlen(key)) : -1;
+}
+
+/* Waits for the child up to ms; kills it if it is still there. Returns
+ * its wait status. */
+static inline int tu_reap(tu_child *c, int ms)
+{
+	int st = 0;
+	for (int i = 0; i < ms / 10; i++) {
+		if (waitpid(c->pid, &st, WNOHANG) == c->pid)
+			goto done;
+		usleep(10000);
+	}
+	kill(c->pid, SIGKILL);
+	waitpid(c->pid, &st, 0);
+done:
+	if (c->in)
+		fclose(c->in);
+	if (c->out)
+		fclose(c->out);
+	c->in = c->out = NULL;
+	return st;
+}
+
+/* The test binaries' folder (for the peer helper). */
+static inline const char *tu_bindir(void)
+{
+	const char *d = getenv("ECX_TEST_BIN");
+	return d != NULL ? d : ".";
+}
+
+#endif

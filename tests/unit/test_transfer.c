@@ -1,0 +1,563 @@
+/*
+ * End-to-end transfer tests: a producer in a process of its own
+ * (ecx-test-peer), the consumer in this process or in more peer processes,
+ * over UCX TCP and shared memory on loopback.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "common/testutil.h"
+
+#include <sys/mman.h>
+#include <time.h>
+
+#define MiB (1u << 20)
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+typedef struct producer {
+	tu_child ch;
+	unsigned port;
+	char zmq[256];
+	char url[64];
+} producer;
+
+static void peer_path(char *out, size_t n)
+{
+	snprintf(out, n, "%s/ecx-test-peer", tu_bindir());
+}
+
+/* Starts a producer peer with extra arguments (NULL-terminated). */
+static void producer_start(producer *p, const char *transport, ...)
+{
+	char path[512];
+	peer_path(path, sizeof(path));
+	char *argv[32] = {path, "producer", "--transport", (char *)transport};
+	int n = 4;
+	va_list ap;
+	va_start(ap, transport);
+	const char *a;
+	while ((a = va_arg(ap, const char *)) != NULL && n < 30)
+		argv[n++] = (char *)a;
+	va_end(ap);
+	argv[n] = NULL;
+	assert_true(tu_spawn(&p->ch, argv));
+	char line[512];
+	assert_true(tu_line(&p->ch, line, sizeof(line)));
+	if (sscanf(line, "ready %u %255s", &p->port, p->zmq) != 2)
+		fail_msg("producer did not start: %s", line);
+	snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%u", p->port);
+}
+
+static void producer_put(producer *p, const char *id, const char *dtype,
+                         const char *shape, const char *want)
+{
+	char ans[512];
+	assert_true(
+	    tu_ask(&p->ch, ans, sizeof(ans), "put %s %s %s", id, dtype, shape));
+	if (strncmp(ans, want, strlen(want)) != 0)
+		fail_msg("put %s: %s (wanted %s)", id, ans, want);
+}
+
+static long long producer_stat(producer *p, const char *name)
+{
+	char ans[1024];
+	assert_true(tu_ask(&p->ch, ans, sizeof(ans), "stats"));
+	return tu_field(ans, name);
+}
+
+static void producer_stop(producer *p)
+{
+	char ans[64];
+	tu_ask(&p->ch, ans, sizeof(ans), "quit");
+	int st = tu_reap(&p->ch, 5000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static ecx_consumer *consumer(const char *url, const char *transport,
+                              int timeout_ms, const char *token)
+{
+	ecx_consumer_params cp = {
+	    .field_mask =
+	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TIMEOUT |
+	        ECX_CONSUMER_PARAM_TRANSPORT |
+	        ECX_CONSUMER_PARAM_RECV_CAPACITY | ECX_CONSUMER_PARAM_TOKEN,
+	    .registry = url,
+	    .timeout_ms = timeout_ms,
+	    .transport = transport,
+	    .recv_capacity = 32 * MiB,
+	    .token = token};
+	ecx_consumer *c = NULL;
+	char why[256];
+	if (ecx_consumer_create(&cp, &c, why, sizeof(why)) != 0)
+		fail_msg("consumer: %s", why);
+	return c;
+}
+
+/* Every item of each dtype and size, through the arena and through the
+ * caller's memory, byte for byte. */
+static void roundtrip(const char *transport)
+{
+	producer p;
+	producer_start(&p, transport, "--capacity", "134217728", NULL);
+	static const struct {
+		const char *id, *dtype, *shape;
+		uint64_t nbytes;
+	} items[] = {
+	    {"a64k", "uint8", "65536", 65536},
+	    {"b1m", "float32", "512x512", MiB},
+	    {"c7m", "bfloat16", "1024x3584", 7 * MiB},
+	    {"d", "float16", "3x5x7", 210},
+	    {"e", "int64", "1000", 8000},
+	    {"f", "bool", "1", 1},
+	    {"g", "float8_e4m3fn", "4096x17", 4096 * 17},
+	    {"h", "float64", "scalar", 8},
+	};
+	const size_t n = sizeof(items) / sizeof(items[0]);
+	for (size_t i = 0; i < n; i++)
+		producer_put(&p, items[i].id, items[i].dtype, items[i].shape,
+		             "ok");
+	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
+	ecx_item it[8];
+	memset(it, 0, sizeof(it));
+	for (size_t i = 0; i < n; i++)
+		it[i].id = items[i].id;
+	assert_int_equal(ecx_consumer_lookup(c, it, n), 0);
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(it[i].status, 0);
+		assert_int_equal(it[i].desc.nbytes, items[i].nbytes);
+		assert_string_equal(ecx_dtype_name(it[i].desc.dtype),
+		                    items[i].dtype);
+		assert_string_equal(it[i].producer, p.zmq);
+	}
+	assert_int_equal(it[2].desc.ndim, 2);
+	assert_int_equal(it[2].desc.shape[0], 1024);
+	assert_int_equal(it[2].desc.shape[1], 3584);
+	assert_int_equal(it[7].desc.ndim, 0);
+	/* Into the receive arena, then into malloc'd memory. */
+	for (int round = 0; round < 2; round++) {
+		for (size_t i = 0; i < n; i++) {
+			it[i].dst =
+			    round == 0
+			        ? ecx_consumer_alloc(c, it[i].desc.nbytes)
+			        : malloc(it[i].desc.nbytes);
+			assert_non_null(it[i].dst);
+			memset(it[i].dst, 0, it[i].desc.nbytes);
+		}
+		assert_int_equal(ecx_consumer_load(c, it, n), 0);
+		for (size_t i = 0; i < n; i++) {
+			assert_int_equal(it[i].status, 0);
+			if (!tu_check(it[i].id, it[i].dst, it[i].desc.nbytes))
+				fail_msg("%s: bytes differ (round %d)",
+				         it[i].id, round);
+			if (round == 0)
+				ecx_consumer_free(c, it[i].dst);
+			else
+				free(it[i].dst);
+		}
+	}
+	ecx_consumer_stats cs;
+	ecx_consumer_stats_get(c, &cs);
+	assert_int_equal(cs.loaded, 2 * n);
+	assert_int_equal(cs.failed, 0);
+	assert_int_equal(producer_stat(&p, "served"), 2 * n);
+	assert_int_equal(producer_stat(&p, "pulls"), 2);
+	assert_int_equal(producer_stat(&p, "pinned"), 0);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
+static void test_roundtrip_tcp(void **state)
+{
+	(void)state;
+	roundtrip("tcp");
+}
+
+static void test_roundtrip_shm(void **state)
+{
+	(void)state;
+	roundtrip("shm");
+}
+
+/* An unknown id and a size mismatch fail alone; the rest of the pull
+ * loads. */
+static void test_item_errors(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	producer_put(&p, "x", "uint8", "4096", "ok");
+	producer_put(&p, "y", "uint8", "8192", "ok");
+	producer_put(&p, "z", "uint8", "100", "ok");
+	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_item it[4] = {
+	    {.id = "x"}, {.id = "y"}, {.id = "z"}, {.id = "gone"}};
+	assert_int_equal(ecx_consumer_lookup(c, it, 4), 0);
+	assert_int_equal(it[3].status, ECX_ENOTFOUND);
+	/* The item went away after the lookup: the producer says so. */
+	char ans[128];
+	assert_true(tu_ask(&p.ch, ans, sizeof(ans), "remove z"));
+	assert_string_equal(ans, "ok");
+	/* A descriptor that disagrees with the producer's. */
+	uint64_t shape[] = {4096};
+	assert_int_equal(ecx_tensor_set(&it[1].desc, ECX_DTYPE_UINT8, 1, shape),
+	                 0);
+	it[3] = it[2];
+	it[3].id = "gone";
+	for (int i = 0; i < 4; i++)
+		it[i].dst = malloc(8192);
+	assert_int_equal(ecx_consumer_load(c, it, 4), ECX_ESIZE);
+	assert_int_equal(it[0].status, 0);
+	assert_true(tu_check("x", it[0].dst, 4096));
+	assert_int_equal(it[1].status, ECX_ESIZE);
+	assert_int_equal(it[2].status, ECX_ENOTFOUND);
+	assert_int_equal(it[3].status, ECX_ENOTFOUND);
+	assert_non_null(strstr(ecx_last_error(), "3 of 4 items failed"));
+	for (int i = 0; i < 4; i++)
+		free(it[i].dst);
+	assert_int_equal(producer_stat(&p, "failed"), 3);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
+/* Least recently used goes first; a pull counts as a use. */
+static void test_eviction_order(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", "--capacity", "4194304", NULL);
+	const char *ids[] = {"e1", "e2", "e3", "e4"};
+	for (int i = 0; i < 4; i++)
+		producer_put(&p, ids[i], "uint8", "1048576", "ok");
+	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_item it = {.id = "e1"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	it.dst = malloc(MiB);
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	free(it.dst);
+	producer_put(&p, "e5", "uint8", "1048576", "ok"); /* evicts e2 */
+	producer_put(&p, "e6", "uint8", "1048576", "ok"); /* evicts e3 */
+	ecx_item look[6] = {{.id = "e1"}, {.id = "e2"}, {.id = "e3"},
+	                    {.id = "e4"}, {.id = "e5"}, {.id = "e6"}};
+	assert_int_equal(ecx_consumer_lookup(c, look, 6), 0);
+	int want[6] = {0, ECX_ENOTFOUND, ECX_ENOTFOUND, 0, 0, 0};
+	for (int i = 0; i < 6; i++)
+		if (look[i].status != want[i])
+			fail_msg("%s: %s", look[i].id,
+			         ecx_err_name(look[i].status));
+	assert_int_equal(producer_stat(&p, "evictions"), 2);
+	assert_int_equal(producer_stat(&p, "items"), 4);
+	/* Larger than the arena: refused, nothing evicted. */
+	producer_put(&p, "huge", "uint8", "4194305", "err ETOOBIG");
+	assert_int_equal(producer_stat(&p, "items"), 4);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
+/* A consumer that stalls mid-pull keeps its items pinned (never evicted,
+ * and a put that needs their room fails) until it is killed; then the
+ * producer has no pins and no endpoint left. */
+static void test_pins_and_killed_consumer(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", "--capacity", "12582912", "--timeout",
+	               "20000", NULL);
+	producer_put(&p, "big", "uint8", "8388608", "ok");
+	char path[512];
+	peer_path(path, sizeof(path));
+	char *argv[] = {path,  "consumer",  p.url,   "--transport",
+	                "tcp", "--timeout", "20000", NULL};
+	tu_child cons;
+	assert_true(tu_spawn(&cons, argv));
+	char line[256];
+	assert_true(tu_line(&cons, line, sizeof(line)));
+	assert_string_equal(line, "ready");
+	producer_put(&p, "small", "uint8", "4096", "ok");
+	assert_true(tu_ask(&cons, line, sizeof(line), "load small"));
+	assert_string_equal(line, "ok ok"); /* connected */
+	assert_true(tu_ask(&cons, line, sizeof(line), "stall big"));
+	assert_string_equal(line, "stalling");
+	uint64_t t0 = now_ms();
+	while (producer_stat(&p, "pinned") != 1 && now_ms() - t0 < 5000)
+		usleep(10000);
+	assert_int_equal(producer_stat(&p, "pinned"), 1);
+	producer_put(&p, "x4", "uint8", "4194304", "ok");
+	producer_put(&p, "y4", "uint8", "4194304", "ok"); /* evicts x4 */
+	producer_put(&p, "z8", "uint8", "8388608", "err ENOSPC");
+	assert_int_equal(producer_stat(&p, "items"), 2);
+	assert_int_equal(producer_stat(&p, "conns"), 1);
+	kill(cons.pid, SIGKILL);
+	tu_reap(&cons, 1000);
+	t0 = now_ms();
+	while ((producer_stat(&p, "pinned") != 0 ||
+	        producer_stat(&p, "conns") != 0) &&
+	       now_ms() - t0 < 15000)
+		usleep(20000);
+	assert_int_equal(producer_stat(&p, "pinned"), 0);
+	assert_int_equal(producer_stat(&p, "conns"), 0);
+	/* The room is free again. */
+	producer_put(&p, "z8", "uint8", "8388608", "ok");
+	producer_stop(&p);
+}
+
+/* A producer killed mid-pull: the load fails within its timeout. */
+static void producer_killed(const char *transport)
+{
+	producer p;
+	producer_start(&p, transport, NULL);
+	producer_put(&p, "k", "bfloat16", "1024x3584", "ok");
+	ecx_consumer *c = consumer(p.url, transport, 2000, NULL);
+	ecx_item it = {.id = "k"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	it.dst = malloc(it.desc.nbytes);
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0); /* connected */
+	kill(p.ch.pid, SIGSTOP); /* mid-pull from here on */
+	ecx_load *l;
+	uint64_t t0 = now_ms();
+	assert_int_equal(ecx_consumer_load_start(c, &it, 1, &l), 0);
+	usleep(100000);
+	kill(p.ch.pid, SIGKILL);
+	int rc = ecx_load_wait(l);
+	uint64_t took = now_ms() - t0;
+	assert_true(rc == ECX_ECLOSED || rc == ECX_ETIMEDOUT);
+	assert_int_equal(it.status, rc);
+	assert_true(took < 2000 + 500);
+	tu_reap(&p.ch, 1000);
+	/* And the same load again: a clear error, no hang. */
+	t0 = now_ms();
+	rc = ecx_consumer_load(c, &it, 1);
+	assert_int_not_equal(rc, 0);
+	assert_true(now_ms() - t0 < 2000 + 500);
+	free(it.dst);
+	ecx_consumer_destroy(c);
+}
+
+static void test_producer_killed_tcp(void **state)
+{
+	(void)state;
+	producer_killed("tcp");
+}
+
+static void test_producer_killed_shm(void **state)
+{
+	(void)state;
+	producer_killed("shm");
+}
+
+/* Four consumer processes at once, every byte checked by each. */
+static void test_four_consumers(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "auto", NULL);
+	producer_put(&p, "q1", "bfloat16", "529x3584", "ok");
+	producer_put(&p, "q2", "bfloat16", "1369x3584", "ok");
+	producer_put(&p, "q3", "uint8", "65536", "ok");
+	producer_put(&p, "q4", "float32", "77x13", "ok");
+	char path[512];
+	peer_path(path, sizeof(path));
+	tu_child cs[4];
+	for (int i = 0; i < 4; i++) {
+		char *argv[] = {path, "consumer", p.url, NULL};
+		assert_true(tu_spawn(&cs[i], argv));
+		char line[256];
+		assert_true(tu_line(&cs[i], line, sizeof(line)));
+		assert_string_equal(line, "ready");
+	}
+	for (int i = 0; i < 4; i++) {
+		fprintf(cs[i].in, "loop 25 q1 q2 q3 q4\n");
+		fflush(cs[i].in);
+	}
+	for (int i = 0; i < 4; i++) {
+		char line[256];
+		assert_true(tu_line(&cs[i], line, sizeof(line)));
+		assert_string_equal(line, "ok 25");
+		assert_true(tu_ask(&cs[i], line, sizeof(line), "quit"));
+		tu_reap(&cs[i], 5000);
+	}
+	assert_int_equal(producer_stat(&p, "served"), 4 * 25 * 4);
+	assert_int_equal(producer_stat(&p, "failed"), 0);
+	producer_stop(&p);
+}
+
+/* The steady state makes no registration per item or per load. */
+static void test_no_registration_per_item(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	char id[16];
+	for (int i = 0; i < 16; i++) {
+		snprintf(id, sizeof(id), "r%d", i);
+		producer_put(&p, id, "uint8", "65536", "ok");
+	}
+	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_item it[16];
+	char ids[16][16];
+	memset(it, 0, sizeof(it));
+	for (int i = 0; i < 16; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "r%d", i);
+		it[i].id = ids[i];
+	}
+	assert_int_equal(ecx_consumer_lookup(c, it, 16), 0);
+	/* The caller's memory: one buffer holding all 16 items. */
+	char *buf = malloc(16 * 65536);
+	char *arena = ecx_consumer_alloc(c, 16 * 65536);
+	ecx_consumer_stats s0, s1;
+	for (int round = 0; round < 40; round++) {
+		for (int i = 0; i < 16; i++)
+			it[i].dst = (round % 2 ? buf : arena) + i * 65536;
+		assert_int_equal(ecx_consumer_load(c, it, 16), 0);
+		if (round == 1)
+			ecx_consumer_stats_get(c, &s0);
+	}
+	ecx_consumer_stats_get(c, &s1);
+	assert_int_equal(s1.registrations, s0.registrations);
+	assert_int_equal(s1.registrations, 2); /* the arena, the buffer */
+	assert_true(s1.regcache_hits >= 19);
+	assert_int_equal(producer_stat(&p, "regs"), 1);
+	for (int i = 0; i < 16; i++)
+		assert_true(tu_check(ids[i], buf + i * 65536, 65536));
+	free(buf);
+	ecx_consumer_free(c, arena);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
+/* A buffer freed and a new one mapped at the same address loads right. */
+static void test_reused_address(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	producer_put(&p, "u1", "uint8", "2097152", "ok");
+	producer_put(&p, "u2", "uint8", "2097152", "ok");
+	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_item it[2] = {{.id = "u1"}, {.id = "u2"}};
+	assert_int_equal(ecx_consumer_lookup(c, it, 2), 0);
+	int same = 0;
+	for (int round = 0; round < 20; round++) {
+		void *a = mmap(NULL, 4 * MiB, PROT_READ | PROT_WRITE,
+		               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		assert_true(a != MAP_FAILED);
+		it[round % 2].dst = a;
+		assert_int_equal(ecx_consumer_load(c, &it[round % 2], 1), 0);
+		assert_true(tu_check(it[round % 2].id, a, 2 * MiB));
+		munmap(a, 4 * MiB);
+		void *b = mmap(a, 4 * MiB, PROT_READ | PROT_WRITE,
+		               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		same += b == a;
+		it[(round + 1) % 2].dst = b;
+		assert_int_equal(ecx_consumer_load(c, &it[(round + 1) % 2], 1),
+		                 0);
+		assert_true(tu_check(it[(round + 1) % 2].id, b, 2 * MiB));
+		munmap(b, 4 * MiB);
+		/* And malloc/free, which reuses addresses all the time. */
+		char *m = malloc(2 * MiB);
+		it[0].dst = m;
+		assert_int_equal(ecx_consumer_load(c, &it[0], 1), 0);
+		assert_true(tu_check("u1", m, 2 * MiB));
+		free(m);
+	}
+	assert_true(same > 0); /* the address really was reused */
+	ecx_consumer_stats s;
+	ecx_consumer_stats_get(c, &s);
+	assert_int_equal(s.failed, 0);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
+/* A producer restarted under the same address: the consumer reconnects. */
+static void test_producer_restart(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	producer_put(&p, "s", "uint8", "10000", "ok");
+	char rport[16], zport[16];
+	snprintf(rport, sizeof(rport), "%u", p.port);
+	const char *colon = strrchr(p.zmq, ':');
+	snprintf(zport, sizeof(zport), "%s", colon + 1);
+	ecx_consumer *c = consumer(p.url, "tcp", 2000, NULL);
+	ecx_item it = {.id = "s"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	it.dst = malloc(10000);
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	kill(p.ch.pid, SIGKILL);
+	tu_reap(&p.ch, 1000);
+	producer q;
+	producer_start(&q, "tcp", "--registry-port", rport, "--zmq-port", zport,
+	               NULL);
+	assert_string_equal(q.zmq, p.zmq);
+	producer_put(&q, "s", "uint8", "10000", "ok");
+	/* The registry may be in its back-off after the outage. */
+	uint64_t t0 = now_ms();
+	int rc;
+	do {
+		rc = ecx_consumer_lookup(c, &it, 1);
+		if (rc != 0)
+			usleep(50000);
+	} while (rc != 0 && now_ms() - t0 < 5000);
+	assert_int_equal(rc, 0);
+	memset(it.dst, 0, 10000);
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("s", it.dst, 10000));
+	ecx_consumer_stats s;
+	ecx_consumer_stats_get(c, &s);
+	assert_int_equal(s.connections, 2);
+	free(it.dst);
+	ecx_consumer_destroy(c);
+	producer_stop(&q);
+}
+
+/* With a token, a consumer without it is refused; with it, served. */
+static void test_token(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", "--token", "hunter2", NULL);
+	producer_put(&p, "t", "uint8", "100", "ok");
+	ecx_consumer *bad = consumer(p.url, "tcp", 2000, "hunter3");
+	ecx_item it = {.id = "t"};
+	assert_int_equal(ecx_consumer_lookup(bad, &it, 1), 0);
+	char buf[100];
+	it.dst = buf;
+	assert_int_equal(ecx_consumer_load(bad, &it, 1), ECX_EAUTH);
+	ecx_consumer_destroy(bad);
+	ecx_consumer *good = consumer(p.url, "tcp", 2000, "hunter2");
+	assert_int_equal(ecx_consumer_load(good, &it, 1), 0);
+	assert_true(tu_check("t", buf, 100));
+	ecx_consumer_destroy(good);
+	assert_int_equal(producer_stat(&p, "conns") >= 0, 1);
+	producer_stop(&p);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_roundtrip_tcp),
+	    cmocka_unit_test(test_roundtrip_shm),
+	    cmocka_unit_test(test_item_errors),
+	    cmocka_unit_test(test_eviction_order),
+	    cmocka_unit_test(test_pins_and_killed_consumer),
+	    cmocka_unit_test(test_producer_killed_tcp),
+	    cmocka_unit_test(test_producer_killed_shm),
+	    cmocka_unit_test(test_four_consumers),
+	    cmocka_unit_test(test_no_registration_per_item),
+	    cmocka_unit_test(test_reused_address),
+	    cmocka_unit_test(test_producer_restart),
+	    cmocka_unit_test(test_token),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

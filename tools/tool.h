@@ -1,0 +1,54 @@
+/* tool.h - what the ecx command's subcommands share. */
+#ifndef ECX_TOOL_H
+#define ECX_TOOL_H
+
+#include "core/core.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+/* Exit codes, documented in docs/cli.md and every --help. */
+enum {
+	EXIT_OK = 0,
+	EXIT_FAIL = 1,     /* the operation failed */
+	EXIT_USAGE = 2,    /* bad arguments */
+	EXIT_NOTFOUND = 3, /* the id is not in any registry */
+};
+
+/* Options most subcommands take. */
+typedef struct tool_common {
+	const char *token; /* --token, else $ECX_TOKEN */
+	int timeout_ms;    /* --timeout, default 5000 */
+	bool json;         /* --json */
+} tool_common;
+
+/* Each subcommand: argc/argv start at the subcommand's name. */
+int cmd_registry(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_get(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_consume(int argc, char **argv);
+
+/* Prints "ecx CMD: message" to stderr and returns code. */
+int tool_fail(const char *cmd, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Parses a duration ("500ms", "2s", "1500" = ms) into milliseconds. */
+bool tool_parse_ms(const char *s, int *out);
+/* Parses a size ("1GiB", "512MiB", "4096") into bytes. */
+bool tool_parse_size(const char *s, uint64_t *out);
+/* Parses a port number 0..65535. */
+bool tool_parse_port(const char *s, uint16_t *out);
+
+/* Blocks SIGINT and SIGTERM in this thread (and threads it starts later),
+ * then waits for one; returns the signal number. */
+void tool_block_signals(void);
+int tool_wait_signal(void);
+
+/* Formats a byte count for people ("7.0 MiB"). */
+const char *tool_bytes(uint64_t n, char *buf, size_t len);
+
+#endif /* ECX_TOOL_H */
