@@ -24,10 +24,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define MOD "producer"
 #define MAX_CONNS 4096
+#define RKEY_CACHE 16
+#define PREFAULT_CHUNK (2u << 20)
 #define HELLO_TTL_NS (60ull * 1000000000u)
 
 typedef struct item {
@@ -42,6 +45,20 @@ typedef struct item {
 	char id[ECX_ID_MAX + 1];
 } item;
 
+/* A consumer's remote key, unpacked once and kept: for shared memory,
+ * unpacking maps the consumer's segment into this process, and a fresh
+ * mapping costs a page fault per page on the next write. */
+typedef struct rkey_ent {
+	uint64_t base, len;
+	unsigned char *kbuf;
+	size_t klen;
+	ucp_rkey_h h;
+	unsigned refs; /* jobs using it now */
+	uint64_t used;
+	char *local;      /* the region mapped here (shared memory), or NULL */
+	uint8_t *touched; /* per PREFAULT_CHUNK of it: pages mapped here */
+} rkey_ent;
+
 typedef struct conn {
 	uint64_t id;
 	ucp_ep_h ep; /* made at the first pull */
@@ -49,6 +66,9 @@ typedef struct conn {
 	size_t addr_len;
 	uint64_t born_ns; /* hellos that never pull are reaped */
 	bool failed;      /* the endpoint reported an error: close it */
+	bool closed;      /* its endpoint is closed; freed when jobs is 0 */
+	unsigned jobs;    /* active jobs on it */
+	rkey_ent rk[RKEY_CACHE];
 	struct conn *next;
 	struct ecx_producer *p;
 } conn;
@@ -61,9 +81,9 @@ typedef struct job {
 	size_t len;
 	/* while writing: */
 	ecx_pull_req pr;
-	item **items; /* pinned item per request item, NULL if failed */
-	int *status;  /* per request item */
-	ucp_rkey_h *rkeys;
+	item **items;     /* pinned item per request item, NULL if failed */
+	int *status;      /* per request item */
+	rkey_ent **rkeys; /* per region, entries of the connection's cache */
 	conn *c;
 	uint64_t deadline_ns;
 	bool flushing, done;
@@ -508,7 +528,9 @@ static void job_release(ecx_producer *p, job *j)
 	}
 	for (size_t i = 0; j->rkeys != NULL && i < j->pr.nregions; i++)
 		if (j->rkeys[i] != NULL)
-			ucp_rkey_destroy(j->rkeys[i]);
+			j->rkeys[i]->refs--;
+	if (j->c != NULL)
+		j->c->jobs--;
 	ecx_pull_req_free(&j->pr);
 	free(j->items);
 	free(j->status);
@@ -525,6 +547,93 @@ static void flush_done(void *request, ucs_status_t st, void *user_data)
 	ucp_request_free(request);
 }
 
+/* The connection's unpacked key for region g, unpacking it on a miss (and
+ * dropping the least recently used entry no job holds). Progress thread
+ * only. NULL when the key cannot be unpacked or every entry is held. */
+static rkey_ent *rkey_get(conn *c, const ecx_region *g)
+{
+	rkey_ent *victim = NULL;
+	for (int i = 0; i < RKEY_CACHE; i++) {
+		rkey_ent *e = &c->rk[i];
+		if (e->h != NULL && e->base == g->base && e->len == g->len &&
+		    e->klen == g->rkey_len &&
+		    memcmp(e->kbuf, g->rkey, g->rkey_len) == 0) {
+			e->refs++;
+			e->used = ecx_now_ns();
+			return e;
+		}
+		if (e->refs == 0 &&
+		    (victim == NULL || e->h == NULL ||
+		     (victim->h != NULL && e->used < victim->used)))
+			victim = e;
+	}
+	if (victim == NULL)
+		return NULL;
+	if (victim->h != NULL) {
+		ucp_rkey_destroy(victim->h);
+		free(victim->touched);
+		free(victim->kbuf);
+		memset(victim, 0, sizeof(*victim));
+	}
+	victim->kbuf = malloc(g->rkey_len);
+	if (victim->kbuf == NULL)
+		return NULL;
+	if (ucp_ep_rkey_unpack(c->ep, g->rkey, &victim->h) != UCS_OK) {
+		free(victim->kbuf);
+		memset(victim, 0, sizeof(*victim));
+		return NULL;
+	}
+	void *local;
+	if (ucp_rkey_ptr(victim->h, g->base, &local) == UCS_OK) {
+		victim->touched =
+		    calloc(g->len / PREFAULT_CHUNK + 2, sizeof(uint8_t));
+		if (victim->touched != NULL)
+			victim->local = local;
+	}
+	memcpy(victim->kbuf, g->rkey, g->rkey_len);
+	victim->klen = g->rkey_len;
+	victim->base = g->base;
+	victim->len = g->len;
+	victim->refs = 1;
+	victim->used = ecx_now_ns();
+	return victim;
+}
+
+/* Where the consumer's memory is mapped into this process (shared
+ * memory), maps the pages of [addr, addr + n) that this process has not
+ * touched yet, a 2 MiB chunk at a time: one madvise instead of a page fault
+ * per page inside the write (page faults are slow on these machines). */
+static void rkey_prefault(rkey_ent *e, uint64_t addr, uint64_t n)
+{
+	if (e->local == NULL || n == 0)
+		return;
+	uint64_t first = (addr - e->base) / PREFAULT_CHUNK;
+	uint64_t last = (addr + n - 1 - e->base) / PREFAULT_CHUNK;
+	for (uint64_t k = first; k <= last; k++) {
+		if (e->touched[k])
+			continue;
+		uint64_t lo = k * PREFAULT_CHUNK;
+		uint64_t hi =
+		    lo + PREFAULT_CHUNK < e->len ? lo + PREFAULT_CHUNK : e->len;
+		uintptr_t a = (uintptr_t)(e->local + lo) / 4096 * 4096;
+		uintptr_t b = (uintptr_t)(e->local + hi);
+		if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
+			ecx_debug(MOD, "cannot prefault: %m");
+		e->touched[k] = 1;
+	}
+}
+
+static void rkeys_drop(conn *c)
+{
+	for (int i = 0; i < RKEY_CACHE; i++) {
+		if (c->rk[i].h != NULL)
+			ucp_rkey_destroy(c->rk[i].h);
+		free(c->rk[i].touched);
+		free(c->rk[i].kbuf);
+		memset(&c->rk[i], 0, sizeof(c->rk[i]));
+	}
+}
+
 /* Starts job j: checks, pins, unpacks keys, posts the writes and a flush.
  * Called from the progress thread without the lock. Returns false when the
  * job was answered and released at once. */
@@ -534,6 +643,8 @@ static bool job_start(ecx_producer *p, job *j)
 	int rc = ecx_pull_req_decode(j->msg, j->len, &j->pr, why, sizeof(why));
 	pthread_mutex_lock(&p->lock);
 	j->c = conn_find(p, j->conn_id);
+	if (j->c != NULL)
+		j->c->jobs++;
 	pthread_mutex_unlock(&p->lock);
 	if (j->c != NULL && j->c->ep == NULL && !j->c->failed) {
 		char ewhy[200];
@@ -595,21 +706,19 @@ static bool job_start(ecx_producer *p, job *j)
 		j->items[i] = it;
 	}
 	pthread_mutex_unlock(&p->lock);
-	for (size_t g = 0; g < j->pr.nregions; g++) {
-		ucs_status_t st = ucp_ep_rkey_unpack(
-		    j->c->ep, j->pr.regions[g].rkey, &j->rkeys[g]);
-		if (st != UCS_OK)
-			j->rkeys[g] = NULL;
-	}
+	for (size_t g = 0; g < j->pr.nregions; g++)
+		j->rkeys[g] = rkey_get(j->c, &j->pr.regions[g]);
 	for (size_t i = 0; i < n; i++) {
 		item *it = j->items[i];
 		if (it == NULL)
 			continue;
-		ucp_rkey_h rk = j->rkeys[j->pr.items[i].region];
+		rkey_ent *re = j->rkeys[j->pr.items[i].region];
+		ucp_rkey_h rk = re != NULL ? re->h : NULL;
 		if (rk == NULL) {
 			j->status[i] = ECX_EPROTO;
 			continue;
 		}
+		rkey_prefault(re, j->pr.items[i].addr, it->desc.nbytes);
 		ucp_request_param_t rp = {.op_attr_mask = 0};
 		ucs_status_ptr_t req =
 		    ucp_put_nbx(j->c->ep, (char *)p->base + it->off,
@@ -662,37 +771,51 @@ static void job_finish(ecx_producer *p, job *j)
 	pthread_mutex_unlock(&p->lock);
 }
 
-/* Closes failed connections that no active job uses. */
+/* Closes the endpoints of failed connections (which completes their jobs'
+ * flushes with an error), and frees a closed connection once no job uses
+ * it. Hellos that never pulled go after HELLO_TTL_NS. */
 static void conns_reap(ecx_producer *p)
 {
 	for (;;) {
-		conn *dead = NULL;
+		conn *close_it = NULL, *free_it = NULL;
 		pthread_mutex_lock(&p->lock);
 		for (conn **cp = &p->conns; *cp != NULL; cp = &(*cp)->next) {
 			conn *c = *cp;
-			bool unused = c->ep == NULL &&
+			bool unused = c->ep == NULL && !c->closed &&
 			              ecx_now_ns() - c->born_ns > HELLO_TTL_NS;
-			if (!unused &&
-			    !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
+			if (unused)
+				c->failed = true;
+			if (!__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
 				continue;
-			/* Jobs on it finish without a reply: their flush
-			 * completes with an error when the endpoint closes. */
-			for (job *j = p->active; j != NULL; j = j->next)
-				if (j->c == c)
-					j->c = NULL;
-			*cp = c->next;
-			p->nconns--;
-			dead = c;
-			break;
+			if (!c->closed) {
+				c->closed = true;
+				close_it = c;
+				break;
+			}
+			if (c->jobs == 0) {
+				*cp = c->next;
+				p->nconns--;
+				free_it = c;
+				break;
+			}
 		}
 		pthread_mutex_unlock(&p->lock);
-		if (dead == NULL)
+		if (close_it == NULL && free_it == NULL)
 			return;
-		ecx_ucx_ep_close(p->ucx, dead->ep, 100);
+		if (close_it != NULL) {
+			/* The keys go first: they refer to the endpoint. Jobs
+			 * holding them finish with the flush's error. */
+			if (close_it->jobs == 0)
+				rkeys_drop(close_it);
+			ecx_ucx_ep_close(p->ucx, close_it->ep, 100);
+			close_it->ep = NULL;
+			continue;
+		}
+		rkeys_drop(free_it);
 		ecx_debug(MOD, "closed connection %llu",
-		          (unsigned long long)dead->id);
-		free(dead->addr);
-		free(dead);
+		          (unsigned long long)free_it->id);
+		free(free_it->addr);
+		free(free_it);
 	}
 }
 
@@ -727,7 +850,8 @@ static void producer_progress(void *arg)
 		for (job **jp = &p->active; *jp != NULL; jp = &(*jp)->next) {
 			job *j = *jp;
 			if (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) &&
-			    now > j->deadline_ns && j->c != NULL) {
+			    now > j->deadline_ns && j->c != NULL &&
+			    !j->c->failed) {
 				/* A consumer that stalls: give up on it. */
 				ecx_warn(MOD,
 				         "pull %llu on connection %llu timed "
@@ -736,7 +860,7 @@ static void producer_progress(void *arg)
 				         (unsigned long long)j->conn_id);
 				__atomic_store_n(&j->c->failed, true,
 				                 __ATOMIC_RELEASE);
-				j->c = NULL;
+				j->deadline_ns = UINT64_MAX; /* warned once */
 			}
 			if (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
 				*jp = j->next;
@@ -1112,6 +1236,7 @@ void ecx_producer_destroy(ecx_producer *p)
 		while (p->conns != NULL) {
 			conn *c = p->conns;
 			p->conns = c->next;
+			rkeys_drop(c);
 			ecx_ucx_ep_close(p->ucx, c->ep, 100);
 			free(c->addr);
 			free(c);

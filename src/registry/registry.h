@@ -8,9 +8,10 @@
 
 #include "registry/store.h"
 
-#define ECX_REG_MAX_BODY (1u << 20) /* largest request body the server takes \
-	                             */
-#define ECX_REG_MAX_PAGE 1000       /* rows in one GET /ec/list page */
+#define ECX_REG_MAX_BODY                                               \
+	(1u << 20)            /* largest request body the server takes \
+	                       */
+#define ECX_REG_MAX_PAGE 1000 /* rows in one GET /ec/list page */
 
 /* The store behind a running server; the embedding producer publishes into
  * it directly (no HTTP), and its counters count those too. */

@@ -1,0 +1,156 @@
+/* cmd_get.c - `ecx get`: pull one item into a .npy file. */
+#include "tool.h"
+
+#include "gen.h"
+#include "npy.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char help[] =
+    "usage: ecx get [OPTIONS] REGISTRY ID -o FILE.npy\n"
+    "\n"
+    "Looks ID up in REGISTRY (http://HOST:PORT, or several separated by\n"
+    "commas), pulls it from its producer and writes it as a .npy file that\n"
+    "numpy.load opens with the item's dtype and shape.\n"
+    "\n"
+    "numpy has no bfloat16 or float8 dtypes: those items are written with\n"
+    "a one-field structured dtype over the raw bits, named after the torch\n"
+    "dtype. Read them back with\n"
+    "    a = numpy.load('x.npy')['bfloat16']            # uint16 bits\n"
+    "    t = torch.from_numpy(a.view(numpy.int16)).view(torch.bfloat16)\n"
+    "(float8_e4m3fn and float8_e5m2 alike, over uint8 and int8).\n"
+    "\n"
+    "Options:\n"
+    "  -o, --output FILE    where to write (required; '-' is not allowed)\n"
+    "  --verify             check the bytes against 'ecx serve --synthetic'\n"
+    "                       (they depend only on the id)\n"
+    "  --transport T        auto (default), tcp or shm\n"
+    "  --token T            bearer token (default $ECX_TOKEN)\n"
+    "  --timeout MS         bound on each step (default 5s)\n"
+    "  --json               print the result as JSON\n"
+    "  -h, --help           this text\n"
+    "\n"
+    "Exit codes: 0 written, 3 id not found, 1 other failure, 2 usage.\n";
+
+int cmd_get(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"output", required_argument, NULL, 'o'},
+	    {"verify", no_argument, NULL, 'v'},
+	    {"transport", required_argument, NULL, 'T'},
+	    {"token", required_argument, NULL, 't'},
+	    {"timeout", required_argument, NULL, 'x'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0}};
+	const char *out = NULL, *transport = NULL;
+	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
+	bool verify = false;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o':
+			out = optarg;
+			break;
+		case 'v':
+			verify = true;
+			break;
+		case 'T':
+			transport = optarg;
+			break;
+		case 't':
+			t.token = optarg;
+			break;
+		case 'x':
+			if (!tool_parse_ms(optarg, &t.timeout_ms) ||
+			    t.timeout_ms == 0)
+				return tool_fail("get", EXIT_USAGE,
+				                 "bad --timeout '%s'", optarg);
+			break;
+		case 'j':
+			t.json = true;
+			break;
+		case 'h':
+			fputs(help, stdout);
+			return EXIT_OK;
+		default:
+			fputs(help, stderr);
+			return EXIT_USAGE;
+		}
+	}
+	if (argc - optind != 2 || out == NULL) {
+		fputs(help, stderr);
+		return EXIT_USAGE;
+	}
+	const char *id = argv[optind + 1];
+	char why[256];
+	if (ecx_id_check(id, why, sizeof(why)) != 0)
+		return tool_fail("get", EXIT_USAGE, "%s", why);
+	ecx_consumer_params cp = {
+	    .field_mask = ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
+	                  ECX_CONSUMER_PARAM_TIMEOUT |
+	                  ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	                  ECX_CONSUMER_PARAM_TRANSPORT,
+	    .registry = argv[optind],
+	    .token = t.token,
+	    .timeout_ms = t.timeout_ms,
+	    .recv_capacity = 0,
+	    .transport = transport};
+	ecx_consumer *cons;
+	int rc = ecx_consumer_create(&cp, &cons, why, sizeof(why));
+	if (rc != 0)
+		return tool_fail("get", rc == ECX_EINVAL ? EXIT_USAGE : EXIT_FAIL,
+		                 "%s", why);
+	ecx_item it = {.id = id};
+	uint64_t t0 = ecx_now_ns();
+	rc = ecx_consumer_lookup(cons, &it, 1);
+	if (rc != 0 && it.status != 0) {
+		ecx_consumer_destroy(cons);
+		return tool_fail("get", EXIT_FAIL, "%s", ecx_last_error());
+	}
+	if (it.status == ECX_ENOTFOUND) {
+		ecx_consumer_destroy(cons);
+		return tool_fail("get", EXIT_NOTFOUND, "%s: unknown mm_hash", id);
+	}
+	it.dst = malloc(it.desc.nbytes ? it.desc.nbytes : 1);
+	if (it.dst == NULL) {
+		ecx_consumer_destroy(cons);
+		return tool_fail("get", EXIT_FAIL, "out of memory");
+	}
+	rc = ecx_consumer_load(cons, &it, 1);
+	uint64_t took = ecx_now_ns() - t0;
+	ecx_consumer_destroy(cons);
+	if (rc != 0) {
+		free(it.dst);
+		return tool_fail("get", rc == ECX_ENOTFOUND ? EXIT_NOTFOUND
+		                                            : EXIT_FAIL,
+		                 "%s from %s: %s", id, it.producer,
+		                 ecx_strerror(it.status));
+	}
+	if (verify && !gen_check(id, it.dst, it.desc.nbytes)) {
+		free(it.dst);
+		return tool_fail("get", EXIT_FAIL,
+		                 "%s: bytes differ from the synthetic item", id);
+	}
+	rc = npy_write(out, &it.desc, it.dst, why, sizeof(why));
+	free(it.dst);
+	if (rc != 0)
+		return tool_fail("get", EXIT_FAIL, "%s", why);
+	char b[32];
+	if (t.json)
+		printf("{\"id\": \"%s\", \"dtype\": \"%s\", \"nbytes\": %llu, "
+		       "\"file\": \"%s\", \"seconds\": %.6f, \"verified\": "
+		       "%s}\n",
+		       id, ecx_dtype_name(it.desc.dtype),
+		       (unsigned long long)it.desc.nbytes, out,
+		       (double)took / 1e9, verify ? "true" : "false");
+	else
+		printf("%s: %s %s from %s in %.2f ms -> %s%s\n", id,
+		       ecx_dtype_name(it.desc.dtype),
+		       tool_bytes(it.desc.nbytes, b, sizeof(b)), it.producer,
+		       (double)took / 1e6, out, verify ? " (verified)" : "");
+	return EXIT_OK;
+}

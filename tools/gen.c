@@ -1,0 +1,63 @@
+/* gen.c - deterministic item bytes and realistic item shapes. */
+#include "gen.h"
+
+#include <string.h>
+
+static uint64_t gen_seed(const char *id)
+{
+	uint64_t x = 1469598103934665603ull;
+	for (; *id; id++)
+		x = (x ^ (unsigned char)*id) * 1099511628211ull;
+	return x | 1;
+}
+
+/* xorshift64: fast enough that generating is not what a benchmark sees. */
+void gen_fill(const char *id, void *buf, size_t n)
+{
+	uint64_t x = gen_seed(id);
+	unsigned char *p = buf;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		memcpy(p + i, &x, 8);
+	}
+	for (; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (unsigned char)x;
+	}
+}
+
+bool gen_check(const char *id, const void *buf, size_t n)
+{
+	uint64_t x = gen_seed(id);
+	const unsigned char *p = buf;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		if (memcmp(p + i, &x, 8) != 0)
+			return false;
+	}
+	for (; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		if (p[i] != (unsigned char)x)
+			return false;
+	}
+	return true;
+}
+
+uint64_t gen_qwen_tokens(size_t i)
+{
+	/* 224x224, 448x448, 640x640, 1024x1024 images and a 1080p frame,
+	 * weighted towards the small and middle sizes people upload. */
+	static const uint64_t tokens[] = {64, 256, 529, 256, 529, 1369, 64, 529,
+	                                  256, 2691};
+	return tokens[i % (sizeof(tokens) / sizeof(tokens[0]))];
+}

@@ -1,0 +1,179 @@
+/* npy.c - reading and writing .npy files (format version 1.0 and 2.0). */
+#include "npy.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+	ecx_dtype dt;
+	const char *descr; /* numpy's, little-endian */
+} npy_types[] = {
+    {ECX_DTYPE_FLOAT16, "'<f2'"},
+    {ECX_DTYPE_FLOAT32, "'<f4'"},
+    {ECX_DTYPE_FLOAT64, "'<f8'"},
+    {ECX_DTYPE_INT8, "'|i1'"},
+    {ECX_DTYPE_UINT8, "'|u1'"},
+    {ECX_DTYPE_INT16, "'<i2'"},
+    {ECX_DTYPE_INT32, "'<i4'"},
+    {ECX_DTYPE_INT64, "'<i8'"},
+    {ECX_DTYPE_BOOL, "'|b1'"},
+    {ECX_DTYPE_BFLOAT16, "[('bfloat16', '<u2')]"},
+    {ECX_DTYPE_FLOAT8_E4M3FN, "[('float8_e4m3fn', '|u1')]"},
+    {ECX_DTYPE_FLOAT8_E5M2, "[('float8_e5m2', '|u1')]"},
+};
+
+int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
+              char *why, size_t whylen)
+{
+	const char *descr = NULL;
+	for (size_t i = 0; i < sizeof(npy_types) / sizeof(npy_types[0]); i++)
+		if (npy_types[i].dt == d->dtype)
+			descr = npy_types[i].descr;
+	if (descr == NULL)
+		return ecx_why(why, whylen, ECX_EDTYPE, "no .npy form for dtype");
+	char shape[256] = "";
+	size_t off = 0;
+	for (uint32_t i = 0; i < d->ndim; i++)
+		off += (size_t)snprintf(shape + off, sizeof(shape) - off,
+		                        "%llu,%s", (unsigned long long)d->shape[i],
+		                        (d->ndim > 1 && i + 1 < d->ndim) ? " " : "");
+	if (d->ndim > 1)
+		shape[off - 1] = '\0'; /* (2, 3) rather than (2, 3,) */
+	char hdr[512];
+	int n = snprintf(hdr, sizeof(hdr),
+	                 "{'descr': %s, 'fortran_order': False, 'shape': (%s), }",
+	                 descr, shape);
+	/* Pad with spaces to a multiple of 64 bytes, ending in a newline. */
+	size_t total = 10 + (size_t)n + 1;
+	size_t pad = (64 - total % 64) % 64;
+	memset(hdr + n, ' ', pad);
+	hdr[n + pad] = '\n';
+	size_t hlen = (size_t)n + pad + 1;
+	unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+	                         (unsigned char)(hlen & 0xff),
+	                         (unsigned char)(hlen >> 8)};
+	FILE *f = fopen(path, "wb");
+	if (f == NULL)
+		return ecx_why(why, whylen, ECX_EIO, "cannot write %s: %m",
+		               path);
+	bool ok = fwrite(pre, 1, 10, f) == 10 &&
+	          fwrite(hdr, 1, hlen, f) == hlen &&
+	          fwrite(data, 1, d->nbytes, f) == d->nbytes;
+	ok = fclose(f) == 0 && ok;
+	if (!ok)
+		return ecx_why(why, whylen, ECX_EIO, "cannot write %s", path);
+	return 0;
+}
+
+/* Finds 'key': in the header dict and returns a pointer after the colon. */
+static const char *hdr_value(const char *h, const char *key)
+{
+	char k[32];
+	snprintf(k, sizeof(k), "'%s':", key);
+	const char *p = strstr(h, k);
+	if (p == NULL)
+		return NULL;
+	p += strlen(k);
+	while (*p == ' ')
+		p++;
+	return p;
+}
+
+int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
+             size_t whylen)
+{
+	FILE *f = fopen(path, "rb");
+	if (f == NULL)
+		return ecx_why(why, whylen, ECX_EIO, "cannot open %s: %m", path);
+	unsigned char pre[12];
+	int rc = 0;
+	char *hdr = NULL;
+	void *buf = NULL;
+	if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+		rc = ecx_why(why, whylen, ECX_EPROTO, "%s is not a .npy file",
+		             path);
+		goto out;
+	}
+	size_t hlen = pre[8] | (size_t)pre[9] << 8;
+	if (pre[6] >= 2) {
+		if (fread(pre + 10, 1, 2, f) != 2) {
+			rc = ecx_why(why, whylen, ECX_EPROTO, "%s: short header",
+			             path);
+			goto out;
+		}
+		hlen |= (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+	}
+	if (hlen > 65536) {
+		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: header too long", path);
+		goto out;
+	}
+	hdr = calloc(1, hlen + 1);
+	if (hdr == NULL || fread(hdr, 1, hlen, f) != hlen) {
+		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: short header", path);
+		goto out;
+	}
+	const char *descr = hdr_value(hdr, "descr");
+	const char *fo = hdr_value(hdr, "fortran_order");
+	const char *shape = hdr_value(hdr, "shape");
+	if (descr == NULL || fo == NULL || shape == NULL || *shape != '(') {
+		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: header lacks descr, "
+		             "fortran_order or shape", path);
+		goto out;
+	}
+	if (strncmp(fo, "False", 5) != 0) {
+		rc = ecx_why(why, whylen, ECX_EUNSUPPORTED,
+		             "%s: Fortran order is not supported (save a "
+		             "C-contiguous array)",
+		             path);
+		goto out;
+	}
+	ecx_dtype dt = ECX_DTYPE_INVALID;
+	for (size_t i = 0; i < sizeof(npy_types) / sizeof(npy_types[0]); i++)
+		if (strncmp(descr, npy_types[i].descr,
+		            strlen(npy_types[i].descr)) == 0)
+			dt = npy_types[i].dt;
+	if (dt == ECX_DTYPE_INVALID) {
+		rc = ecx_why(why, whylen, ECX_EDTYPE,
+		             "%s: dtype %.32s is not one ecx carries (use a "
+		             "little-endian float16/32/64, int8/16/32/64, uint8 "
+		             "or bool)",
+		             path, descr);
+		goto out;
+	}
+	uint64_t dims[ECX_MAX_DIMS];
+	uint32_t nd = 0;
+	const char *p = shape + 1;
+	while (*p != ')') {
+		while (*p == ' ' || *p == ',')
+			p++;
+		if (*p == ')')
+			break;
+		char *end;
+		unsigned long long v = strtoull(p, &end, 10);
+		if (end == p || nd == ECX_MAX_DIMS) {
+			rc = ecx_why(why, whylen, ECX_EPROTO, "%s: bad shape",
+			             path);
+			goto out;
+		}
+		dims[nd++] = v;
+		p = end;
+	}
+	rc = ecx_tensor_set(d, dt, nd, dims);
+	if (rc != 0) {
+		ecx_why(why, whylen, rc, "%s: shape too large", path);
+		goto out;
+	}
+	buf = malloc(d->nbytes ? d->nbytes : 1);
+	if (buf == NULL || fread(buf, 1, d->nbytes, f) != d->nbytes) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "%s: data shorter than its shape says", path);
+		goto out;
+	}
+	*data = buf;
+	buf = NULL;
+out:
+	free(buf);
+	free(hdr);
+	fclose(f);
+	return rc;
+}

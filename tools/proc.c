@@ -1,0 +1,91 @@
+/* proc.c - child processes of the ecx command. */
+#include "proc.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+bool proc_start(proc *p, char *const args[])
+{
+	char *argv[64];
+	argv[0] = "ecx";
+	int n = 1;
+	for (; args[n - 1] != NULL && n < 63; n++)
+		argv[n] = args[n - 1];
+	argv[n] = NULL;
+	int fds[2];
+	if (pipe(fds) != 0)
+		return false;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+	posix_spawn_file_actions_addclose(&fa, fds[0]);
+	/* The child must not inherit SIGINT/SIGTERM blocked by the caller. */
+	posix_spawnattr_t at;
+	posix_spawnattr_init(&at);
+	sigset_t none;
+	sigemptyset(&none);
+	posix_spawnattr_setsigmask(&at, &none);
+	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
+	int rc = posix_spawn(&p->pid, "/proc/self/exe", &fa, &at, argv,
+	                     environ);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&at);
+	close(fds[1]);
+	if (rc != 0) {
+		close(fds[0]);
+		return false;
+	}
+	p->out = fdopen(fds[0], "r");
+	/* Unbuffered, so poll(2) on the descriptor sees every line. */
+	if (p->out != NULL)
+		setvbuf(p->out, NULL, _IONBF, 0);
+	return p->out != NULL;
+}
+
+bool proc_line(proc *p, char *buf, size_t len, int timeout_ms)
+{
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		long left = timeout_ms - ((t1.tv_sec - t0.tv_sec) * 1000 +
+		                          (t1.tv_nsec - t0.tv_nsec) / 1000000);
+		if (left <= 0)
+			return false;
+		struct pollfd pf = {.fd = fileno(p->out), .events = POLLIN};
+		if (poll(&pf, 1, (int)left) <= 0)
+			return false;
+		if (fgets(buf, (int)len, p->out) == NULL)
+			return false;
+		if (buf[0] == '[')
+			continue;
+		buf[strcspn(buf, "\n")] = '\0';
+		return true;
+	}
+}
+
+int proc_stop(proc *p, int sig, int timeout_ms)
+{
+	int st = 0;
+	if (sig != 0)
+		kill(p->pid, sig);
+	for (int i = 0; i < timeout_ms / 10; i++) {
+		if (waitpid(p->pid, &st, WNOHANG) == p->pid)
+			goto done;
+		usleep(10000);
+	}
+	kill(p->pid, SIGKILL);
+	waitpid(p->pid, &st, 0);
+done:
+	if (p->out != NULL)
+		fclose(p->out);
+	p->out = NULL;
+	return st;
+}
