@@ -37,6 +37,8 @@ demo: deps build
 install: build
 	cmake --install $(BUILD)
 
+asan: export LSAN_OPTIONS = suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0
+asan: export ASAN_OPTIONS = detect_leaks=1:abort_on_error=0
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan \
 		CMAKE_FLAGS="-DECX_SANITIZE=ON $(CMAKE_FLAGS)"

@@ -513,19 +513,27 @@ static void job_reply(job *j, int err, const char *detail)
 		ecx_am_out_free(o);
 }
 
-/* Unpins the job's items and frees what it holds. Called with the lock. */
-static void job_release(ecx_producer *p, job *j)
+/* Unpins the job's items. Called with the lock. */
+static void job_unpin(ecx_producer *p, job *j)
 {
 	for (size_t i = 0; j->items != NULL && i < j->pr.nitems; i++) {
 		item *it = j->items[i];
 		if (it == NULL)
 			continue;
+		j->items[i] = NULL;
 		if (--it->pins == 0) {
 			p->st.pinned--;
 			if (it->doomed)
 				item_free(p, it);
 		}
 	}
+}
+
+/* Unpins what is still pinned and frees what the job holds. Called with
+ * the lock. */
+static void job_release(ecx_producer *p, job *j)
+{
+	job_unpin(p, j);
 	for (size_t i = 0; j->rkeys != NULL && i < j->pr.nregions; i++)
 		if (j->rkeys[i] != NULL)
 			j->rkeys[i]->refs--;
@@ -670,9 +678,11 @@ static bool job_start(ecx_producer *p, job *j)
 	}
 	if (rc != 0) {
 		ecx_pull_req_free(&j->pr);
-		job_reply(j, rc, why);
 		pthread_mutex_lock(&p->lock);
 		p->st.pulls++;
+		pthread_mutex_unlock(&p->lock);
+		job_reply(j, rc, why);
+		pthread_mutex_lock(&p->lock);
 		job_release(p, j);
 		pthread_mutex_unlock(&p->lock);
 		return false;
@@ -761,12 +771,17 @@ static void job_finish(ecx_producer *p, job *j)
 	ecx_debug(MOD, "pull %llu done: %llu served, %llu failed, flush %s",
 	          (unsigned long long)j->req, (unsigned long long)served,
 	          (unsigned long long)failed, ecx_err_name(j->flush_status));
-	job_reply(j, 0, NULL);
+	/* Unpin and count before the reply goes: a consumer that has its
+	 * answer sees the producer's state after the pull. */
 	pthread_mutex_lock(&p->lock);
 	p->st.pulls++;
 	p->st.items_served += served;
 	p->st.items_failed += failed;
 	p->st.bytes_served += bytes;
+	job_unpin(p, j);
+	pthread_mutex_unlock(&p->lock);
+	job_reply(j, 0, NULL);
+	pthread_mutex_lock(&p->lock);
 	job_release(p, j);
 	pthread_mutex_unlock(&p->lock);
 }
@@ -1054,7 +1069,7 @@ static int zmq_start(ecx_producer *p, const char *bind, const char *adv,
 	size_t ll = sizeof(last);
 	zmq_getsockopt(p->zsock, ZMQ_LAST_ENDPOINT, last, &ll);
 	const char *colon = strrchr(last, ':');
-	snprintf(p->address, sizeof(p->address), "tcp://%s:%s", adv,
+	snprintf(p->address, sizeof(p->address), "tcp://%.200s:%.16s", adv,
 	         colon != NULL ? colon + 1 : "0");
 	if (pthread_create(&p->zthread, NULL, zmq_thread, p) != 0)
 		return ecx_why(why, whylen, ECX_ENOMEM, "cannot start thread");

@@ -10,11 +10,11 @@
 
 #include <arpa/inet.h>
 #include <getopt.h>
-#include <stdarg.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -51,10 +51,9 @@ static bool quick, json;
 
 /* ---- output ---- */
 
-static void row_json(const char *bench, const char *name, const char *fmt,
-                     ...) __attribute__((format(printf, 3, 4)));
-static void row_json(const char *bench, const char *name, const char *fmt,
-                     ...)
+static void row_json(const char *bench, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void row_json(const char *bench, const char *name, const char *fmt, ...)
 {
 	va_list ap;
 	printf("{\"bench\": \"%s\", \"case\": \"%s\", ", bench, name);
@@ -77,13 +76,14 @@ static int bench_registry(void)
 	char why[256], url[64];
 	if (ecx_registry_create(&rp, &reg, why, sizeof(why)) != 0)
 		return tool_fail("bench", EXIT_FAIL, "%s", why);
-	snprintf(url, sizeof(url), "http://127.0.0.1:%u", ecx_registry_port(reg));
+	snprintf(url, sizeof(url), "http://127.0.0.1:%u",
+	         ecx_registry_port(reg));
 	ecx_store *s = ecx_registry_store(reg);
 	enum { NIDS = 4096 };
 	static char ids[NIDS][80];
 	for (int i = 0; i < NIDS; i++) {
-		snprintf(ids[i], sizeof(ids[i]),
-		         "%016x%016x%016x%016x", i, i * 7, i * 13, i * 31);
+		snprintf(ids[i], sizeof(ids[i]), "%016x%016x%016x%016x", i,
+		         i * 7, i * 13, i * 31);
 		ecx_entry e;
 		memset(&e, 0, sizeof(e));
 		uint64_t dims[2] = {gen_qwen_tokens((size_t)i), 3584};
@@ -155,9 +155,10 @@ static int bench_registry(void)
 		         "\"p50_us\": %.1f, \"p99_us\": %.1f, \"ids_per_s\": "
 		         "%.0f, \"connections\": %ld",
 		         k50, k99, krate, conns);
-		row_json("registry", "single_new_connection",
-		         "\"p50_us\": %.1f, \"p99_us\": %.1f, \"ids_per_s\": %.0f",
-		         f50, f99, frate);
+		row_json(
+		    "registry", "single_new_connection",
+		    "\"p50_us\": %.1f, \"p99_us\": %.1f, \"ids_per_s\": %.0f",
+		    f50, f99, frate);
 		row_json("registry", "batch_256",
 		         "\"p50_us\": %.1f, \"p99_us\": %.1f, \"ids_per_s\": "
 		         "%.0f, \"x_single\": %.1f",
@@ -304,15 +305,15 @@ static const int batches[] = {1, 8, 32};
 static int bench_producer(const char *transport)
 {
 	tool_block_signals();
-	ecx_producer_params p = {
-	    .field_mask = ECX_PRODUCER_PARAM_BIND_HOST |
-	                  ECX_PRODUCER_PARAM_REGISTRY_PORT |
-	                  ECX_PRODUCER_PARAM_CAPACITY |
-	                  ECX_PRODUCER_PARAM_TRANSPORT,
-	    .bind_host = "127.0.0.1",
-	    .registry_port = 0,
-	    .capacity_bytes = 300u << 20,
-	    .transport = transport};
+	ecx_producer_params p = {.field_mask =
+	                             ECX_PRODUCER_PARAM_BIND_HOST |
+	                             ECX_PRODUCER_PARAM_REGISTRY_PORT |
+	                             ECX_PRODUCER_PARAM_CAPACITY |
+	                             ECX_PRODUCER_PARAM_TRANSPORT,
+	                         .bind_host = "127.0.0.1",
+	                         .registry_port = 0,
+	                         .capacity_bytes = 300u << 20,
+	                         .transport = transport};
 	ecx_producer *prod;
 	char why[256];
 	if (ecx_producer_create(&p, &prod, why, sizeof(why)) != 0)
@@ -355,13 +356,13 @@ static int bench_transfer_one(const char *transport, const double *memcpy_g,
 	}
 	char url[64], why[256];
 	snprintf(url, sizeof(url), "http://127.0.0.1:%u", port);
-	ecx_consumer_params cp = {
-	    .field_mask = ECX_CONSUMER_PARAM_REGISTRY |
-	                  ECX_CONSUMER_PARAM_RECV_CAPACITY |
-	                  ECX_CONSUMER_PARAM_TRANSPORT,
-	    .registry = url,
-	    .recv_capacity = 240u << 20,
-	    .transport = transport};
+	ecx_consumer_params cp = {.field_mask =
+	                              ECX_CONSUMER_PARAM_REGISTRY |
+	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	                              ECX_CONSUMER_PARAM_TRANSPORT,
+	                          .registry = url,
+	                          .recv_capacity = 240u << 20,
+	                          .transport = transport};
 	ecx_consumer *c;
 	if (ecx_consumer_create(&cp, &c, why, sizeof(why)) != 0) {
 		proc_stop(&pr, SIGTERM, 5000);
@@ -390,7 +391,8 @@ static int bench_transfer_one(const char *transport, const double *memcpy_g,
 				uint64_t dt = ecx_now_ns() - t0;
 				if (e != 0) {
 					rc = tool_fail("bench", EXIT_FAIL,
-					               "load: %s", ecx_last_error());
+					               "load: %s",
+					               ecx_last_error());
 					break;
 				}
 				if (k >= 2)
@@ -402,28 +404,31 @@ static int bench_transfer_one(const char *transport, const double *memcpy_g,
 				if (!gen_check(it[i].id, it[i].dst,
 				               it[i].desc.nbytes))
 					rc = tool_fail("bench", EXIT_FAIL,
-					               "%s: bytes differ", it[i].id);
+					               "%s: bytes differ",
+					               it[i].id);
 			uint64_t bytes = (uint64_t)nb * it[0].desc.nbytes;
 			double p50 = (double)samples_pct(&lat, 50);
 			double p99 = (double)samples_pct(&lat, 99);
 			double g = (double)bytes / p50;
-			double base = strcmp(transport, "tcp") == 0 ? tcp_g[s]
-			                                            : memcpy_g[s];
+			double base = strcmp(transport, "tcp") == 0
+			                  ? tcp_g[s]
+			                  : memcpy_g[s];
 			if (json)
-				row_json("transfer", transport,
-				         "\"size\": \"%s\", \"batch\": %d, "
-				         "\"gbps\": %.3f, \"p50_us\": %.1f, "
-				         "\"p99_us\": %.1f, \"baseline\": \"%s\", "
-				         "\"baseline_gbps\": %.3f, \"ratio\": %.2f",
-				         sizes[s].name, nb, g, p50 / 1e3, p99 / 1e3,
-				         strcmp(transport, "tcp") == 0 ? "raw_tcp"
-				                                       : "memcpy",
-				         base, g / base);
+				row_json(
+				    "transfer", transport,
+				    "\"size\": \"%s\", \"batch\": %d, "
+				    "\"gbps\": %.3f, \"p50_us\": %.1f, "
+				    "\"p99_us\": %.1f, \"baseline\": \"%s\", "
+				    "\"baseline_gbps\": %.3f, \"ratio\": %.2f",
+				    sizes[s].name, nb, g, p50 / 1e3, p99 / 1e3,
+				    strcmp(transport, "tcp") == 0 ? "raw_tcp"
+				                                  : "memcpy",
+				    base, g / base);
 			else
 				printf("  %-4s %6s x%-3d %8.2f %10.1f %10.1f "
 				       "%10.2f %6.2f\n",
-				       transport, sizes[s].name, nb, g, p50 / 1e3,
-				       p99 / 1e3, base, g / base);
+				       transport, sizes[s].name, nb, g,
+				       p50 / 1e3, p99 / 1e3, base, g / base);
 			samples_free(&lat);
 		}
 		for (int i = 0; i < MAXBATCH; i++)
@@ -452,15 +457,16 @@ static int bench_transfer(void)
 		       "beside each: single-thread memcpy (shm) or one raw TCP "
 		       "stream (tcp), of a batch of 8 items, same run\n");
 		printf("  %-4s %6s %-4s %8s %10s %10s %10s %6s\n", "via",
-		       "item", "batch", "GB/s", "p50 us", "p99 us",
-		       "base GB/s", "ratio");
+		       "item", "batch", "GB/s", "p50 us", "p99 us", "base GB/s",
+		       "ratio");
 	}
 	int rc = bench_transfer_one("shm", mg, tg);
 	if (rc == EXIT_OK)
 		rc = bench_transfer_one("tcp", mg, tg);
 	if (!json)
-		printf("  targets: shm 7MiB batches >= 0.5 x memcpy; tcp >= 0.7 "
-		       "x raw TCP; 64KiB over shm p50 < 100 us\n");
+		printf(
+		    "  targets: shm 7MiB batches >= 0.5 x memcpy; tcp >= 0.7 "
+		    "x raw TCP; 64KiB over shm p50 < 100 us\n");
 	return rc;
 }
 
@@ -491,21 +497,22 @@ static int bench_file(void)
 		int iters = quick ? 5 : 30;
 		char path[512], why[256];
 		for (int i = 0; i < iters; i++) {
-			snprintf(path, sizeof(path), "%s/%s-%d.safetensors", dir,
-			         sizes[s].name, i);
+			snprintf(path, sizeof(path), "%s/%s-%d.safetensors",
+			         dir, sizes[s].name, i);
 			uint64_t t0 = ecx_now_ns();
 			st_save(path, &d, buf, why, sizeof(why));
 			samples_add(&sv, ecx_now_ns() - t0);
 		}
 		for (int i = 0; i < iters; i++) {
-			snprintf(path, sizeof(path), "%s/%s-%d.safetensors", dir,
-			         sizes[s].name, i);
+			snprintf(path, sizeof(path), "%s/%s-%d.safetensors",
+			         dir, sizes[s].name, i);
 			void *back = NULL;
 			ecx_tensor_desc bd;
 			uint64_t t0 = ecx_now_ns();
 			int rc = st_load(path, &bd, &back, why, sizeof(why));
 			samples_add(&ld, ecx_now_ns() - t0);
-			if (rc != 0 || !gen_check(sizes[s].name, back, bd.nbytes))
+			if (rc != 0 ||
+			    !gen_check(sizes[s].name, back, bd.nbytes))
 				return tool_fail("bench", EXIT_FAIL,
 				                 "file baseline: %s", why);
 			free(back);
@@ -516,11 +523,12 @@ static int bench_file(void)
 		double lg = (double)d.nbytes / lp;
 		double mg = memcpy_gbps(d.nbytes);
 		if (json)
-			row_json("file", sizes[s].name,
-			         "\"save_gbps\": %.3f, \"load_gbps\": %.3f, "
-			         "\"load_p50_us\": %.1f, \"memcpy_gbps\": %.3f, "
-			         "\"ratio\": %.2f",
-			         sg, lg, lp / 1e3, mg, lg / mg);
+			row_json(
+			    "file", sizes[s].name,
+			    "\"save_gbps\": %.3f, \"load_gbps\": %.3f, "
+			    "\"load_p50_us\": %.1f, \"memcpy_gbps\": %.3f, "
+			    "\"ratio\": %.2f",
+			    sg, lg, lp / 1e3, mg, lg / mg);
 		else
 			printf("  %6s %10.2f %10.2f %12.1f %12.2f %6.2f\n",
 			       sizes[s].name, sg, lg, lp / 1e3, mg, lg / mg);

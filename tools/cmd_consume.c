@@ -87,12 +87,13 @@ static char **list_ids(ecx_regclient *rc, size_t *n)
 		}
 		cJSON *o = cJSON_ParseWithLength(body, len);
 		free(body);
-		const cJSON *items = cJSON_GetObjectItemCaseSensitive(o, "items");
+		const cJSON *items =
+		    cJSON_GetObjectItemCaseSensitive(o, "items");
 		const cJSON *next = cJSON_GetObjectItemCaseSensitive(o, "next");
 		const cJSON *x;
-		cJSON_ArrayForEach(x, items)
-		{
-			const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id");
+		cJSON_ArrayForEach (x, items) {
+			const cJSON *id =
+			    cJSON_GetObjectItemCaseSensitive(x, "id");
 			if (!cJSON_IsString(id))
 				continue;
 			if (*n == cap) {
@@ -129,10 +130,10 @@ static int consume_registry(const char *url, const tool_common *t,
 	if (ids == NULL && n == 0)
 		return EXIT_FAIL;
 	ecx_consumer_params cp = {
-	    .field_mask = ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
-	                  ECX_CONSUMER_PARAM_TIMEOUT |
-	                  ECX_CONSUMER_PARAM_RECV_CAPACITY |
-	                  ECX_CONSUMER_PARAM_TRANSPORT,
+	    .field_mask =
+	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
+	        ECX_CONSUMER_PARAM_TIMEOUT | ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	        ECX_CONSUMER_PARAM_TRANSPORT,
 	    .registry = url,
 	    .token = t->token,
 	    .timeout_ms = t->timeout_ms,
@@ -150,9 +151,10 @@ static int consume_registry(const char *url, const tool_common *t,
 			it[k].id = ids[i + k];
 		ecx_consumer_lookup(cons, it, m);
 		for (size_t k = 0; k < m; k++)
-			it[k].dst = it[k].status == 0
-			                ? ecx_consumer_alloc(cons, it[k].desc.nbytes)
-			                : NULL;
+			it[k].dst =
+			    it[k].status == 0
+			        ? ecx_consumer_alloc(cons, it[k].desc.nbytes)
+			        : NULL;
 		uint64_t t0 = ecx_now_ns();
 		ecx_consumer_load(cons, it, m);
 		uint64_t dt = ecx_now_ns() - t0;
@@ -164,7 +166,8 @@ static int consume_registry(const char *url, const tool_common *t,
 				r->failed++;
 				if (r->failed <= 5)
 					fprintf(stderr, "ecx consume: %s: %s\n",
-					        it[k].id, ecx_strerror(it[k].status));
+					        it[k].id,
+					        ecx_strerror(it[k].status));
 				continue;
 			}
 			r->bytes += it[k].desc.nbytes;
@@ -178,8 +181,8 @@ static int consume_registry(const char *url, const tool_common *t,
 			ecx_consumer_free(cons, it[k].dst);
 		}
 		if (tty)
-			fprintf(stderr, "\recx consume: %zu/%zu items", r->items,
-			        n);
+			fprintf(stderr, "\recx consume: %zu/%zu items",
+			        r->items, n);
 	}
 	if (tty)
 		fputc('\n', stderr);
@@ -196,12 +199,12 @@ static int name_cmp(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int consume_files(const char *dir, size_t batch, bool verify,
-                         result *r)
+static int consume_files(const char *dir, size_t batch, bool verify, result *r)
 {
 	DIR *d = opendir(dir);
 	if (d == NULL)
-		return tool_fail("consume", EXIT_FAIL, "cannot open %s: %m", dir);
+		return tool_fail("consume", EXIT_FAIL, "cannot open %s: %m",
+		                 dir);
 	char **names = NULL;
 	size_t n = 0, cap = 0;
 	struct dirent *e;
@@ -224,11 +227,14 @@ static int consume_files(const char *dir, size_t batch, bool verify,
 		uint64_t t0 = ecx_now_ns();
 		for (size_t k = 0; k < m && k < 256; k++) {
 			char path[4096], why[256];
-			/* vLLM's layout: FOLDER/<mm_hash>/encoder_cache.safetensors */
-			snprintf(path, sizeof(path), "%s/%s/encoder_cache.safetensors",
-			         dir, names[i + k]);
+			/* vLLM's layout:
+			 * FOLDER/<mm_hash>/encoder_cache.safetensors */
+			snprintf(path, sizeof(path),
+			         "%s/%s/encoder_cache.safetensors", dir,
+			         names[i + k]);
 			bufs[k] = NULL;
-			rcs[k] = st_load(path, &ds[k], &bufs[k], why, sizeof(why));
+			rcs[k] =
+			    st_load(path, &ds[k], &bufs[k], why, sizeof(why));
 		}
 		uint64_t dt = ecx_now_ns() - t0;
 		r->ns += dt;
@@ -241,7 +247,8 @@ static int consume_files(const char *dir, size_t batch, bool verify,
 			}
 			r->bytes += ds[k].nbytes;
 			if (verify) {
-				if (gen_check(names[i + k], bufs[k], ds[k].nbytes))
+				if (gen_check(names[i + k], bufs[k],
+				              ds[k].nbytes))
 					r->verified++;
 				else
 					r->failed++;
@@ -316,10 +323,9 @@ int cmd_consume(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	result r = {0};
-	int rc = files != NULL
-	             ? consume_files(files, batch, verify, &r)
-	             : consume_registry(argv[optind], &t, transport, batch,
-	                                verify, &r);
+	int rc = files != NULL ? consume_files(files, batch, verify, &r)
+	                       : consume_registry(argv[optind], &t, transport,
+	                                          batch, verify, &r);
 	if (r.items > 0)
 		report(&r, t.json, files != NULL ? "file" : "ecx");
 	samples_free(&r.batch);

@@ -186,13 +186,14 @@ int cmd_demo(int argc, char **argv)
 	char b[32];
 	if (standalone) {
 		step("starting the registry (ecx registry)");
-		char *a[] = {"registry", "--bind", "127.0.0.1", "--port", "0",
-		             NULL};
+		char *a[] = {"registry", "--bind", "127.0.0.1",
+		             "--port",   "0",      NULL};
 		char line[512];
 		if (!proc_start(&reg, a) ||
 		    !proc_line(&reg, line, sizeof(line), 10000) ||
 		    sscanf(line, "listening on %511s", regurl) != 1) {
-			tool_fail("demo", EXIT_FAIL, "the registry did not start");
+			tool_fail("demo", EXIT_FAIL,
+			          "the registry did not start");
 			goto out;
 		}
 	}
@@ -200,10 +201,10 @@ int cmd_demo(int argc, char **argv)
 	        "ecx demo: starting the producer (ecx serve): %zu items, %s\n",
 	        count, tool_bytes(total, b, sizeof(b)));
 	{
-		char *a[24] = {"serve",     "--bind",      "127.0.0.1",
-		               "--workload", "qwen",       "--count",
-		               countstr,    "--capacity",  capacity,
-		               "--transport", (char *)transport, "--json"};
+		char *a[24] = {
+		    "serve",  "--bind",      "127.0.0.1",       "--workload",
+		    "qwen",   "--count",     countstr,          "--capacity",
+		    capacity, "--transport", (char *)transport, "--json"};
 		int n = 12;
 		if (standalone) {
 			a[n++] = "--registry";
@@ -225,14 +226,16 @@ int cmd_demo(int argc, char **argv)
 	if (!cJSON_IsString(r))
 		goto out;
 	ecx_strlcpy(regurl, r->valuestring, sizeof(regurl));
-	fprintf(stderr, "ecx demo: producer ready at %s, registry %s\n",
-	        cJSON_GetObjectItemCaseSensitive(served, "producer")->valuestring,
-	        regurl);
+	fprintf(
+	    stderr, "ecx demo: producer ready at %s, registry %s\n",
+	    cJSON_GetObjectItemCaseSensitive(served, "producer")->valuestring,
+	    regurl);
 	step("starting the consumer (ecx consume --verify)");
 	{
-		char *a[] = {"consume",   regurl,  "--batch", batch,
-		             "--verify",  "--json", "--transport",
-		             (char *)transport, NULL};
+		char *a[] = {
+		    "consume",  regurl,   "--batch",     batch,
+		    "--verify", "--json", "--transport", (char *)transport,
+		    NULL};
 		if (!proc_start(&cons, a))
 			goto out;
 		loaded = json_line(&cons, 300000, "ecx consume");
@@ -243,7 +246,7 @@ int cmd_demo(int argc, char **argv)
 		}
 	}
 	/* The file baseline, on the same workload. */
-	char dir[4096];
+	char dir[2048];
 	struct stat sb;
 	if (base == NULL)
 		base = stat("/dev/shm", &sb) == 0 ? "/dev/shm" : "/tmp";
@@ -257,10 +260,11 @@ int cmd_demo(int argc, char **argv)
 	double save_s = save_files(dir, count);
 	if (save_s >= 0) {
 		step("file baseline: loading them in another process");
-		char *a[] = {"consume", "--files", dir,      "--batch",
+		char *a[] = {"consume", "--files",  dir,      "--batch",
 		             batch,     "--verify", "--json", NULL};
 		if (proc_start(&files, a)) {
-			fileres = json_line(&files, 300000, "ecx consume --files");
+			fileres =
+			    json_line(&files, 300000, "ecx consume --files");
 			proc_stop(&files, 0, 10000);
 		}
 	}
@@ -272,9 +276,10 @@ int cmd_demo(int argc, char **argv)
 	double bytes = num(served, "bytes");
 	size_t ok_ecx = (size_t)num(loaded, "verified");
 	size_t ok_file = (size_t)num(fileres, "verified");
-	double speedup = num(fileres, "seconds") > 0 && num(loaded, "seconds") > 0
-	                     ? num(fileres, "seconds") / num(loaded, "seconds")
-	                     : 0;
+	double speedup =
+	    num(fileres, "seconds") > 0 && num(loaded, "seconds") > 0
+	        ? num(fileres, "seconds") / num(loaded, "seconds")
+	        : 0;
 	if (json) {
 		printf("{\"items\": %zu, \"bytes\": %.0f, \"batch\": %s, "
 		       "\"ecx\": {\"save_gbps\": %.3f, \"load\": %s}, "
@@ -285,9 +290,10 @@ int cmd_demo(int argc, char **argv)
 		       save_s > 0 ? bytes / save_s / 1e9 : 0,
 		       cJSON_PrintUnformatted(fileres), speedup);
 	} else {
-		printf("\n%zu Qwen2.5-VL-shaped embeddings (bfloat16, 64-2691 x "
-		       "3584), %s, %s per load, one run\n\n",
-		       count, tool_bytes((uint64_t)bytes, b, sizeof(b)), batch);
+		printf(
+		    "\n%zu Qwen2.5-VL-shaped embeddings (bfloat16, 64-2691 x "
+		    "3584), %s, %s per load, one run\n\n",
+		    count, tool_bytes((uint64_t)bytes, b, sizeof(b)), batch);
 		printf("%-22s %10s %10s %12s %12s %10s\n", "", "save GB/s",
 		       "load GB/s", "load p50 ms", "load p99 ms", "verified");
 		printf("%-22s %10.2f %10.2f %12.2f %12.2f %6zu/%zu\n",
@@ -295,20 +301,23 @@ int cmd_demo(int argc, char **argv)
 		       num(loaded, "gbps"), num(loaded, "batch_p50_ms"),
 		       num(loaded, "batch_p99_ms"), ok_ecx, count);
 		printf("%-22s %10.2f %10.2f %12.2f %12.2f %6zu/%zu\n",
-		       "file per item (shm)", save_s > 0 ? bytes / save_s / 1e9 : 0,
+		       "file per item (shm)",
+		       save_s > 0 ? bytes / save_s / 1e9 : 0,
 		       num(fileres, "gbps"), num(fileres, "batch_p50_ms"),
 		       num(fileres, "batch_p99_ms"), ok_file, count);
 		printf("\necx loads the workload %.1fx as fast as the file "
 		       "baseline (total load time %.3f s vs %.3f s).\n",
-		       speedup, num(loaded, "seconds"), num(fileres, "seconds"));
+		       speedup, num(loaded, "seconds"),
+		       num(fileres, "seconds"));
 	}
 	rc = ok_ecx == count && ok_file == count ? EXIT_OK : EXIT_FAIL;
 out:
 	if (prod.pid > 0) {
 		int st = proc_stop(&prod, SIGTERM, 10000);
 		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-			tool_fail("demo", EXIT_FAIL, "the producer did not stop "
-			                             "cleanly");
+			tool_fail("demo", EXIT_FAIL,
+			          "the producer did not stop "
+			          "cleanly");
 			rc = EXIT_FAIL;
 		}
 	}

@@ -90,10 +90,10 @@ int cmd_get(int argc, char **argv)
 	if (ecx_id_check(id, why, sizeof(why)) != 0)
 		return tool_fail("get", EXIT_USAGE, "%s", why);
 	ecx_consumer_params cp = {
-	    .field_mask = ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
-	                  ECX_CONSUMER_PARAM_TIMEOUT |
-	                  ECX_CONSUMER_PARAM_RECV_CAPACITY |
-	                  ECX_CONSUMER_PARAM_TRANSPORT,
+	    .field_mask =
+	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
+	        ECX_CONSUMER_PARAM_TIMEOUT | ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	        ECX_CONSUMER_PARAM_TRANSPORT,
 	    .registry = argv[optind],
 	    .token = t.token,
 	    .timeout_ms = t.timeout_ms,
@@ -102,7 +102,8 @@ int cmd_get(int argc, char **argv)
 	ecx_consumer *cons;
 	int rc = ecx_consumer_create(&cp, &cons, why, sizeof(why));
 	if (rc != 0)
-		return tool_fail("get", rc == ECX_EINVAL ? EXIT_USAGE : EXIT_FAIL,
+		return tool_fail("get",
+		                 rc == ECX_EINVAL ? EXIT_USAGE : EXIT_FAIL,
 		                 "%s", why);
 	ecx_item it = {.id = id};
 	uint64_t t0 = ecx_now_ns();
@@ -113,7 +114,8 @@ int cmd_get(int argc, char **argv)
 	}
 	if (it.status == ECX_ENOTFOUND) {
 		ecx_consumer_destroy(cons);
-		return tool_fail("get", EXIT_NOTFOUND, "%s: unknown mm_hash", id);
+		return tool_fail("get", EXIT_NOTFOUND, "%s: unknown mm_hash",
+		                 id);
 	}
 	it.dst = malloc(it.desc.nbytes ? it.desc.nbytes : 1);
 	if (it.dst == NULL) {
@@ -125,15 +127,15 @@ int cmd_get(int argc, char **argv)
 	ecx_consumer_destroy(cons);
 	if (rc != 0) {
 		free(it.dst);
-		return tool_fail("get", rc == ECX_ENOTFOUND ? EXIT_NOTFOUND
-		                                            : EXIT_FAIL,
-		                 "%s from %s: %s", id, it.producer,
-		                 ecx_strerror(it.status));
+		return tool_fail(
+		    "get", rc == ECX_ENOTFOUND ? EXIT_NOTFOUND : EXIT_FAIL,
+		    "%s from %s: %s", id, it.producer, ecx_strerror(it.status));
 	}
 	if (verify && !gen_check(id, it.dst, it.desc.nbytes)) {
 		free(it.dst);
 		return tool_fail("get", EXIT_FAIL,
-		                 "%s: bytes differ from the synthetic item", id);
+		                 "%s: bytes differ from the synthetic item",
+		                 id);
 	}
 	rc = npy_write(out, &it.desc, it.dst, why, sizeof(why));
 	free(it.dst);

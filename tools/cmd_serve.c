@@ -109,8 +109,8 @@ static int serve_files(ecx_producer *prod, int n, char **files,
 		}
 		if (ecx_id_check(id, why, sizeof(why)) != 0)
 			return tool_fail("serve", EXIT_USAGE,
-			                 "%s: %s (name it with ID=%s)", path, why,
-			                 path);
+			                 "%s: %s (name it with ID=%s)", path,
+			                 why, path);
 		ecx_tensor_desc d;
 		void *data = NULL;
 		size_t plen = strlen(path);
@@ -124,20 +124,22 @@ static int serve_files(ecx_producer *prod, int n, char **files,
 			if (o->dtype == NULL || o->shape == NULL ||
 			    ecx_dtype_parse(o->dtype, &dt) != 0 ||
 			    !parse_shape(o->shape, dims, &nd))
-				return tool_fail("serve", EXIT_USAGE,
-				                 "%s is raw bytes: give --dtype "
-				                 "and --shape",
-				                 path);
+				return tool_fail(
+				    "serve", EXIT_USAGE,
+				    "%s is raw bytes: give --dtype "
+				    "and --shape",
+				    path);
 			rc = ecx_tensor_set(&d, dt, nd, dims);
 			FILE *f = rc == 0 ? fopen(path, "rb") : NULL;
 			data = malloc(d.nbytes ? d.nbytes : 1);
 			if (f == NULL || data == NULL ||
 			    fread(data, 1, d.nbytes, f) != d.nbytes ||
 			    fgetc(f) != EOF)
-				rc = ecx_why(why, sizeof(why), ECX_ESIZE,
-				             "%s is not %llu bytes (its --shape "
-				             "and --dtype)",
-				             path, (unsigned long long)d.nbytes);
+				rc =
+				    ecx_why(why, sizeof(why), ECX_ESIZE,
+				            "%s is not %llu bytes (its --shape "
+				            "and --dtype)",
+				            path, (unsigned long long)d.nbytes);
 			if (f != NULL)
 				fclose(f);
 		}
@@ -165,17 +167,19 @@ static int serve_generated(ecx_producer *prod, const serve_opts *o,
 		uint64_t dims[ECX_MAX_DIMS];
 		uint32_t nd;
 		if (o->dtype == NULL || ecx_dtype_parse(o->dtype, &dt) != 0)
-			return tool_fail("serve", EXIT_USAGE,
-			                 "--synthetic needs --dtype (a torch dtype "
-			                 "name such as bfloat16)");
+			return tool_fail(
+			    "serve", EXIT_USAGE,
+			    "--synthetic needs --dtype (a torch dtype "
+			    "name such as bfloat16)");
 		if (o->shape == NULL || !parse_shape(o->shape, dims, &nd))
 			return tool_fail("serve", EXIT_USAGE,
 			                 "--synthetic needs --shape, e.g. "
 			                 "1024x3584");
 		if (ecx_tensor_set(&fixed, dt, nd, dims) != 0)
-			return tool_fail("serve", EXIT_USAGE, "shape too large");
+			return tool_fail("serve", EXIT_USAGE,
+			                 "shape too large");
 	}
-	const char *prefix = o->prefix != NULL   ? o->prefix
+	const char *prefix = o->prefix != NULL     ? o->prefix
 	                     : o->workload != NULL ? o->workload
 	                                           : "synthetic";
 	void *buf = NULL;
@@ -254,7 +258,8 @@ int cmd_serve(int argc, char **argv)
 			break;
 		case 'r':
 			p->field_mask |= ECX_PRODUCER_PARAM_REGISTRY;
-			p->field_mask &= ~(uint64_t)ECX_PRODUCER_PARAM_REGISTRY_PORT;
+			p->field_mask &=
+			    ~(uint64_t)ECX_PRODUCER_PARAM_REGISTRY_PORT;
 			p->registry = optarg;
 			break;
 		case 'a':
@@ -269,9 +274,9 @@ int cmd_serve(int argc, char **argv)
 			break;
 		case 'c':
 			if (!tool_parse_size(optarg, &p->capacity_bytes))
-				return tool_fail("serve", EXIT_USAGE,
-				                 "bad --capacity '%s' (e.g. 1GiB)",
-				                 optarg);
+				return tool_fail(
+				    "serve", EXIT_USAGE,
+				    "bad --capacity '%s' (e.g. 1GiB)", optarg);
 			p->field_mask |= ECX_PRODUCER_PARAM_CAPACITY;
 			break;
 		case 'T':
@@ -290,14 +295,15 @@ int cmd_serve(int argc, char **argv)
 		case 'S':
 			o.synthetic = strtoul(optarg, NULL, 10);
 			if (o.synthetic == 0)
-				return tool_fail("serve", EXIT_USAGE,
-				                 "--synthetic takes a count > 0");
+				return tool_fail(
+				    "serve", EXIT_USAGE,
+				    "--synthetic takes a count > 0");
 			break;
 		case 'w':
 			if (strcmp(optarg, "qwen") != 0)
-				return tool_fail("serve", EXIT_USAGE,
-				                 "unknown --workload '%s' (qwen)",
-				                 optarg);
+				return tool_fail(
+				    "serve", EXIT_USAGE,
+				    "unknown --workload '%s' (qwen)", optarg);
 			o.workload = optarg;
 			break;
 		case 'n':
@@ -331,7 +337,8 @@ int cmd_serve(int argc, char **argv)
 		char probe[ECX_ID_MAX + 1];
 		snprintf(probe, sizeof(probe), "%s-0", o.prefix);
 		if (ecx_id_check(probe, why, sizeof(why)) != 0)
-			return tool_fail("serve", EXIT_USAGE, "--prefix: %s", why);
+			return tool_fail("serve", EXIT_USAGE, "--prefix: %s",
+			                 why);
 	}
 	tool_block_signals();
 	ecx_producer *prod;
@@ -339,8 +346,8 @@ int cmd_serve(int argc, char **argv)
 		return tool_fail("serve", EXIT_FAIL, "cannot start: %s", why);
 	size_t items = 0;
 	uint64_t bytes = 0;
-	int rc = serve_files(prod, argc - optind, argv + optind, &o, &items,
-	                     &bytes);
+	int rc =
+	    serve_files(prod, argc - optind, argv + optind, &o, &items, &bytes);
 	if (rc == EXIT_OK && (o.synthetic > 0 || o.workload != NULL))
 		rc = serve_generated(prod, &o, &items, &bytes);
 	double put_s = (double)put_ns / 1e9;
@@ -353,7 +360,8 @@ int cmd_serve(int argc, char **argv)
 	if (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY) {
 		ecx_strlcpy(reg, p->registry, sizeof(reg));
 	} else {
-		/* The advertised host of producer_zmq, with the registry port. */
+		/* The advertised host of producer_zmq, with the registry port.
+		 */
 		const char *h = addr + 6; /* after tcp:// */
 		const char *colon = strrchr(h, ':');
 		snprintf(reg, sizeof(reg), "http://%.*s:%u", (int)(colon - h),
@@ -361,9 +369,10 @@ int cmd_serve(int argc, char **argv)
 	}
 	char b[32];
 	if (o.json)
-		printf("{\"registry\": \"%s\", \"producer\": \"%s\", \"items\": "
-		       "%zu, \"bytes\": %llu, \"put_seconds\": %.6f}\n",
-		       reg, addr, items, (unsigned long long)bytes, put_s);
+		printf(
+		    "{\"registry\": \"%s\", \"producer\": \"%s\", \"items\": "
+		    "%zu, \"bytes\": %llu, \"put_seconds\": %.6f}\n",
+		    reg, addr, items, (unsigned long long)bytes, put_s);
 	else
 		printf("serving %zu items (%s) at %s, registry %s\n", items,
 		       tool_bytes(bytes, b, sizeof(b)), addr, reg);

@@ -57,7 +57,7 @@ uint64_t gen_qwen_tokens(size_t i)
 {
 	/* 224x224, 448x448, 640x640, 1024x1024 images and a 1080p frame,
 	 * weighted towards the small and middle sizes people upload. */
-	static const uint64_t tokens[] = {64, 256, 529, 256, 529, 1369, 64, 529,
-	                                  256, 2691};
+	static const uint64_t tokens[] = {64,   256, 529, 256, 529,
+	                                  1369, 64,  529, 256, 2691};
 	return tokens[i % (sizeof(tokens) / sizeof(tokens[0]))];
 }

@@ -150,6 +150,12 @@ int main(int argc, char **argv)
 	            {"info", cmd_info},         {"ls", cmd_ls},
 	            {"get", cmd_get},           {"bench", cmd_bench},
 	            {"demo", cmd_demo},         {"consume", cmd_consume}};
+	/* Commands that report their own failures in one line keep the
+	 * library's warnings (a registry it will retry, ...) to themselves;
+	 * the daemons log them. ECX_LOG overrides both. */
+	bool daemon = strcmp(cmd, "registry") == 0 || strcmp(cmd, "serve") == 0;
+	if (getenv("ECX_LOG") == NULL)
+		ecx_log_set_level(daemon ? ECX_LOG_WARN : ECX_LOG_ERROR);
 	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
 		if (strcmp(cmd, cmds[i].name) == 0)
 			return cmds[i].fn(argc - 1, argv + 1);

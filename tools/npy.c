@@ -30,26 +30,36 @@ int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
 		if (npy_types[i].dt == d->dtype)
 			descr = npy_types[i].descr;
 	if (descr == NULL)
-		return ecx_why(why, whylen, ECX_EDTYPE, "no .npy form for dtype");
+		return ecx_why(why, whylen, ECX_EDTYPE,
+		               "no .npy form for dtype");
 	char shape[256] = "";
 	size_t off = 0;
 	for (uint32_t i = 0; i < d->ndim; i++)
-		off += (size_t)snprintf(shape + off, sizeof(shape) - off,
-		                        "%llu,%s", (unsigned long long)d->shape[i],
-		                        (d->ndim > 1 && i + 1 < d->ndim) ? " " : "");
+		off += (size_t)snprintf(
+		    shape + off, sizeof(shape) - off, "%llu,%s",
+		    (unsigned long long)d->shape[i],
+		    (d->ndim > 1 && i + 1 < d->ndim) ? " " : "");
 	if (d->ndim > 1)
 		shape[off - 1] = '\0'; /* (2, 3) rather than (2, 3,) */
 	char hdr[512];
-	int n = snprintf(hdr, sizeof(hdr),
-	                 "{'descr': %s, 'fortran_order': False, 'shape': (%s), }",
-	                 descr, shape);
+	int n =
+	    snprintf(hdr, sizeof(hdr),
+	             "{'descr': %s, 'fortran_order': False, 'shape': (%s), }",
+	             descr, shape);
 	/* Pad with spaces to a multiple of 64 bytes, ending in a newline. */
 	size_t total = 10 + (size_t)n + 1;
 	size_t pad = (64 - total % 64) % 64;
 	memset(hdr + n, ' ', pad);
 	hdr[n + pad] = '\n';
 	size_t hlen = (size_t)n + pad + 1;
-	unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+	unsigned char pre[10] = {0x93,
+	                         'N',
+	                         'U',
+	                         'M',
+	                         'P',
+	                         'Y',
+	                         1,
+	                         0,
 	                         (unsigned char)(hlen & 0xff),
 	                         (unsigned char)(hlen >> 8)};
 	FILE *f = fopen(path, "wb");
@@ -84,7 +94,8 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 {
 	FILE *f = fopen(path, "rb");
 	if (f == NULL)
-		return ecx_why(why, whylen, ECX_EIO, "cannot open %s: %m", path);
+		return ecx_why(why, whylen, ECX_EIO, "cannot open %s: %m",
+		               path);
 	unsigned char pre[12];
 	int rc = 0;
 	char *hdr = NULL;
@@ -97,14 +108,15 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	size_t hlen = pre[8] | (size_t)pre[9] << 8;
 	if (pre[6] >= 2) {
 		if (fread(pre + 10, 1, 2, f) != 2) {
-			rc = ecx_why(why, whylen, ECX_EPROTO, "%s: short header",
-			             path);
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "%s: short header", path);
 			goto out;
 		}
 		hlen |= (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
 	}
 	if (hlen > 65536) {
-		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: header too long", path);
+		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: header too long",
+		             path);
 		goto out;
 	}
 	hdr = calloc(1, hlen + 1);
@@ -116,8 +128,10 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	const char *fo = hdr_value(hdr, "fortran_order");
 	const char *shape = hdr_value(hdr, "shape");
 	if (descr == NULL || fo == NULL || shape == NULL || *shape != '(') {
-		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: header lacks descr, "
-		             "fortran_order or shape", path);
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "%s: header lacks descr, "
+		             "fortran_order or shape",
+		             path);
 		goto out;
 	}
 	if (strncmp(fo, "False", 5) != 0) {
@@ -133,11 +147,12 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 		            strlen(npy_types[i].descr)) == 0)
 			dt = npy_types[i].dt;
 	if (dt == ECX_DTYPE_INVALID) {
-		rc = ecx_why(why, whylen, ECX_EDTYPE,
-		             "%s: dtype %.32s is not one ecx carries (use a "
-		             "little-endian float16/32/64, int8/16/32/64, uint8 "
-		             "or bool)",
-		             path, descr);
+		rc =
+		    ecx_why(why, whylen, ECX_EDTYPE,
+		            "%s: dtype %.32s is not one ecx carries (use a "
+		            "little-endian float16/32/64, int8/16/32/64, uint8 "
+		            "or bool)",
+		            path, descr);
 		goto out;
 	}
 	uint64_t dims[ECX_MAX_DIMS];

@@ -33,8 +33,8 @@ bool proc_start(proc *p, char *const args[])
 	sigemptyset(&none);
 	posix_spawnattr_setsigmask(&at, &none);
 	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
-	int rc = posix_spawn(&p->pid, "/proc/self/exe", &fa, &at, argv,
-	                     environ);
+	int rc =
+	    posix_spawn(&p->pid, "/proc/self/exe", &fa, &at, argv, environ);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&at);
 	close(fds[1]);

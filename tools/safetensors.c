@@ -11,12 +11,18 @@ static const struct {
 	ecx_dtype dt;
 	const char *name;
 } st_types[] = {
-    {ECX_DTYPE_FLOAT16, "F16"},      {ECX_DTYPE_BFLOAT16, "BF16"},
-    {ECX_DTYPE_FLOAT32, "F32"},      {ECX_DTYPE_FLOAT64, "F64"},
-    {ECX_DTYPE_INT8, "I8"},          {ECX_DTYPE_UINT8, "U8"},
-    {ECX_DTYPE_INT16, "I16"},        {ECX_DTYPE_INT32, "I32"},
-    {ECX_DTYPE_INT64, "I64"},        {ECX_DTYPE_BOOL, "BOOL"},
-    {ECX_DTYPE_FLOAT8_E4M3FN, "F8_E4M3"}, {ECX_DTYPE_FLOAT8_E5M2, "F8_E5M2"},
+    {ECX_DTYPE_FLOAT16, "F16"},
+    {ECX_DTYPE_BFLOAT16, "BF16"},
+    {ECX_DTYPE_FLOAT32, "F32"},
+    {ECX_DTYPE_FLOAT64, "F64"},
+    {ECX_DTYPE_INT8, "I8"},
+    {ECX_DTYPE_UINT8, "U8"},
+    {ECX_DTYPE_INT16, "I16"},
+    {ECX_DTYPE_INT32, "I32"},
+    {ECX_DTYPE_INT64, "I64"},
+    {ECX_DTYPE_BOOL, "BOOL"},
+    {ECX_DTYPE_FLOAT8_E4M3FN, "F8_E4M3"},
+    {ECX_DTYPE_FLOAT8_E5M2, "F8_E5M2"},
 };
 
 int st_save(const char *path, const ecx_tensor_desc *d, const void *data,
@@ -59,7 +65,8 @@ int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
 {
 	FILE *f = fopen(path, "rb");
 	if (f == NULL)
-		return ecx_why(why, whylen, ECX_EIO, "cannot open %s: %m", path);
+		return ecx_why(why, whylen, ECX_EIO, "cannot open %s: %m",
+		               path);
 	unsigned char le[8];
 	int rc = ECX_EPROTO;
 	char *hdr = NULL;
@@ -86,8 +93,7 @@ int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	uint64_t dims[ECX_MAX_DIMS];
 	uint32_t nd = 0;
 	const cJSON *x;
-	cJSON_ArrayForEach(x, sh)
-	{
+	cJSON_ArrayForEach (x, sh) {
 		if (nd == ECX_MAX_DIMS || !cJSON_IsNumber(x))
 			goto out;
 		dims[nd++] = (uint64_t)x->valuedouble;
@@ -102,8 +108,8 @@ int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	rc = 0;
 out:
 	if (rc != 0)
-		ecx_why(why, whylen, rc, "%s is not a readable safetensors file",
-		        path);
+		ecx_why(why, whylen, rc,
+		        "%s is not a readable safetensors file", path);
 	cJSON_Delete(o);
 	free(buf);
 	free(hdr);

@@ -18,6 +18,31 @@
 ecx_store *ecx_registry_store(ecx_registry *r);
 void ecx_registry_count_publish(ecx_registry *r, bool removal);
 
+/* One HTTP request as the router sees it, apart from libmicrohttpd (so
+ * the fuzzer drives the router directly). */
+typedef struct ecx_reg_http {
+	const char *method, *url;
+	const char *arg_after, *arg_limit, *arg_producer; /* query, or NULL */
+	const char *authorization;                        /* header, or NULL */
+	const char *body;
+	size_t len;
+	bool too_big; /* the body was over ECX_REG_MAX_BODY and dropped */
+} ecx_reg_http;
+
+typedef struct ecx_reg_answer {
+	unsigned status;
+	char *body; /* malloc'd, NUL-terminated */
+	const char *ctype;
+} ecx_reg_answer;
+
+/* Answers one request; never fails (out of memory is a 500 answer). */
+void ecx_registry_route(ecx_registry *r, const ecx_reg_http *q,
+                        ecx_reg_answer *a);
+
+/* A registry with its store and counters but no listener, for the router's
+ * fuzzer. Destroy with ecx_registry_destroy. */
+int ecx_registry_create_detached(const char *token, ecx_registry **out);
+
 /* ---- client ---- */
 
 typedef struct ecx_regclient ecx_regclient;

@@ -48,45 +48,34 @@ static uint64_t load(const uint64_t *c)
 	return __atomic_load_n(c, __ATOMIC_RELAXED);
 }
 
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned status,
-                             char *body, const char *ctype)
+/* Sets the answer; body is malloc'd (NULL: out of memory). */
+static int answer(ecx_reg_answer *a, unsigned status, char *body,
+                  const char *ctype)
 {
+	free(a->body);
+	a->status = status;
+	a->body = body;
+	a->ctype = ctype;
 	if (body == NULL) {
-		status = MHD_HTTP_INTERNAL_SERVER_ERROR;
-		body = strdup("{\"detail\":\"out of memory\"}");
-		if (body == NULL)
-			return MHD_NO;
+		a->status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+		a->body = strdup("{\"detail\":\"out of memory\"}");
 	}
-	struct MHD_Response *r = MHD_create_response_from_buffer(
-	    strlen(body), body, MHD_RESPMEM_MUST_FREE);
-	if (r == NULL) {
-		free(body);
-		return MHD_NO;
-	}
-	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-	if (status == MHD_HTTP_UNAUTHORIZED)
-		MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
-		                        "Bearer");
-	enum MHD_Result ret = MHD_queue_response(c, status, r);
-	MHD_destroy_response(r);
-	return ret;
+	return 0;
 }
 
-static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status,
-                                  char *body)
+static int answer_json(ecx_reg_answer *a, unsigned status, char *body)
 {
-	return reply(c, status, body, "application/json");
+	return answer(a, status, body, "application/json");
 }
 
 /* An error answer: {"detail": "..."} as FastAPI (the reference) writes it. */
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status,
-                                   const char *detail)
+static int answer_error(ecx_reg_answer *a, unsigned status, const char *detail)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "detail", detail);
 	char *s = cJSON_PrintUnformatted(o);
 	cJSON_Delete(o);
-	return reply_json(c, status, s);
+	return answer_json(a, status, s);
 }
 
 static unsigned status_of(int err)
@@ -107,20 +96,18 @@ static unsigned status_of(int err)
 	}
 }
 
-static bool authorized(ecx_registry *r, struct MHD_Connection *c)
+static bool authorized(ecx_registry *r, const ecx_reg_http *q)
 {
 	if (r->token == NULL)
 		return true;
-	const char *h = MHD_lookup_connection_value(
-	    c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+	const char *h = q->authorization;
 	if (h == NULL || strncmp(h, "Bearer ", 7) != 0)
 		return false;
 	h += 7;
 	return ecx_ct_equal(h, strlen(h), r->token, r->token_len);
 }
 
-static enum MHD_Result route_info_get(ecx_registry *r, struct MHD_Connection *c,
-                                      const char *id)
+static int route_info_get(ecx_registry *r, ecx_reg_answer *a, const char *id)
 {
 	char why[200];
 	ecx_entry e;
@@ -128,16 +115,16 @@ static enum MHD_Result route_info_get(ecx_registry *r, struct MHD_Connection *c,
 	int rc = r->store->ops->get(r->store, id, &e, why, sizeof(why));
 	if (rc == ECX_ENOTFOUND) {
 		count(&r->misses, 1);
-		return reply_error(c, MHD_HTTP_NOT_FOUND, "unknown mm_hash");
+		return answer_error(a, MHD_HTTP_NOT_FOUND, "unknown mm_hash");
 	}
 	if (rc != 0)
-		return reply_error(c, status_of(rc), why);
+		return answer_error(a, status_of(rc), why);
 	count(&r->hits, 1);
-	return reply_json(c, MHD_HTTP_OK, ecx_entry_encode(&e));
+	return answer_json(a, MHD_HTTP_OK, ecx_entry_encode(&e));
 }
 
-static enum MHD_Result route_info_put(ecx_registry *r, struct MHD_Connection *c,
-                                      const char *id, reg_req *q)
+static int route_info_put(ecx_registry *r, ecx_reg_answer *a, const char *id,
+                          const ecx_reg_http *q)
 {
 	char why[200];
 	ecx_entry e;
@@ -145,45 +132,43 @@ static enum MHD_Result route_info_put(ecx_registry *r, struct MHD_Connection *c,
 	if (rc == 0)
 		rc = r->store->ops->put(r->store, id, &e, why, sizeof(why));
 	if (rc != 0)
-		return reply_error(c, status_of(rc), why);
+		return answer_error(a, status_of(rc), why);
 	count(&r->publishes, 1);
-	return reply_json(c, MHD_HTTP_OK, strdup("{\"ok\":true}"));
+	return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 
-static enum MHD_Result
-route_info_delete(ecx_registry *r, struct MHD_Connection *c, const char *id)
+static int route_info_delete(ecx_registry *r, ecx_reg_answer *a, const char *id,
+                             const ecx_reg_http *q)
 {
 	char why[200];
-	const char *producer = MHD_lookup_connection_value(
-	    c, MHD_GET_ARGUMENT_KIND, "producer_zmq");
+	const char *producer = q->arg_producer;
 	int rc = r->store->ops->del(r->store, id, producer, why, sizeof(why));
 	if (rc == ECX_ENOTFOUND)
-		return reply_error(c, MHD_HTTP_NOT_FOUND, "unknown mm_hash");
+		return answer_error(a, MHD_HTTP_NOT_FOUND, "unknown mm_hash");
 	if (rc != 0)
-		return reply_error(c, status_of(rc), why);
+		return answer_error(a, status_of(rc), why);
 	count(&r->removals, 1);
-	return reply_json(c, MHD_HTTP_OK, strdup("{\"ok\":true}"));
+	return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 
-static enum MHD_Result route_lookup(ecx_registry *r, struct MHD_Connection *c,
-                                    reg_req *q)
+static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
+                        const ecx_reg_http *q)
 {
 	char why[200];
 	ecx_idlist l;
 	int rc = ecx_lookup_req_decode(q->body, q->len, &l, why, sizeof(why));
 	if (rc != 0)
-		return reply_error(c, status_of(rc), why);
+		return answer_error(a, status_of(rc), why);
 	ecx_lookup_item *items = calloc(l.n + 1, sizeof(*items));
 	if (items == NULL) {
 		free(l.ids);
-		return reply_error(c, 500, "out of memory");
+		return answer_error(a, 500, "out of memory");
 	}
 	for (size_t i = 0; i < l.n; i++)
 		items[i].id = l.ids[i];
 	rc = r->store->ops->mget(r->store, items, l.n, why, sizeof(why));
-	enum MHD_Result ret;
 	if (rc != 0) {
-		ret = reply_error(c, status_of(rc), why);
+		answer_error(a, status_of(rc), why);
 	} else {
 		size_t hits = 0;
 		for (size_t i = 0; i < l.n; i++)
@@ -191,20 +176,17 @@ static enum MHD_Result route_lookup(ecx_registry *r, struct MHD_Connection *c,
 		count(&r->lookups, l.n);
 		count(&r->hits, hits);
 		count(&r->misses, l.n - hits);
-		ret = reply_json(c, MHD_HTTP_OK,
-		                 ecx_lookup_resp_encode(items, l.n));
+		answer_json(a, MHD_HTTP_OK, ecx_lookup_resp_encode(items, l.n));
 	}
 	free(items);
 	free(l.ids);
-	return ret;
+	return 0;
 }
 
-static enum MHD_Result route_list(ecx_registry *r, struct MHD_Connection *c)
+static int route_list(ecx_registry *r, ecx_reg_answer *a, const ecx_reg_http *q)
 {
-	const char *after =
-	    MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
-	const char *lim =
-	    MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+	const char *after = q->arg_after;
+	const char *lim = q->arg_limit;
 	unsigned long limit = 100;
 	if (lim != NULL) {
 		char *end;
@@ -212,30 +194,30 @@ static enum MHD_Result route_list(ecx_registry *r, struct MHD_Connection *c)
 		limit = strtoul(lim, &end, 10);
 		if (*lim == '\0' || *end != '\0' || errno != 0 ||
 		    lim[0] == '-' || limit == 0)
-			return reply_error(c, MHD_HTTP_BAD_REQUEST,
-			                   "limit must be a positive integer");
+			return answer_error(a, MHD_HTTP_BAD_REQUEST,
+			                    "limit must be a positive integer");
 		if (limit > ECX_REG_MAX_PAGE) {
 			char d[80];
 			snprintf(d, sizeof(d), "limit is at most %d per page",
 			         ECX_REG_MAX_PAGE);
-			return reply_error(c, MHD_HTTP_BAD_REQUEST, d);
+			return answer_error(a, MHD_HTTP_BAD_REQUEST, d);
 		}
 	}
 	if (after == NULL)
 		after = "";
 	else if (after[0] != '\0' && ecx_id_check(after, NULL, 0) != 0)
-		return reply_error(c, MHD_HTTP_BAD_REQUEST,
-		                   "after is not a valid id");
+		return answer_error(a, MHD_HTTP_BAD_REQUEST,
+		                    "after is not a valid id");
 	ecx_store_row *rows = calloc(limit, sizeof(*rows));
 	if (rows == NULL)
-		return reply_error(c, 500, "out of memory");
+		return answer_error(a, 500, "out of memory");
 	size_t n = 0, total = 0;
 	char why[200];
 	int rc = r->store->ops->list(r->store, after, limit, rows, &n, &total,
 	                             why, sizeof(why));
 	if (rc != 0) {
 		free(rows);
-		return reply_error(c, status_of(rc), why);
+		return answer_error(a, status_of(rc), why);
 	}
 	cJSON *o = cJSON_CreateObject();
 	cJSON *arr = cJSON_AddArrayToObject(o, "items");
@@ -254,15 +236,15 @@ static enum MHD_Result route_list(ecx_registry *r, struct MHD_Connection *c)
 	char *s = cJSON_PrintUnformatted(o);
 	cJSON_Delete(o);
 	free(rows);
-	return reply_json(c, MHD_HTTP_OK, s);
+	return answer_json(a, MHD_HTTP_OK, s);
 }
 
-static enum MHD_Result route_metrics(ecx_registry *r, struct MHD_Connection *c)
+static int route_metrics(ecx_registry *r, ecx_reg_answer *a)
 {
 	size_t cap = 4096, off = 0;
 	char *s = malloc(cap);
 	if (s == NULL)
-		return reply_error(c, 500, "out of memory");
+		return answer_error(a, 500, "out of memory");
 #define P(...) off += (size_t)snprintf(s + off, cap - off, __VA_ARGS__)
 #define COUNTER(name, help, v)                                               \
 	P("# HELP ecx_registry_" name " " help "\n# TYPE ecx_registry_" name \
@@ -300,15 +282,14 @@ static enum MHD_Result route_metrics(ecx_registry *r, struct MHD_Connection *c)
 #undef P
 	if (off >= cap) {
 		free(s);
-		return reply_error(c, 500, "metrics do not fit");
+		return answer_error(a, 500, "metrics do not fit");
 	}
-	return reply(c, MHD_HTTP_OK, s, "text/plain; version=0.0.4");
+	return answer(a, MHD_HTTP_OK, s, "text/plain; version=0.0.4");
 }
 
-static enum MHD_Result reg_dispatch(ecx_registry *r, struct MHD_Connection *c,
-                                    const char *url, const char *method,
-                                    reg_req *q)
+static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 {
+	const char *url = q->url, *method = q->method;
 	bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
 	bool put = strcmp(method, "PUT") == 0;
 	bool del = strcmp(method, "DELETE") == 0;
@@ -317,50 +298,56 @@ static enum MHD_Result reg_dispatch(ecx_registry *r, struct MHD_Connection *c,
 	if (strcmp(url, "/healthz") == 0) {
 		if (!get)
 			goto not_allowed;
-		return reply_json(c, MHD_HTTP_OK, strdup("{\"ok\":true}"));
+		return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 	}
 	if (q->too_big) {
 		char d[80];
 		snprintf(d, sizeof(d), "request body exceeds %u bytes",
 		         ECX_REG_MAX_BODY);
-		return reply_error(c, MHD_HTTP_CONTENT_TOO_LARGE, d);
+		return answer_error(a, MHD_HTTP_CONTENT_TOO_LARGE, d);
 	}
 	bool write = put || del;
-	if ((write || r->token_reads) && !authorized(r, c))
-		return reply_error(c, MHD_HTTP_UNAUTHORIZED,
-		                   "missing or bad token");
+	if ((write || r->token_reads) && !authorized(r, q))
+		return answer_error(a, MHD_HTTP_UNAUTHORIZED,
+		                    "missing or bad token");
 	if (strncmp(url, "/ec/info/", 9) == 0) {
 		const char *id = url + 9;
 		char why[160];
 		if (!get && !put && !del)
 			goto not_allowed;
 		if (ecx_id_check(id, why, sizeof(why)) != 0)
-			return reply_error(c, MHD_HTTP_BAD_REQUEST, why);
+			return answer_error(a, MHD_HTTP_BAD_REQUEST, why);
 		if (get)
-			return route_info_get(r, c, id);
+			return route_info_get(r, a, id);
 		if (put)
-			return route_info_put(r, c, id, q);
-		return route_info_delete(r, c, id);
+			return route_info_put(r, a, id, q);
+		return route_info_delete(r, a, id, q);
 	}
 	if (strcmp(url, "/ec/lookup") == 0) {
 		if (!post)
 			goto not_allowed;
-		return route_lookup(r, c, q);
+		return route_lookup(r, a, q);
 	}
 	if (strcmp(url, "/ec/list") == 0) {
 		if (!get)
 			goto not_allowed;
-		return route_list(r, c);
+		return route_list(r, a, q);
 	}
 	if (strcmp(url, "/metrics") == 0) {
 		if (!get)
 			goto not_allowed;
-		return route_metrics(r, c);
+		return route_metrics(r, a);
 	}
-	return reply_error(c, MHD_HTTP_NOT_FOUND, "Not Found");
+	return answer_error(a, MHD_HTTP_NOT_FOUND, "Not Found");
 not_allowed:
-	return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED,
-	                   "Method Not Allowed");
+	return answer_error(a, MHD_HTTP_METHOD_NOT_ALLOWED,
+	                    "Method Not Allowed");
+}
+
+void ecx_registry_route(ecx_registry *r, const ecx_reg_http *q,
+                        ecx_reg_answer *a)
+{
+	reg_route(r, q, a);
 }
 
 static enum MHD_Result reg_handle(void *cls, struct MHD_Connection *c,
@@ -395,7 +382,35 @@ static enum MHD_Result reg_handle(void *cls, struct MHD_Connection *c,
 		q->body[q->len] = '\0';
 		return MHD_YES;
 	}
-	return reg_dispatch(r, c, url, method, q);
+	ecx_reg_http h = {
+	    .method = method,
+	    .url = url,
+	    .arg_after =
+	        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after"),
+	    .arg_limit =
+	        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit"),
+	    .arg_producer = MHD_lookup_connection_value(
+	        c, MHD_GET_ARGUMENT_KIND, "producer_zmq"),
+	    .authorization = MHD_lookup_connection_value(
+	        c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+	    .body = q->body,
+	    .len = q->len,
+	    .too_big = q->too_big};
+	ecx_reg_answer a = {0};
+	ecx_registry_route(r, &h, &a);
+	struct MHD_Response *resp = MHD_create_response_from_buffer(
+	    strlen(a.body), a.body, MHD_RESPMEM_MUST_FREE);
+	if (resp == NULL) {
+		free(a.body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, a.ctype);
+	if (a.status == MHD_HTTP_UNAUTHORIZED)
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+		                        "Bearer");
+	enum MHD_Result ret = MHD_queue_response(c, a.status, resp);
+	MHD_destroy_response(resp);
+	return ret;
 }
 
 static void reg_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -575,10 +590,29 @@ void ecx_registry_destroy(ecx_registry *r)
 {
 	if (r == NULL)
 		return;
-	MHD_stop_daemon(r->mhd); /* closes the listening socket too */
+	if (r->mhd != NULL)
+		MHD_stop_daemon(r->mhd); /* closes the listening socket */
 	ecx_store_destroy(r->store);
 	if (r->token != NULL)
 		memset(r->token, 0, r->token_len);
 	free(r->token);
 	free(r);
+}
+
+int ecx_registry_create_detached(const char *token, ecx_registry **out)
+{
+	ecx_registry *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return ECX_ENOMEM;
+	r->store = ecx_store_mem_create();
+	if (token != NULL) {
+		r->token = strdup(token);
+		r->token_len = strlen(token);
+	}
+	if (r->store == NULL || (token != NULL && r->token == NULL)) {
+		ecx_registry_destroy(r);
+		return ECX_ENOMEM;
+	}
+	*out = r;
+	return 0;
 }

@@ -110,7 +110,7 @@ static inline long long tu_field(const char *line, const char *name)
 {
 	char key[64];
 	snprintf(key, sizeof(key), " %s ", name);
-	char padded[1024];
+	char padded[1100];
 	snprintf(padded, sizeof(padded), " %s ", line);
 	const char *p = strstr(padded, key);
 	return p != NULL ? atoll(p + strlen(key)) : -1;

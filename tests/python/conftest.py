@@ -1,0 +1,63 @@
+"""Shared fixtures: the ecx binary, free ports, and an `ecx serve` process."""
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+
+def ecx_bin():
+    path = os.environ.get("ECX_BIN") or shutil.which("ecx")
+    if not path:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(here, "..", "..", "build", "tools", "ecx")
+    return os.path.abspath(path)
+
+
+class Serve:
+    """An `ecx serve` process with its embedded registry on 127.0.0.1."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen(
+            [ecx_bin(), "serve", "--bind", "127.0.0.1", "--port", "0",
+             "--capacity", "64MiB", "--json", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line or line.startswith("{"):
+                break
+        if not line.startswith("{"):
+            self.stop()
+            raise RuntimeError("ecx serve did not start: " + line +
+                               self.proc.stderr.read())
+        info = json.loads(line)
+        self.registry = info["registry"]
+        self.producer = info["producer"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def serve():
+    started = []
+
+    def start(*args):
+        s = Serve(*args)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
