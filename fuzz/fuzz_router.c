@@ -41,10 +41,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			*p++ = '\0';
 	}
 	f[6] = p;
-	static const char *methods[] = {"GET", "PUT", "DELETE", "POST", "HEAD",
-	                                "PATCH"};
+	static const char *methods[] = {"GET",  "PUT",  "DELETE",
+	                                "POST", "HEAD", "PATCH"};
 	ecx_reg_http q = {
-	    .method = methods[(f[0] && f[0][0] ? (unsigned char)f[0][0] : 0) % 6],
+	    .method =
+	        methods[(f[0] && f[0][0] ? (unsigned char)f[0][0] : 0) % 6],
 	    .url = f[1] ? f[1] : "/",
 	    .arg_after = f[2] && f[2][0] ? f[2] : NULL,
 	    .arg_limit = f[3] && f[3][0] ? f[3] : NULL,
@@ -58,7 +59,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	if (a.status >= 400) {
 		cJSON *o = cJSON_Parse(a.body);
-		if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "detail")))
+		if (!cJSON_IsString(
+		        cJSON_GetObjectItemCaseSensitive(o, "detail")))
 			abort();
 		cJSON_Delete(o);
 	}

@@ -1164,6 +1164,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	                   .bind_host = bind,
 	                   .on_progress = producer_progress,
 	                   .arg = p,
+	                   .spin_ns = 200000,
 	                   .nam = 1};
 	uo.am[0].id = ECX_AM_PULL;
 	uo.am[0].cb = am_pull;

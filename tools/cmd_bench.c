@@ -340,8 +340,8 @@ static int bench_producer(const char *transport)
 	return EXIT_OK;
 }
 
-static int bench_transfer_one(const char *transport, const double *memcpy_g,
-                              const double *tcp_g)
+static int bench_transfer_one(const char *transport, double memcpy_g[][NBATCH],
+                              double tcp_g[][NBATCH])
 {
 	proc pr;
 	char *a[] = {"bench", "--producer-for-bench", (char *)transport, NULL};
@@ -411,8 +411,8 @@ static int bench_transfer_one(const char *transport, const double *memcpy_g,
 			double p99 = (double)samples_pct(&lat, 99);
 			double g = (double)bytes / p50;
 			double base = strcmp(transport, "tcp") == 0
-			                  ? tcp_g[s]
-			                  : memcpy_g[s];
+			                  ? tcp_g[s][bi]
+			                  : memcpy_g[s][bi];
 			if (json)
 				row_json(
 				    "transfer", transport,
@@ -444,18 +444,21 @@ static int bench_transfer_one(const char *transport, const double *memcpy_g,
 
 static int bench_transfer(void)
 {
-	double mg[NSIZES], tg[NSIZES];
+	/* Each row's baseline moves the same bytes: batch x item size. */
+	double mg[NSIZES][NBATCH], tg[NSIZES][NBATCH];
 	for (int s = 0; s < NSIZES; s++) {
 		size_t one = sizes[s].rows * sizes[s].cols * 2;
-		/* Baselines at the size of a batch of 8. */
-		mg[s] = memcpy_gbps(one * 8);
-		tg[s] = tcp_gbps(one * 8);
+		for (int bi = 0; bi < NBATCH; bi++) {
+			mg[s][bi] = memcpy_gbps(one * (size_t)batches[bi]);
+			tg[s][bi] = tcp_gbps(one * (size_t)batches[bi]);
+		}
 	}
 	if (!json) {
 		printf("transfer: producer process -> consumer process, "
 		       "loopback, into the consumer's receive arena; baseline "
 		       "beside each: single-thread memcpy (shm) or one raw TCP "
-		       "stream (tcp), of a batch of 8 items, same run\n");
+		       "stream (tcp) of the same bytes (batch x item), same "
+		       "run\n");
 		printf("  %-4s %6s %-4s %8s %10s %10s %10s %6s\n", "via",
 		       "item", "batch", "GB/s", "p50 us", "p99 us", "base GB/s",
 		       "ratio");

@@ -13,11 +13,6 @@
 
 #define MOD "ucx"
 
-/* After activity the progress thread keeps polling this long before it
- * arms the event descriptor and sleeps: a batch of pulls then costs no
- * wake-ups. */
-#define SPIN_NS 200000u
-
 struct ecx_ucx {
 	ucp_context_h ctx;
 	ucp_worker_h worker;
@@ -29,6 +24,7 @@ struct ecx_ucx {
 	int stop;
 	void (*on_progress)(void *arg);
 	void *arg;
+	uint64_t spin_ns;
 	ucp_err_handling_mode_t err_mode;
 };
 
@@ -124,7 +120,7 @@ static void *ucx_thread(void *p)
 			active = now;
 			continue;
 		}
-		if (now - active < SPIN_NS)
+		if (now - active < u->spin_ns)
 			continue;
 		ucs_status_t st = ucp_worker_arm(u->worker);
 		if (st == UCS_ERR_BUSY)
@@ -144,6 +140,7 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	u->efd = -1;
 	u->on_progress = o->on_progress;
+	u->spin_ns = o->spin_ns;
 	u->arg = o->arg;
 	ucp_config_t *cfg = NULL;
 	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);

@@ -29,6 +29,11 @@ typedef struct ecx_ucx_opts {
 	 * producer serves queued pulls there). May be NULL. */
 	void (*on_progress)(void *arg);
 	void *arg;
+	/* How long the progress thread keeps polling after activity before it
+	 * sleeps on the event descriptor. The producer's serves batches of
+	 * pulls without wake-ups; the consumer's is 0, since a waiting caller
+	 * polls the worker itself and two pollers on two cores starve TCP. */
+	unsigned spin_ns;
 	/* Active-message handlers to set before the thread starts. */
 	struct {
 		unsigned id;
