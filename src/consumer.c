@@ -90,6 +90,8 @@ struct ecx_consumer {
 	ecx_alloc alloc;
 	arena_alloc *allocs;
 	size_t nallocs, cap_allocs;
+	/* zero-byte items name this, so every item has a destination */
+	char zero[64];
 	/* caller memory */
 	region *cache;
 	unsigned ncache;
@@ -513,6 +515,13 @@ static void send_done(void *request, ucs_status_t st, void *user_data)
 	ucp_request_free(request);
 }
 
+/* Where an item's bytes go; zero-byte items (whose tensors may have no
+ * address at all) all name one small buffer of the consumer's. */
+static void *item_dst(ecx_consumer *c, const ecx_item *x)
+{
+	return x->desc.nbytes == 0 ? c->zero : x->dst;
+}
+
 typedef struct span {
 	uint64_t lo, hi;
 } span;
@@ -529,7 +538,7 @@ static size_t spans_make(const ecx_load *l, const pull *p, span *s)
 {
 	for (size_t k = 0; k < p->n; k++) {
 		const ecx_item *x = &l->items[p->idx[k]];
-		s[k].lo = (uint64_t)(uintptr_t)x->dst;
+		s[k].lo = (uint64_t)(uintptr_t)item_dst(l->c, x);
 		s[k].hi = s[k].lo + (x->desc.nbytes ? x->desc.nbytes : 1);
 	}
 	qsort(s, p->n, sizeof(*s), span_cmp);
@@ -583,10 +592,11 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	for (size_t k = 0; k < p->n; k++) {
 		ecx_item *x = &l->items[p->idx[k]];
 		int err = 0;
+		void *dst = item_dst(c, x);
 		const span *sp =
-		    span_find(spans, nspans, (uint64_t)(uintptr_t)x->dst);
+		    span_find(spans, nspans, (uint64_t)(uintptr_t)dst);
 		region *g =
-		    region_for(c, x->dst, x->desc.nbytes, sp->lo, sp->hi, &err);
+		    region_for(c, dst, x->desc.nbytes, sp->lo, sp->hi, &err);
 		if (g == NULL) {
 			x->status = err;
 			continue;
@@ -607,7 +617,7 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		ecx_strlcpy(it[ni].id, x->id, sizeof(it[ni].id));
 		it[ni].nbytes = x->desc.nbytes;
 		it[ni].region = (uint32_t)gi;
-		it[ni].addr = (uint64_t)(uintptr_t)x->dst;
+		it[ni].addr = (uint64_t)(uintptr_t)dst;
 		p->idx[ni++] = p->idx[k];
 	}
 	p->n = ni;

@@ -720,7 +720,7 @@ static bool job_start(ecx_producer *p, job *j)
 		j->rkeys[g] = rkey_get(j->c, &j->pr.regions[g]);
 	for (size_t i = 0; i < n; i++) {
 		item *it = j->items[i];
-		if (it == NULL)
+		if (it == NULL || it->desc.nbytes == 0)
 			continue;
 		rkey_ent *re = j->rkeys[j->pr.items[i].region];
 		ucp_rkey_h rk = re != NULL ? re->h : NULL;

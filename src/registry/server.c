@@ -539,7 +539,7 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	r->store = ecx_store_mem_create();
 	if (r->store == NULL)
 		goto fail;
-	int fd;
+	int fd = -1;
 	rc = reg_listen(host, port, &fd, &r->port, why, whylen);
 	if (rc != 0)
 		goto fail;

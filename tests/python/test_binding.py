@@ -1,0 +1,124 @@
+"""The Python binding: round trips of every dtype, errors, statistics."""
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import ecx
+
+# Every dtype ecx carries that this torch has (float8 came in torch 2.1).
+TORCH_DTYPES = [getattr(torch, n) for n in ecx.DTYPES if hasattr(torch, n)]
+
+
+def random_tensor(dtype, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -1000), min(info.max, 1000), shape,
+                         generator=g, dtype=torch.int64).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    p = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
+                     registry_port=0)
+    c = ecx.Consumer(f"http://127.0.0.1:{p.registry_port}")
+    yield p, c
+    c.close()
+    p.close()
+
+
+def test_every_torch_dtype_round_trips(pair):
+    p, c = pair
+    sent = {}
+    for i, dt in enumerate(TORCH_DTYPES):
+        name = str(dt).split(".")[-1]
+        t = random_tensor(dt, (7, 33, 2), i)
+        p.put(f"t-{name}", t)
+        sent[f"t-{name}"] = t
+    items = c.lookup(list(sent))
+    assert all(it is not None for it in items)
+    got = c.load(items)
+    for it, g in zip(items, got):
+        t = sent[it.id]
+        assert g.dtype == t.dtype and g.shape == t.shape
+        # byte-equal, NaNs and all
+        assert torch.equal(g.view(torch.uint8), t.view(torch.uint8)), it.id
+
+
+def test_numpy_arrays_round_trip(pair):
+    p, c = pair
+    rng = np.random.default_rng(3)
+    arrays = {"n-f32": rng.standard_normal((5, 6)).astype(np.float32),
+              "n-i16": rng.integers(-99, 99, (9,)).astype(np.int16),
+              "n-u8": rng.integers(0, 255, (2, 2, 2), dtype=np.uint8),
+              "n-bool": rng.integers(0, 2, (4,)).astype(bool),
+              "n-f64-strided": rng.standard_normal((6, 6))[:, ::2]}
+    for k, a in arrays.items():
+        p.put(k, a)
+    items = c.lookup(list(arrays))
+    outs = [np.empty(it.shape, dtype=it.dtype) for it in items]
+    assert c.load_into(zip(items, outs)) == [None] * len(outs)
+    for it, o in zip(items, outs):
+        assert np.array_equal(o, np.ascontiguousarray(arrays[it.id]))
+
+
+def test_scalar_and_empty(pair):
+    p, c = pair
+    p.put("scalar", torch.tensor(3.5))
+    p.put("empty", torch.zeros((0, 4)))
+    a, b = c.lookup(["scalar", "empty"])
+    assert a.shape == () and b.shape == (0, 4)
+    x, y = c.load([a, b])
+    assert x.item() == 3.5 and y.shape == (0, 4)
+
+
+def test_errors_carry_the_c_name_and_detail(pair):
+    p, c = pair
+    with pytest.raises(ecx.EcxError) as e:
+        p.put("bad/id", torch.zeros(2))
+    assert e.value.name == "EID" and "'/'" in e.value.detail
+    with pytest.raises(ecx.EcxError) as e:
+        p.put("huge", torch.zeros(65 << 20, dtype=torch.uint8))
+    assert e.value.name == "ETOOBIG"
+    with pytest.raises(ecx.NotFound):
+        p.remove("never-put")
+    assert c.lookup(["nope"]) == [None]
+    with pytest.raises(ValueError):
+        p.put("x", np.zeros(3, dtype=np.complex64))
+    # An item that vanished between lookup and load fails alone.
+    p.put("gone-soon", torch.ones(4))
+    p.put("stays", torch.ones(4))
+    items = c.lookup(["gone-soon", "stays"])
+    p.remove("gone-soon")
+    errs = c.load_into([(it, it.empty()) for it in items])
+    assert isinstance(errs[0], ecx.NotFound) and errs[1] is None
+    assert "gone-soon" in str(errs[0])
+
+
+def test_items_pickle(pair):
+    p, c = pair
+    p.put("pk", torch.arange(6))
+    it = pickle.loads(pickle.dumps(c.lookup(["pk"])[0]))
+    assert torch.equal(c.load([it])[0], torch.arange(6))
+
+
+def test_consumer_needs_a_registry():
+    with pytest.raises(ValueError):
+        ecx.Consumer("")
+    with pytest.raises(ecx.EcxError) as e:
+        ecx.Consumer("ftp://nowhere")
+    assert e.value.name == "EINVAL"
+
+
+def test_stats_add_up(pair):
+    p, c = pair
+    s = p.stats()
+    assert s["registrations"] == 1 and s["pinned"] == 0
+    assert s["items_served"] + s["items_failed"] >= 1
+    cs = c.stats()
+    assert cs["loaded"] + cs["failed"] == cs["loads"]

@@ -1,0 +1,211 @@
+"""ECXConnector driven as vLLM drives it: a producer connector in another
+process saves encoder outputs; a consumer's scheduler instance finds them,
+its metadata is pickled to worker instances (two tensor-parallel ranks),
+which load them. Uses vLLM when it is installed, the stand-in otherwise."""
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+try:
+    import vllm.distributed.ec_transfer.ec_connector.base  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "vllm_stub"))
+
+from vllm.config import ECTransferConfig, VllmConfig  # noqa: E402
+from vllm.distributed.ec_transfer.ec_connector.base import (  # noqa: E402
+    ECConnectorRole)
+
+from ecx.vllm import ECXConnector, ECXConnectorMetadata  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ITEMS = {  # id -> (tokens, width, dtype)
+    "a" * 64: (16, 3584, "bfloat16"),
+    "lora1:" + "b" * 64: (529, 3584, "bfloat16"),
+    "c" * 64: (3, 128, "float32"),
+    "d" * 64: (1369, 1024, "float16"),
+}
+
+
+def expected(mm_hash):
+    tokens, width, dtype = ITEMS[mm_hash]
+    g = torch.Generator().manual_seed(sum(map(ord, mm_hash)))
+    return (torch.randn((tokens, width), generator=g) * 2).to(
+        getattr(torch, dtype))
+
+
+PRODUCER = textwrap.dedent("""
+    import os, sys, torch
+    sys.path.insert(0, {stub!r})
+    sys.path.insert(0, {here!r})
+    from vllm.config import ECTransferConfig, VllmConfig
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+    from ecx.vllm import ECXConnector
+    import test_vllm_connector as t
+    cfg = VllmConfig(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECXConnector", ec_connector_module_path="ecx.vllm",
+        ec_role="ec_producer", ec_buffer_device="cpu",
+        ec_connector_extra_config={{"registry_http_port": 0,
+                                    "bind_host": "127.0.0.1",
+                                    "capacity_bytes": 64 << 20}}))
+    w = ECXConnector(cfg, ECConnectorRole.WORKER)
+    for h in t.ITEMS:
+        w.save_caches({{h: t.expected(h)}}, h)
+    print("ready", w._producer.registry_port, flush=True)
+    sys.stdin.read()
+    w.shutdown()
+""")
+
+
+@pytest.fixture
+def producer():
+    code = PRODUCER.format(stub=os.path.join(HERE, "vllm_stub"), here=HERE)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ))
+    line = p.stdout.readline()
+    while line.startswith("["):  # UCX's own log lines
+        line = p.stdout.readline()
+    assert line.startswith("ready"), line
+    port = int(line.split()[1])
+    yield p, f"http://127.0.0.1:{port}"
+    if p.poll() is None:
+        p.stdin.close()
+        p.wait(10)
+
+
+def consumer_config(url, **extra):
+    return VllmConfig(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECXConnector", ec_connector_module_path="ecx.vllm",
+        ec_role="ec_consumer", ec_buffer_device="cpu",
+        ec_connector_extra_config={"remote_registry_url": url,
+                                   "timeout_ms": 2000, **extra}))
+
+
+class Feature:
+    def __init__(self, identifier):
+        self.identifier = identifier
+
+
+class Request:
+    """The two things update_state_after_alloc reads of a request."""
+
+    def __init__(self, hashes):
+        self.mm_features = [Feature(h) for h in hashes]
+
+    def get_num_encoder_embeds(self, index):
+        h = self.mm_features[index].identifier
+        return ITEMS[h][0] if h in ITEMS else 7
+
+
+def schedule(sched, hashes):
+    """One scheduler step: check, allocate, build the metadata."""
+    req = Request(hashes)
+    hits = [sched.has_cache_item(h) for h in hashes]
+    for i in range(len(hashes)):  # vLLM calls it for local encodes too
+        sched.update_state_after_alloc(req, i)
+    meta = sched.build_connector_meta(scheduler_output=object())
+    return hits, pickle.loads(pickle.dumps(meta))
+
+
+def test_connector_end_to_end(producer):
+    _, url = producer
+    sched = ECXConnector(consumer_config(url), ECConnectorRole.SCHEDULER)
+    hashes = list(ITEMS) + ["e" * 64]  # the last one is encoded locally
+    hits, meta = schedule(sched, hashes)
+    assert hits == [True] * len(ITEMS) + [False]
+    assert isinstance(meta, ECXConnectorMetadata)
+    assert [s.mm_hash for s in meta.loads] == list(ITEMS)
+    assert meta.loads[1].num_token == 529
+    # Tensor parallel: every rank's worker loads the same items.
+    for rank in range(2):
+        worker = ECXConnector(consumer_config(url), ECConnectorRole.WORKER)
+        worker.bind_connector_metadata(meta)
+        cache = {}
+        worker.start_load_caches(cache)
+        worker.clear_connector_metadata()
+        assert set(cache) == set(ITEMS)
+        for h, t in cache.items():
+            want = expected(h)
+            assert t.dtype == want.dtype and t.shape == want.shape
+            assert torch.equal(t.view(torch.uint8), want.view(torch.uint8))
+        # Items already in the cache are not loaded again.
+        worker.bind_connector_metadata(meta)
+        worker.start_load_caches(cache)
+        worker.save_caches(cache, list(ITEMS)[0])  # a consumer ignores it
+        worker.shutdown()
+    # The next step starts clean.
+    _, meta2 = schedule(sched, [])
+    assert meta2.loads == []
+    sched.shutdown()
+
+
+def test_producer_gone(producer):
+    proc, url = producer
+    sched = ECXConnector(consumer_config(url), ECConnectorRole.SCHEDULER)
+    hits, meta = schedule(sched, list(ITEMS)[:2])
+    assert hits == [True, True]
+    proc.kill()
+    proc.wait()
+    # has_cache_item: False, quickly (its registry went with it).
+    t0 = time.monotonic()
+    assert not sched.has_cache_item(list(ITEMS)[0])
+    assert time.monotonic() - t0 < 1.0
+    # A load scheduled before it died fails with a clear error, in time.
+    worker = ECXConnector(consumer_config(url), ECConnectorRole.WORKER)
+    worker.bind_connector_metadata(meta)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        worker.start_load_caches({})
+    assert time.monotonic() - t0 < 2.0 + 1.0
+    assert "could not be loaded" in str(e.value)
+    assert list(ITEMS)[0] in str(e.value)
+    worker.shutdown()
+    sched.shutdown()
+
+
+def test_has_cache_item_is_cheap_and_persistent(producer):
+    _, url = producer
+    sched = ECXConnector(consumer_config(url), ECConnectorRole.SCHEDULER)
+    h = list(ITEMS)[2]
+    assert sched.has_cache_item(h)
+    t0 = time.monotonic()
+    for _ in range(200):
+        assert sched.has_cache_item(h)
+        assert not sched.has_cache_item("f" * 64)
+    per_call = (time.monotonic() - t0) / 400
+    assert per_call < 0.01  # a bound, not a benchmark: see bench/
+    # One persistent lookup handle, reused.
+    assert sched._lookup.stats()["lookups"] == 401
+    sched.shutdown()
+
+
+def test_misconfiguration_is_an_error_at_construction():
+    with pytest.raises(ValueError, match="remote_registry_url"):
+        ECXConnector(consumer_config(""), ECConnectorRole.SCHEDULER)
+    bad = VllmConfig(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECXConnector", ec_role="ec_observer"))
+    with pytest.raises(ValueError, match="unknown ec_role"):
+        ECXConnector(bad, ECConnectorRole.WORKER)
+
+
+def test_reference_keys_are_understood(producer, caplog):
+    _, url = producer
+    c = ECXConnector(consumer_config(url, mooncake_protocol="rdma",
+                                     registry_http_port=9018),
+                     ECConnectorRole.SCHEDULER)
+    assert c._cfg.registry == url and c._cfg.transport is None
+    assert "mooncake_protocol" in caplog.text
+    c2 = ECXConnector(consumer_config([url, "http://127.0.0.1:1"],
+                                      mooncake_protocol="tcp"),
+                      ECConnectorRole.SCHEDULER)
+    assert c2._cfg.registry == url + ",http://127.0.0.1:1"
+    assert c2._cfg.transport == "tcp"
+    assert c2.has_cache_item(list(ITEMS)[0])
+    c.shutdown()
+    c2.shutdown()
