@@ -9,6 +9,7 @@ the C error's name and its one-line detail.
 import ctypes
 import ctypes.util
 import os
+import weakref
 
 __version__ = "0.1.0"
 __all__ = ["Producer", "Consumer", "Item", "EcxError", "NotFound",
@@ -154,6 +155,9 @@ _consumer_load = _fn("ecx_consumer_load", ctypes.c_int, _P,
 _consumer_stats = _fn("ecx_consumer_stats_get", None, _P,
                       ctypes.POINTER(_ConsumerStats))
 _consumer_destroy = _fn("ecx_consumer_destroy", None, _P)
+_consumer_alloc = _fn("ecx_consumer_alloc", ctypes.c_void_p, _P,
+                      ctypes.c_size_t)
+_consumer_free = _fn("ecx_consumer_free", None, _P, ctypes.c_void_p)
 
 # ---- errors ----------------------------------------------------------------
 
@@ -377,6 +381,9 @@ class Consumer:
         if bind_host is not None:
             p.bind_host, p.field_mask = _b(bind_host), p.field_mask | 32
         self._keep = p
+        self._arena = recv_capacity > 0
+        self._live = 0          # arena tensors alive
+        self._closing = False
         h = _P()
         why = ctypes.create_string_buffer(256)
         rc = _consumer_create(ctypes.byref(p), ctypes.byref(h), why, 256)
@@ -437,11 +444,41 @@ class Consumer:
                        f"{_strerror(a.status).decode()}")
                 for a, (item, _) in zip(arr, pairs)]
 
+    def arena_tensor(self, item):
+        """A torch tensor for item inside the receive arena (registered
+        once, shared-memory mapped: the fastest place to load into), or
+        None when the arena has no room. Its space returns to the arena
+        when the tensor is freed."""
+        import torch
+        n = max(int(item.nbytes), 1)
+        ptr = _consumer_alloc(self._handle(), n)
+        if not ptr:
+            return None
+        self._live += 1
+        buf = (ctypes.c_char * n).from_address(ptr)
+        # The arena outlives its tensors: each holds the consumer alive.
+        weakref.finalize(buf, Consumer._arena_free, self, ptr)
+        t = torch.frombuffer(buf, dtype=torch.uint8)[:item.nbytes]
+        return t.view(getattr(torch, item.dtype)).view(item.shape)
+
+    @staticmethod
+    def _arena_free(consumer, ptr):
+        if consumer._h is None:
+            return
+        _consumer_free(consumer._h, ptr)
+        consumer._live -= 1
+        if consumer._closing and consumer._live == 0:
+            consumer._destroy()
+
     def load(self, items, device="cpu"):
-        """Loads Items (from lookup) into new torch tensors; raises the
-        first item's error if any failed."""
+        """Loads Items (from lookup) into new torch tensors (in the receive
+        arena while it has room); raises the first item's error if any
+        failed."""
         items = list(items)
-        outs = [it.empty("cpu") for it in items]
+        outs = []
+        for it in items:
+            t = self.arena_tensor(it) if self._arena else None
+            outs.append(t if t is not None else it.empty("cpu"))
         errs = self.load_into(zip(items, outs))
         for e in errs:
             if e is not None:
@@ -461,9 +498,18 @@ class Consumer:
         return self._h
 
     def close(self):
-        if getattr(self, "_h", None) is not None:
-            _consumer_destroy(self._h)
-            self._h = None
+        """Closes the consumer; while arena tensors are alive the arena
+        stays mapped, and goes when the last of them is freed."""
+        if getattr(self, "_h", None) is None:
+            return
+        if self._live > 0:
+            self._closing = True
+            return
+        self._destroy()
+
+    def _destroy(self):
+        _consumer_destroy(self._h)
+        self._h = None
 
     __del__ = close
 

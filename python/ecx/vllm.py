@@ -79,6 +79,10 @@ class _Config:
         self.bind_host = extra.get("bind_host", "0.0.0.0")
         self.advertise_host = extra.get("advertise_host")
         self.transport = extra.get("transport")
+        # The worker's receive arena: loads land in it (registered once,
+        # shared-memory mapped) while it has room, in fresh tensors after.
+        self.recv_capacity_bytes = int(extra.get("recv_capacity_bytes",
+                                                 512 << 20))
         proto = extra.get("mooncake_protocol")
         if proto is not None and self.transport is None:
             # The reference's transport choice: TCP maps over; RDMA is
@@ -92,7 +96,8 @@ class _Config:
         unknown = set(extra) - {
             "remote_registry_url", "registry", "registry_http_port",
             "capacity_bytes", "token", "timeout_ms", "bind_host",
-            "advertise_host", "transport", "mooncake_protocol"}
+            "advertise_host", "transport", "mooncake_protocol",
+            "recv_capacity_bytes"}
         if unknown:
             logger.warning("ECXConnector: ignoring unknown "
                            "ec_connector_extra_config keys %s",
@@ -127,6 +132,10 @@ class ECXConnector(ECConnectorBase):
         # Worker.
         self._producer: Optional[ecx.Producer] = None
         self._consumer: Optional[ecx.Consumer] = None
+        if self.is_consumer and role == ECConnectorRole.WORKER:
+            # Now, not at the first load: populating the arena takes a
+            # moment (first-touch page faults).
+            self._ensure_consumer()
 
     # ---- worker side ----
 
@@ -153,7 +162,8 @@ class ECXConnector(ECConnectorBase):
                 c = self._cfg
                 self._consumer = ecx.Consumer(
                     c.registry, token=c.token, timeout_ms=c.timeout_ms,
-                    transport=c.transport)
+                    transport=c.transport,
+                    recv_capacity=c.recv_capacity_bytes)
             return self._consumer
 
     def save_caches(self, encoder_cache: dict, mm_hash: str,
@@ -186,11 +196,15 @@ class ECXConnector(ECConnectorBase):
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("ECXConnector: ec_buffer_device is cuda but "
                                "CUDA is not available")
-        # Loads land in host memory; a GPU buffer device gets a copy.
-        outs = [torch.empty(tuple(s.shape), dtype=getattr(torch, s.dtype))
-                for s in specs]
-        errors = self._ensure_consumer().load_into(
-            [(s.item(), t) for s, t in zip(specs, outs)])
+        # Loads land in host memory, in the receive arena while it has
+        # room; a GPU buffer device gets a copy.
+        cons = self._ensure_consumer()
+        outs = []
+        for s in specs:
+            t = cons.arena_tensor(s.item())
+            outs.append(t if t is not None else torch.empty(
+                tuple(s.shape), dtype=getattr(torch, s.dtype)))
+        errors = cons.load_into([(s.item(), t) for s, t in zip(specs, outs)])
         failed = [(s.mm_hash, e) for s, e in zip(specs, errors)
                   if e is not None]
         for s, t, e in zip(specs, outs, errors):

@@ -122,3 +122,25 @@ def test_stats_add_up(pair):
     assert s["items_served"] + s["items_failed"] >= 1
     cs = c.stats()
     assert cs["loaded"] + cs["failed"] == cs["loads"]
+
+
+def test_arena_tensors_and_their_lifetime(pair):
+    p, _ = pair
+    p.put("ar1", torch.arange(1000, dtype=torch.int32))
+    p.put("ar2", torch.ones(300 << 10, dtype=torch.uint8))  # 300 KiB
+    c = ecx.Consumer(f"http://127.0.0.1:{p.registry_port}",
+                     recv_capacity=256 << 10)
+    a, b = c.lookup(["ar1", "ar2"])
+    x, y = c.load([a, b])  # x in the arena; y does not fit: a fresh tensor
+    assert torch.equal(x, torch.arange(1000, dtype=torch.int32))
+    assert torch.equal(y, torch.ones(300 << 10, dtype=torch.uint8))
+    assert c.arena_tensor(b) is None
+    first = x.data_ptr()
+    del x  # its arena space comes back
+    x2 = c.load([a])[0]
+    assert x2.data_ptr() == first
+    # Closing the consumer keeps the arena while a tensor uses it.
+    c.close()
+    assert torch.equal(x2, torch.arange(1000, dtype=torch.int32))
+    del x2
+    assert c._h is None

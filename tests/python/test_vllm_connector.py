@@ -84,7 +84,9 @@ def consumer_config(url, **extra):
         ec_connector="ECXConnector", ec_connector_module_path="ecx.vllm",
         ec_role="ec_consumer", ec_buffer_device="cpu",
         ec_connector_extra_config={"remote_registry_url": url,
-                                   "timeout_ms": 2000, **extra}))
+                                   "timeout_ms": 2000,
+                                   "recv_capacity_bytes": 16 << 20,
+                                   **extra}))
 
 
 class Feature:
