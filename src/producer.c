@@ -376,7 +376,8 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 	if (rc != 0)
 		return ecx_set_error(rc, "put %s: out of memory", id);
 
-	memcpy((char *)p->base + off, src, desc->nbytes);
+	if (desc->nbytes > 0)
+		memcpy((char *)p->base + off, src, desc->nbytes);
 	rc = publish(p, id, desc, why, sizeof(why));
 	pthread_mutex_lock(&p->lock);
 	if (rc == 0) {
