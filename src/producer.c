@@ -107,8 +107,10 @@ struct ecx_producer {
 	size_t token_len;
 	int timeout_ms;
 	/* registry */
-	ecx_registry *registry;      /* embedded, or NULL */
-	ecx_regclient *remote;       /* remote, or NULL */
+	ecx_registry *registry; /* embedded, or NULL */
+	ecx_regclient *remote;  /* remote, or NULL */
+	int ttl_s; /* of Redis entries; renewed every third of it */
+	uint64_t next_refresh_ms;
 	pthread_mutex_t remote_lock; /* the client is one thread at a time */
 	/* data plane */
 	ecx_ucx *ucx;
@@ -956,10 +958,41 @@ static char *zmq_ref_pull(ecx_producer *p, const ecx_zreq *r)
 	        "consumer");
 }
 
+/* Renews the TTL of every published item in a Redis registry, every third
+ * of the TTL. Runs on the ZeroMQ thread, which wakes every 100 ms. */
+static void ttl_refresh(ecx_producer *p)
+{
+	if (p->remote == NULL || p->ttl_s <= 0 ||
+	    ecx_now_ms() < p->next_refresh_ms)
+		return;
+	p->next_refresh_ms = ecx_now_ms() + (uint64_t)p->ttl_s * 1000 / 3;
+	pthread_mutex_lock(&p->lock);
+	size_t n = 0;
+	char(*ids)[ECX_ID_MAX + 1] = malloc((p->nitems + 1) * sizeof(*ids));
+	const char **ptrs = malloc((p->nitems + 1) * sizeof(*ptrs));
+	for (size_t b = 0; ids != NULL && ptrs != NULL && b < p->nbuckets; b++)
+		for (item *it = p->buckets[b]; it != NULL; it = it->hnext)
+			if (it->ready) {
+				ecx_strlcpy(ids[n], it->id, sizeof(ids[n]));
+				ptrs[n] = ids[n];
+				n++;
+			}
+	pthread_mutex_unlock(&p->lock);
+	char why[256];
+	pthread_mutex_lock(&p->remote_lock);
+	int rc = ecx_regclient_refresh(p->remote, ptrs, n, why, sizeof(why));
+	pthread_mutex_unlock(&p->remote_lock);
+	if (rc != 0)
+		ecx_warn(MOD, "cannot renew %zu registry entries: %s", n, why);
+	free(ids);
+	free(ptrs);
+}
+
 static void *zmq_thread(void *arg)
 {
 	ecx_producer *p = arg;
 	while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+		ttl_refresh(p);
 		zmq_pollitem_t pi = {.socket = p->zsock, .events = ZMQ_POLLIN};
 		int n = zmq_poll(&pi, 1, 100);
 		if (n <= 0)
@@ -1140,10 +1173,14 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		p->token_len = strlen(token);
 	}
 	if (remote != NULL) {
+		p->ttl_s = (m & ECX_PRODUCER_PARAM_REGISTRY_TTL)
+		               ? pp->registry_ttl_s
+		               : 30;
 		ecx_regclient_opts ro = {.urls = remote,
 		                         .token = token,
 		                         .connect_timeout_ms = timeout,
-		                         .timeout_ms = timeout};
+		                         .timeout_ms = timeout,
+		                         .ttl_s = p->ttl_s};
 		rc = ecx_regclient_create(&ro, &p->remote, why, whylen);
 		if (rc != 0)
 			goto fail;

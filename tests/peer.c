@@ -58,6 +58,7 @@ static int run_producer(int argc, char **argv)
 	    {"timeout", required_argument, NULL, 'T'},
 	    {"registry-port", required_argument, NULL, 'R'},
 	    {"zmq-port", required_argument, NULL, 'Z'},
+	    {"registry-ttl", required_argument, NULL, 'L'},
 	    {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -87,6 +88,10 @@ static int run_producer(int argc, char **argv)
 			break;
 		case 'R':
 			p.registry_port = atoi(optarg);
+			break;
+		case 'L':
+			p.field_mask |= ECX_PRODUCER_PARAM_REGISTRY_TTL;
+			p.registry_ttl_s = atoi(optarg);
 			break;
 		case 'Z':
 			p.field_mask |= ECX_PRODUCER_PARAM_ZMQ_PORT;

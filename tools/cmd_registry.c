@@ -7,7 +7,7 @@
 
 static const char help[] =
     "usage: ecx registry [--bind HOST] [--port PORT] [--token T]\n"
-    "                    [--token-reads] [--threads N]\n"
+    "                    [--token-reads] [--threads N] [--store URL]\n"
     "\n"
     "Runs a standalone registry: the reference's GET /ec/info/{id}, plus\n"
     "POST /ec/lookup, PUT and DELETE /ec/info/{id}, GET /ec/list, /metrics\n"
@@ -21,6 +21,9 @@ static const char help[] =
     "                   (default $ECX_TOKEN; none when unset)\n"
     "  --token-reads    require the token on reads too (not /healthz)\n"
     "  --threads N      serving threads (default 2)\n"
+    "  --store URL      keep entries in Redis (redis://[:PASSWORD@]HOST:\n"
+    "                   PORT[/DB]) instead of memory, so several\n"
+    "                   registries and Redis clients share them\n"
     "  -h, --help       this text\n"
     "\n"
     "On start it prints 'listening on http://HOST:PORT' to stdout.\n"
@@ -35,6 +38,7 @@ int cmd_registry(int argc, char **argv)
 	    {"token", required_argument, NULL, 't'},
 	    {"token-reads", no_argument, NULL, 'r'},
 	    {"threads", required_argument, NULL, 'n'},
+	    {"store", required_argument, NULL, 's'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
 	ecx_registry_params p = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
@@ -69,6 +73,10 @@ int cmd_registry(int argc, char **argv)
 			if (p.threads < 1 || p.threads > 64)
 				return tool_fail("registry", EXIT_USAGE,
 				                 "--threads takes 1 to 64");
+			break;
+		case 's':
+			p.store = optarg;
+			p.field_mask |= ECX_REGISTRY_PARAM_STORE;
 			break;
 		case 'h':
 			fputs(help, stdout);

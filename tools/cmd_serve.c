@@ -35,6 +35,9 @@ static const char help[] =
     "  --port PORT          embedded registry port (default 9018, the\n"
     "                       reference's registry_http_port; 0 picks one)\n"
     "  --registry URL       publish to this registry instead of embedding\n"
+    "                       one: http://HOST:PORT or redis://HOST:PORT[/DB]\n"
+    "  --registry-ttl S     with Redis: entries expire S seconds after this\n"
+    "                       producer stops renewing them (default 30)\n"
     "  --advertise HOST     host consumers reach this producer at\n"
     "                       (default: the bind address, or this host's\n"
     "                       first non-loopback IPv4 address)\n"
@@ -231,6 +234,7 @@ int cmd_serve(int argc, char **argv)
 	    {"shape", required_argument, NULL, 's'},
 	    {"dtype", required_argument, NULL, 'd'},
 	    {"json", no_argument, NULL, 'j'},
+	    {"registry-ttl", required_argument, NULL, 'L'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
 	serve_opts o = {.count = 200};
@@ -320,6 +324,14 @@ int cmd_serve(int argc, char **argv)
 			break;
 		case 'j':
 			o.json = true;
+			break;
+		case 'L':
+			p->registry_ttl_s = atoi(optarg);
+			if (p->registry_ttl_s < 0)
+				return tool_fail("serve", EXIT_USAGE,
+				                 "bad --registry-ttl '%s'",
+				                 optarg);
+			p->field_mask |= ECX_PRODUCER_PARAM_REGISTRY_TTL;
 			break;
 		case 'h':
 			fputs(help, stdout);

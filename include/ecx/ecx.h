@@ -187,7 +187,8 @@ typedef struct ecx_registry_params {
 	const char *token;     /* default none: writes are open */
 	int token_reads;       /* default 0: reads need no token */
 	unsigned threads;      /* default 2 serving threads */
-	const char *store;     /* default "memory" */
+	const char *store;     /* default "memory"; or redis://HOST:PORT[/DB]
+	                          (HTTP clients then share a Redis) */
 } ecx_registry_params;
 
 /* ecx_registry_create binds and starts serving before it returns. Fails
@@ -225,6 +226,7 @@ enum {
 	ECX_PRODUCER_PARAM_TOKEN = 1u << 6,
 	ECX_PRODUCER_PARAM_TRANSPORT = 1u << 7,
 	ECX_PRODUCER_PARAM_TIMEOUT = 1u << 8,
+	ECX_PRODUCER_PARAM_REGISTRY_TTL = 1u << 9,
 };
 
 #define ECX_CAPACITY_DEFAULT ((uint64_t)1 << 30)
@@ -240,12 +242,18 @@ typedef struct ecx_producer_params {
 	uint16_t zmq_port;          /* default 0: a free port */
 	int registry_port;          /* embedded registry: default 9018, 0 a
 	                               free port, -1 none */
-	const char *registry;       /* publish to this remote registry URL
-	                               instead of an embedded one */
+	const char *registry;       /* publish to this remote registry instead
+	                               of an embedded one: http://HOST:PORT, or
+	                               redis://[:password@]HOST:PORT[/DB] */
 	const char *token;          /* required on pulls and registry writes */
 	const char *transport;      /* "auto" (default), "tcp", "shm" */
 	int timeout_ms;             /* bound on transfers and registry calls,
 	                               default 5000 */
+	int registry_ttl_s;         /* with a redis:// registry: entries expire
+	                               this long after the producer stops
+	                               renewing them (it renews every third of
+	                               it), so a producer that dies leaves
+	                               nothing behind; default 30, 0: never */
 } ecx_producer_params;
 
 /* ecx_producer_create maps and populates the arena (capacity bytes touched

@@ -15,6 +15,7 @@
 typedef struct reg_conn {
 	char url[ECX_ADDR_MAX]; /* without a trailing slash */
 	CURL *curl;
+	ecx_store *redis; /* a redis:// registry: its store, used directly */
 	uint64_t down_until_ms; /* skip until then; 0 when up */
 	uint64_t backoff_ms;
 } reg_conn;
@@ -87,11 +88,14 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 				             MAX_REGISTRIES);
 				goto fail;
 			}
-			if (n < 8 || strncmp(p, "http://", 7) != 0 ||
+			bool redis = n > 8 && strncmp(p, "redis://", 8) == 0;
+			if ((!redis &&
+			     (n < 8 || strncmp(p, "http://", 7) != 0)) ||
 			    n >= ECX_ADDR_MAX - 1) {
 				rc = ecx_why(why, whylen, ECX_EINVAL,
 				             "registry URL '%.*s' is not "
-				             "http://HOST:PORT",
+				             "http://HOST:PORT or "
+				             "redis://HOST:PORT[/DB]",
 				             (int)(n > 200 ? 200 : n), p);
 				goto fail;
 			}
@@ -101,6 +105,15 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 				n--;
 			g->url[n] = '\0';
 			g->backoff_ms = 500;
+			if (redis) {
+				g->redis = ecx_store_redis_create(
+				    g->url, c->timeout_ms, o->ttl_s, why,
+				    whylen);
+				if (g->redis == NULL) {
+					rc = ECX_EINVAL;
+					goto fail;
+				}
+			}
 		}
 		p += comma != NULL ? (size_t)(comma - p) + 1 : strlen(p);
 	}
@@ -135,9 +148,11 @@ void ecx_regclient_destroy(ecx_regclient *c)
 {
 	if (c == NULL)
 		return;
-	for (size_t i = 0; i < c->nregs; i++)
+	for (size_t i = 0; i < c->nregs; i++) {
 		if (c->regs[i].curl != NULL)
 			curl_easy_cleanup(c->regs[i].curl);
+		ecx_store_destroy(c->regs[i].redis);
+	}
 	curl_slist_free_all(c->headers);
 	free(c);
 }
@@ -352,8 +367,10 @@ int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 			continue;
 		}
 		asked++;
-		int rc = m == 1 ? reg_lookup_one(c, g, miss, why, whylen)
-		                : reg_lookup_many(c, g, miss, m, why, whylen);
+		int rc = g->redis != NULL ? g->redis->ops->mget(g->redis, miss,
+		                                                m, why, whylen)
+		         : m == 1 ? reg_lookup_one(c, g, miss, why, whylen)
+		                  : reg_lookup_many(c, g, miss, m, why, whylen);
 		reg_mark(g, rc);
 		if (rc != 0) {
 			last = rc;
@@ -377,6 +394,9 @@ int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
 {
 	if (ecx_id_check(id, why, whylen) != 0)
 		return ECX_EID;
+	if (c->regs[0].redis != NULL)
+		return c->regs[0].redis->ops->put(c->regs[0].redis, id, e, why,
+		                                  whylen);
 	char *body = ecx_entry_encode(e);
 	if (body == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
@@ -398,6 +418,9 @@ int ecx_regclient_delete(ecx_regclient *c, const char *id,
 {
 	if (ecx_id_check(id, why, whylen) != 0)
 		return ECX_EID;
+	if (c->regs[0].redis != NULL)
+		return c->regs[0].redis->ops->del(c->regs[0].redis, id,
+		                                  producer_zmq, why, whylen);
 	char path[ECX_ID_MAX + ECX_ADDR_MAX * 3 + 40];
 	int off = snprintf(path, sizeof(path), "/ec/info/%s", id);
 	if (producer_zmq != NULL) {
@@ -422,6 +445,11 @@ int ecx_regclient_delete(ecx_regclient *c, const char *id,
 int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
                           char **body, size_t *len, char *why, size_t whylen)
 {
+	if (c->regs[0].redis != NULL)
+		return ecx_why(why, whylen, ECX_EUNSUPPORTED,
+		               "%s: listing needs an HTTP registry (run 'ecx "
+		               "registry --store %s' in front of it)",
+		               c->regs[0].url, c->regs[0].url);
 	buf b = {0};
 	int rc = reg_request(c, &c->regs[0], "GET", path, NULL, status, &b, why,
 	                     whylen);
@@ -432,4 +460,12 @@ int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
 	*body = b.p != NULL ? b.p : strdup("");
 	*len = b.len;
 	return *body != NULL ? 0 : ecx_why(why, whylen, ECX_ENOMEM, "oom");
+}
+
+int ecx_regclient_refresh(ecx_regclient *c, const char *const *ids, size_t n,
+                          char *why, size_t whylen)
+{
+	if (c->regs[0].redis == NULL)
+		return 0;
+	return ecx_store_redis_refresh(c->regs[0].redis, ids, n, why, whylen);
 }

@@ -48,10 +48,14 @@ int ecx_registry_create_detached(const char *token, ecx_registry **out);
 typedef struct ecx_regclient ecx_regclient;
 
 typedef struct ecx_regclient_opts {
-	const char *urls;  /* one or more, comma-separated: http://host:port */
+	const char *urls;  /* one or more, comma-separated: http://host:port,
+	                      or redis://[:password@]host:port[/db] (used
+	                      directly, no HTTP) */
 	const char *token; /* sent as Authorization: Bearer, NULL for none */
 	int connect_timeout_ms; /* default 1000 */
 	int timeout_ms;         /* whole request, default 5000 */
+	int ttl_s;              /* entries put into Redis expire after it (0:
+	                           never); see ecx_regclient_refresh */
 } ecx_regclient_opts;
 
 /* Creates a client. Nothing is connected until the first request; each
@@ -79,6 +83,11 @@ int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
                       char *why, size_t whylen);
 int ecx_regclient_delete(ecx_regclient *c, const char *id,
                          const char *producer_zmq, char *why, size_t whylen);
+
+/* Renews the TTL of n ids at the first registry when it is Redis (one
+ * round trip); does nothing otherwise. */
+int ecx_regclient_refresh(ecx_regclient *c, const char *const *ids, size_t n,
+                          char *why, size_t whylen);
 
 /* GET path (e.g. "/ec/list?limit=10") on the first registry; the body is
  * returned malloc'd in *body with its HTTP status. */

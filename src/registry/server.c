@@ -520,9 +520,11 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	if (threads > 64)
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "at most 64 registry threads");
-	if (strcmp(store, "memory") != 0)
+	if (strcmp(store, "memory") != 0 && !ecx_store_is_redis_url(store))
 		return ecx_why(why, whylen, ECX_EINVAL,
-		               "unknown registry store '%s' (memory)", store);
+		               "unknown registry store '%s' (memory, or "
+		               "redis://host:port[/db])",
+		               store);
 
 	ecx_registry *r = calloc(1, sizeof(*r));
 	if (r == NULL)
@@ -536,9 +538,17 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 		if (r->token == NULL)
 			goto fail;
 	}
-	r->store = ecx_store_mem_create();
-	if (r->store == NULL)
-		goto fail;
+	if (ecx_store_is_redis_url(store)) {
+		r->store = ecx_store_redis_create(store, 5000, 0, why, whylen);
+		if (r->store == NULL) {
+			rc = ECX_EINVAL;
+			goto fail;
+		}
+	} else {
+		r->store = ecx_store_mem_create();
+		if (r->store == NULL)
+			goto fail;
+	}
 	int fd = -1;
 	rc = reg_listen(host, port, &fd, &r->port, why, whylen);
 	if (rc != 0)

@@ -49,6 +49,19 @@ struct ecx_store {
  * memory. */
 ecx_store *ecx_store_mem_create(void);
 
+/* ecx_store_redis_create makes a store in the Redis at url
+ * (redis://[:password@]host[:port][/db]); it connects at the first call.
+ * Entries written get a TTL of ttl_s seconds (0: none). NULL, with why,
+ * for a bad URL or out of memory. */
+ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
+                                  char *why, size_t whylen);
+bool ecx_store_is_redis_url(const char *url);
+
+/* Renews the TTL of n ids in one round trip (a pipeline). Does nothing for
+ * a store that is not Redis or has no TTL. */
+int ecx_store_redis_refresh(ecx_store *s, const char *const *ids, size_t n,
+                            char *why, size_t whylen);
+
 static inline void ecx_store_destroy(ecx_store *s)
 {
 	if (s != NULL)

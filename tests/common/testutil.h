@@ -6,6 +6,7 @@
 #include <ecx/ecx.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>

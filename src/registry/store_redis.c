@@ -1,0 +1,453 @@
+/*
+ * store_redis.c - a registry store in Redis (hiredis): entries are the
+ * registry's JSON under "ecx:<id>", optionally with a TTL that the producer
+ * that wrote them refreshes while it lives. One connection per store,
+ * guarded by a mutex, reconnected after a failure; every command is bounded
+ * by the store's timeout.
+ */
+#include "registry/store.h"
+
+#include <hiredis/hiredis.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#define MOD "redis"
+#define KEY_PREFIX "ecx:"
+
+typedef struct redis_store {
+	ecx_store base;
+	pthread_mutex_t lock;
+	redisContext *ctx; /* NULL until connected, and after a failure */
+	char host[256];
+	int port, db;
+	char *password;
+	int timeout_ms;
+	int ttl_s; /* 0: entries do not expire */
+} redis_store;
+
+/* The store behind a redis:// URL gets its own ops; these are for the
+ * functions below to recognise it. */
+static const ecx_store_ops redis_ops;
+
+static int rs_connect(redis_store *r, char *why, size_t whylen)
+{
+	if (r->ctx != NULL)
+		return 0;
+	struct timeval tv = {.tv_sec = r->timeout_ms / 1000,
+	                     .tv_usec = (r->timeout_ms % 1000) * 1000};
+	redisContext *c = redisConnectWithTimeout(r->host, r->port, tv);
+	if (c == NULL || c->err) {
+		int rc = ecx_why(why, whylen, ECX_ECONNECT,
+		                 "redis://%s:%d: %s", r->host, r->port,
+		                 c ? c->errstr : "out of memory");
+		redisFree(c);
+		return rc;
+	}
+	redisSetTimeout(c, tv);
+	redisReply *rep = NULL;
+	if (r->password != NULL)
+		rep = redisCommand(c, "AUTH %s", r->password);
+	if (rep == NULL && r->password != NULL) {
+		redisFree(c);
+		return ecx_why(why, whylen, ECX_ECONNECT,
+		               "redis://%s:%d: AUTH got no answer", r->host,
+		               r->port);
+	}
+	if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
+		int rc = ecx_why(why, whylen, ECX_EAUTH, "redis://%s:%d: %s",
+		                 r->host, r->port, rep->str);
+		freeReplyObject(rep);
+		redisFree(c);
+		return rc;
+	}
+	freeReplyObject(rep);
+	if (r->db != 0) {
+		rep = redisCommand(c, "SELECT %d", r->db);
+		bool bad = rep == NULL || rep->type == REDIS_REPLY_ERROR;
+		freeReplyObject(rep);
+		if (bad) {
+			redisFree(c);
+			return ecx_why(why, whylen, ECX_EINVAL,
+			               "redis://%s:%d: cannot select db %d",
+			               r->host, r->port, r->db);
+		}
+	}
+	r->ctx = c;
+	return 0;
+}
+
+/* A failed command: the error, with the connection dropped so the next
+ * call reconnects. */
+static int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen)
+{
+	int rc;
+	if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
+		rc = ecx_why(why, whylen, ECX_EIO, "redis://%s:%d: %s", r->host,
+		             r->port, rep->str);
+	} else {
+		int timed_out = r->ctx != NULL && r->ctx->err == REDIS_ERR_IO &&
+		                strstr(r->ctx->errstr, "temporarily") != NULL;
+		rc = ecx_why(why, whylen, timed_out ? ECX_ETIMEDOUT : ECX_ECONNECT,
+		             "redis://%s:%d: %s", r->host, r->port,
+		             r->ctx != NULL ? r->ctx->errstr : "not connected");
+	}
+	freeReplyObject(rep);
+	if (r->ctx != NULL && r->ctx->err) {
+		redisFree(r->ctx);
+		r->ctx = NULL;
+	}
+	return rc;
+}
+
+static int rs_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
+                  size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	char *json = ecx_entry_encode(e);
+	if (json == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	if (rc == 0) {
+		redisReply *rep =
+		    r->ttl_s > 0
+		        ? redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s EX %d", id,
+		                       json, r->ttl_s)
+		        : redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s", id, json);
+		if (rep == NULL || rep->type == REDIS_REPLY_ERROR)
+			rc = rs_fail(r, rep, why, whylen);
+		else
+			freeReplyObject(rep);
+	}
+	pthread_mutex_unlock(&r->lock);
+	free(json);
+	return rc;
+}
+
+static int entry_of(const redisReply *v, ecx_entry *out)
+{
+	if (v == NULL || v->type != REDIS_REPLY_STRING)
+		return ECX_ENOTFOUND;
+	char why[64];
+	/* An entry that is not ecx's JSON counts as absent. */
+	return ecx_entry_decode(v->str, v->len, out, why, sizeof(why)) == 0
+	           ? 0
+	           : ECX_ENOTFOUND;
+}
+
+static int rs_get(ecx_store *s, const char *id, ecx_entry *out, char *why,
+                  size_t whylen)
+{
+	ecx_lookup_item it = {.id = id};
+	int rc = s->ops->mget(s, &it, 1, why, whylen);
+	if (rc != 0)
+		return rc;
+	if (!it.found)
+		return ecx_why(why, whylen, ECX_ENOTFOUND, "unknown mm_hash");
+	*out = it.entry;
+	return 0;
+}
+
+static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
+                   size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	if (n == 0)
+		return 0;
+	const char **argv = malloc((n + 1) * sizeof(*argv));
+	size_t *lens = malloc((n + 1) * sizeof(*lens));
+	char *keys = malloc(n * (ECX_ID_MAX + sizeof(KEY_PREFIX)));
+	if (argv == NULL || lens == NULL || keys == NULL) {
+		free(argv);
+		free(lens);
+		free(keys);
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	}
+	argv[0] = "MGET";
+	lens[0] = 4;
+	for (size_t i = 0; i < n; i++) {
+		char *k = keys + i * (ECX_ID_MAX + sizeof(KEY_PREFIX));
+		lens[i + 1] = (size_t)snprintf(k, ECX_ID_MAX + sizeof(KEY_PREFIX),
+		                               KEY_PREFIX "%s", items[i].id);
+		argv[i + 1] = k;
+	}
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	if (rc == 0) {
+		redisReply *rep =
+		    redisCommandArgv(r->ctx, (int)n + 1, argv, lens);
+		if (rep == NULL || rep->type != REDIS_REPLY_ARRAY ||
+		    rep->elements != n) {
+			rc = rs_fail(r, rep, why, whylen);
+		} else {
+			for (size_t i = 0; i < n; i++)
+				items[i].found = entry_of(rep->element[i],
+				                          &items[i].entry) == 0;
+			freeReplyObject(rep);
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	free(argv);
+	free(lens);
+	free(keys);
+	return rc;
+}
+
+/* Deletes the key only if it is still the named producer's entry, in one
+ * step on the server. */
+static const char del_script[] =
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v and (ARGV[1] == '' or string.find(v, ARGV[1], 1, true)) then "
+    "return redis.call('DEL', KEYS[1]) end return 0";
+
+static int rs_del(ecx_store *s, const char *id, const char *producer_zmq,
+                  char *why, size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	char match[ECX_ADDR_MAX + 32] = "";
+	if (producer_zmq != NULL)
+		snprintf(match, sizeof(match), "\"producer_zmq\":\"%s\"",
+		         producer_zmq);
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	if (rc == 0) {
+		redisReply *rep =
+		    redisCommand(r->ctx, "EVAL %s 1 " KEY_PREFIX "%s %s",
+		                 del_script, id, match);
+		if (rep == NULL || rep->type != REDIS_REPLY_INTEGER)
+			rc = rs_fail(r, rep, why, whylen);
+		else {
+			if (rep->integer == 0)
+				rc = ecx_why(why, whylen, ECX_ENOTFOUND,
+				             "unknown mm_hash");
+			freeReplyObject(rep);
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+typedef struct idvec {
+	char **v;
+	size_t n, cap;
+} idvec;
+
+static int str_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every id in the store, by SCAN (for listings, not the hot path). Called
+ * with the lock. */
+static int rs_scan(redis_store *r, idvec *out, char *why, size_t whylen)
+{
+	char cursor[32] = "0";
+	do {
+		redisReply *rep = redisCommand(
+		    r->ctx, "SCAN %s MATCH " KEY_PREFIX "* COUNT 1000", cursor);
+		if (rep == NULL || rep->type != REDIS_REPLY_ARRAY ||
+		    rep->elements != 2)
+			return rs_fail(r, rep, why, whylen);
+		ecx_strlcpy(cursor, rep->element[0]->str, sizeof(cursor));
+		redisReply *keys = rep->element[1];
+		for (size_t i = 0; i < keys->elements; i++) {
+			if (out->n == out->cap) {
+				size_t cap = out->cap ? out->cap * 2 : 256;
+				char **v = realloc(out->v, cap * sizeof(*v));
+				if (v == NULL) {
+					freeReplyObject(rep);
+					return ecx_why(why, whylen, ECX_ENOMEM,
+					               "out of memory");
+				}
+				out->v = v;
+				out->cap = cap;
+			}
+			out->v[out->n++] =
+			    strdup(keys->element[i]->str + strlen(KEY_PREFIX));
+		}
+		freeReplyObject(rep);
+	} while (strcmp(cursor, "0") != 0);
+	return 0;
+}
+
+static void idvec_free(idvec *v)
+{
+	for (size_t i = 0; i < v->n; i++)
+		free(v->v[i]);
+	free(v->v);
+}
+
+static int rs_list(ecx_store *s, const char *after, size_t limit,
+                   ecx_store_row *rows, size_t *nrows, size_t *total,
+                   char *why, size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	idvec ids = {0};
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	if (rc == 0)
+		rc = rs_scan(r, &ids, why, whylen);
+	pthread_mutex_unlock(&r->lock);
+	if (rc != 0) {
+		idvec_free(&ids);
+		return rc;
+	}
+	qsort(ids.v, ids.n, sizeof(*ids.v), str_cmp);
+	size_t first = 0;
+	while (first < ids.n && strcmp(ids.v[first], after) <= 0)
+		first++;
+	size_t n = ids.n - first < limit ? ids.n - first : limit;
+	ecx_lookup_item *it = calloc(n + 1, sizeof(*it));
+	if (it == NULL) {
+		idvec_free(&ids);
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < n; i++)
+		it[i].id = ids.v[first + i];
+	rc = rs_mget(s, it, n, why, whylen);
+	size_t m = 0;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		if (!it[i].found)
+			continue; /* expired between SCAN and MGET */
+		ecx_strlcpy(rows[m].id, it[i].id, sizeof(rows[m].id));
+		rows[m++].entry = it[i].entry;
+	}
+	*nrows = m;
+	*total = ids.n;
+	free(it);
+	idvec_free(&ids);
+	return rc;
+}
+
+static size_t rs_count(ecx_store *s)
+{
+	redis_store *r = (redis_store *)s;
+	idvec ids = {0};
+	char why[128];
+	pthread_mutex_lock(&r->lock);
+	if (rs_connect(r, why, sizeof(why)) == 0)
+		rs_scan(r, &ids, why, sizeof(why));
+	pthread_mutex_unlock(&r->lock);
+	size_t n = ids.n;
+	idvec_free(&ids);
+	return n;
+}
+
+static void rs_destroy(ecx_store *s)
+{
+	redis_store *r = (redis_store *)s;
+	if (r->ctx != NULL)
+		redisFree(r->ctx);
+	if (r->password != NULL)
+		memset(r->password, 0, strlen(r->password));
+	free(r->password);
+	pthread_mutex_destroy(&r->lock);
+	free(r);
+}
+
+static const ecx_store_ops redis_ops = {
+    .name = "redis",
+    .put = rs_put,
+    .get = rs_get,
+    .del = rs_del,
+    .mget = rs_mget,
+    .list = rs_list,
+    .count = rs_count,
+    .destroy = rs_destroy,
+};
+
+int ecx_store_redis_refresh(ecx_store *s, const char *const *ids, size_t n,
+                            char *why, size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	if (s->ops != &redis_ops || r->ttl_s <= 0 || n == 0)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	/* One round trip for all of them: a pipeline of EXPIREs. */
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		if (redisAppendCommand(r->ctx, "EXPIRE " KEY_PREFIX "%s %d",
+		                       ids[i], r->ttl_s) != REDIS_OK)
+			rc = rs_fail(r, NULL, why, whylen);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		redisReply *rep = NULL;
+		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {
+			rc = rs_fail(r, rep, why, whylen);
+			break;
+		}
+		freeReplyObject(rep);
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+bool ecx_store_is_redis_url(const char *url)
+{
+	return url != NULL && strncmp(url, "redis://", 8) == 0;
+}
+
+ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
+                                  char *why, size_t whylen)
+{
+	if (!ecx_store_is_redis_url(url)) {
+		ecx_why(why, whylen, ECX_EINVAL, "'%s' is not redis://", url);
+		return NULL;
+	}
+	redis_store *r = calloc(1, sizeof(*r));
+	if (r == NULL) {
+		ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+		return NULL;
+	}
+	pthread_mutex_init(&r->lock, NULL);
+	r->base.ops = &redis_ops;
+	r->timeout_ms = timeout_ms > 0 ? timeout_ms : 5000;
+	r->ttl_s = ttl_s;
+	r->port = 6379;
+	/* redis://[:password@]host[:port][/db] */
+	const char *p = url + 8;
+	const char *at = strchr(p, '@');
+	if (at != NULL) {
+		const char *pw = memchr(p, ':', (size_t)(at - p));
+		pw = pw != NULL ? pw + 1 : p;
+		r->password = strndup(pw, (size_t)(at - pw));
+		p = at + 1;
+	}
+	size_t hl = strcspn(p, ":/");
+	if (hl == 0 || hl >= sizeof(r->host)) {
+		ecx_why(why, whylen, ECX_EINVAL, "redis URL has no host");
+		rs_destroy(&r->base);
+		return NULL;
+	}
+	memcpy(r->host, p, hl);
+	r->host[hl] = '\0';
+	p += hl;
+	char *end;
+	if (*p == ':') {
+		long port = strtol(p + 1, &end, 10);
+		if (end == p + 1 || port < 1 || port > 65535) {
+			ecx_why(why, whylen, ECX_EINVAL, "bad port in redis URL");
+			rs_destroy(&r->base);
+			return NULL;
+		}
+		r->port = (int)port;
+		p = end;
+	}
+	if (*p == '/' && p[1] != '\0') {
+		long db = strtol(p + 1, &end, 10);
+		if (end == p + 1 || *end != '\0' || db < 0 || db > 1000) {
+			ecx_why(why, whylen, ECX_EINVAL, "bad db in redis URL");
+			rs_destroy(&r->base);
+			return NULL;
+		}
+		r->db = (int)db;
+	} else if (*p != '\0' && strcmp(p, "/") != 0) {
+		ecx_why(why, whylen, ECX_EINVAL,
+		        "redis URL is redis://[:password@]host[:port][/db]");
+		rs_destroy(&r->base);
+		return NULL;
+	}
+	return &r->base;
+}
