@@ -45,9 +45,12 @@ static const char help[] =
     "Options:\n"
     "  --quick   few iterations (CI runs this so the benchmarks never rot)\n"
     "  --json    one JSON object per result line\n"
+    "  --redis URL  registry: also batched lookups against this Redis\n"
+    "            (redis://HOST:PORT; bench/redis_vs_http.sh starts one)\n"
     "  -h, --help\n";
 
 static bool quick, json;
+static const char *redis_url; /* --redis: a Redis to compare lookups with */
 
 /* ---- output ---- */
 
@@ -138,6 +141,39 @@ static int bench_registry(void)
 		samples_add(&batch, ecx_now_ns() - a);
 	}
 	double batch_s = (double)(ecx_now_ns() - t0) / 1e9;
+	/* The same batches against Redis (MGET), when one is given. */
+	samples rbatch = {0};
+	double rbatch_s = 0;
+	if (redis_url != NULL) {
+		ecx_regclient_opts ro = {.urls = redis_url, .timeout_ms = 5000};
+		ecx_regclient *rc;
+		if (ecx_regclient_create(&ro, &rc, why, sizeof(why)) != 0)
+			return tool_fail("bench", EXIT_USAGE, "%s", why);
+		for (int i = 0; i < NIDS; i++) {
+			ecx_lookup_item it = {.id = ids[i]};
+			ecx_entry e;
+			s->ops->get(s, ids[i], &e, why, sizeof(why));
+			(void)it;
+			if (ecx_regclient_put(rc, ids[i], &e, why, sizeof(why)))
+				return tool_fail("bench", EXIT_FAIL, "%s", why);
+		}
+		t0 = ecx_now_ns();
+		for (int i = 0; i < biters; i++) {
+			for (int k = 0; k < 256; k++)
+				its[k].id = ids[(i * 256 + k) % NIDS];
+			uint64_t a = ecx_now_ns();
+			if (ecx_regclient_lookup(rc, its, 256, why,
+			                         sizeof(why)) != 0)
+				return tool_fail("bench", EXIT_FAIL,
+				                 "redis: %s", why);
+			samples_add(&rbatch, ecx_now_ns() - a);
+		}
+		rbatch_s = (double)(ecx_now_ns() - t0) / 1e9;
+		for (int i = 0; i < NIDS; i++)
+			ecx_regclient_delete(rc, ids[i], NULL, why,
+			                     sizeof(why));
+		ecx_regclient_destroy(rc);
+	}
 	free(its);
 	ecx_regclient_destroy(c);
 	ecx_registry_destroy(reg);
@@ -163,6 +199,14 @@ static int bench_registry(void)
 		         "\"p50_us\": %.1f, \"p99_us\": %.1f, \"ids_per_s\": "
 		         "%.0f, \"x_single\": %.1f",
 		         b50, b99, brate, brate / krate);
+		if (redis_url != NULL)
+			row_json("registry", "batch_256_redis",
+			         "\"p50_us\": %.1f, \"p99_us\": %.1f, "
+			         "\"ids_per_s\": %.0f, \"x_http_batch\": %.2f",
+			         (double)samples_pct(&rbatch, 50) / 1e3,
+			         (double)samples_pct(&rbatch, 99) / 1e3,
+			         256.0 * biters / rbatch_s,
+			         256.0 * biters / rbatch_s / brate);
 	} else {
 		printf("registry: %d lookups each way, %d batches of 256, one "
 		       "run, loopback, %d entries\n",
@@ -175,6 +219,14 @@ static int bench_registry(void)
 		       "single, new connection (reference)", f50, f99, frate);
 		printf("  %-34s %9.1f %9.1f %12.0f\n", "batch of 256 ids", b50,
 		       b99, brate);
+		if (redis_url != NULL)
+			printf("  %-34s %9.1f %9.1f %12.0f   (%.2fx the HTTP "
+			       "batch)\n",
+			       "batch of 256 ids, Redis MGET",
+			       (double)samples_pct(&rbatch, 50) / 1e3,
+			       (double)samples_pct(&rbatch, 99) / 1e3,
+			       256.0 * biters / rbatch_s,
+			       256.0 * biters / rbatch_s / brate);
 		printf("  persistent p50 is %.2fx the new-connection p50 "
 		       "(target: p50 < 150 us); batched ids/s are %.1fx single "
 		       "(target >= 10x); %ld connection(s) for %d lookups\n",
@@ -183,6 +235,7 @@ static int bench_registry(void)
 	samples_free(&keep);
 	samples_free(&fresh);
 	samples_free(&batch);
+	samples_free(&rbatch);
 	return EXIT_OK;
 }
 
@@ -549,6 +602,7 @@ int cmd_bench(int argc, char **argv)
 	    {"quick", no_argument, NULL, 'q'},
 	    {"json", no_argument, NULL, 'j'},
 	    {"producer-for-bench", required_argument, NULL, 'P'},
+	    {"redis", required_argument, NULL, 'R'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
 	int c;
@@ -563,6 +617,9 @@ int cmd_bench(int argc, char **argv)
 			break;
 		case 'P':
 			return bench_producer(optarg);
+		case 'R':
+			redis_url = optarg;
+			break;
 		case 'h':
 			fputs(help, stdout);
 			return EXIT_OK;

@@ -40,9 +40,9 @@ static int rs_connect(redis_store *r, char *why, size_t whylen)
 	                     .tv_usec = (r->timeout_ms % 1000) * 1000};
 	redisContext *c = redisConnectWithTimeout(r->host, r->port, tv);
 	if (c == NULL || c->err) {
-		int rc = ecx_why(why, whylen, ECX_ECONNECT,
-		                 "redis://%s:%d: %s", r->host, r->port,
-		                 c ? c->errstr : "out of memory");
+		int rc =
+		    ecx_why(why, whylen, ECX_ECONNECT, "redis://%s:%d: %s",
+		            r->host, r->port, c ? c->errstr : "out of memory");
 		redisFree(c);
 		return rc;
 	}
@@ -90,7 +90,8 @@ static int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen)
 	} else {
 		int timed_out = r->ctx != NULL && r->ctx->err == REDIS_ERR_IO &&
 		                strstr(r->ctx->errstr, "temporarily") != NULL;
-		rc = ecx_why(why, whylen, timed_out ? ECX_ETIMEDOUT : ECX_ECONNECT,
+		rc = ecx_why(why, whylen,
+		             timed_out ? ECX_ETIMEDOUT : ECX_ECONNECT,
 		             "redis://%s:%d: %s", r->host, r->port,
 		             r->ctx != NULL ? r->ctx->errstr : "not connected");
 	}
@@ -114,9 +115,10 @@ static int rs_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
 	if (rc == 0) {
 		redisReply *rep =
 		    r->ttl_s > 0
-		        ? redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s EX %d", id,
-		                       json, r->ttl_s)
-		        : redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s", id, json);
+		        ? redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s EX %d",
+		                       id, json, r->ttl_s)
+		        : redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s", id,
+		                       json);
 		if (rep == NULL || rep->type == REDIS_REPLY_ERROR)
 			rc = rs_fail(r, rep, why, whylen);
 		else
@@ -170,8 +172,9 @@ static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 	lens[0] = 4;
 	for (size_t i = 0; i < n; i++) {
 		char *k = keys + i * (ECX_ID_MAX + sizeof(KEY_PREFIX));
-		lens[i + 1] = (size_t)snprintf(k, ECX_ID_MAX + sizeof(KEY_PREFIX),
-		                               KEY_PREFIX "%s", items[i].id);
+		lens[i + 1] =
+		    (size_t)snprintf(k, ECX_ID_MAX + sizeof(KEY_PREFIX),
+		                     KEY_PREFIX "%s", items[i].id);
 		argv[i + 1] = k;
 	}
 	pthread_mutex_lock(&r->lock);
@@ -281,8 +284,8 @@ static void idvec_free(idvec *v)
 }
 
 static int rs_list(ecx_store *s, const char *after, size_t limit,
-                   ecx_store_row *rows, size_t *nrows, size_t *total,
-                   char *why, size_t whylen)
+                   ecx_store_row *rows, size_t *nrows, size_t *total, char *why,
+                   size_t whylen)
 {
 	redis_store *r = (redis_store *)s;
 	idvec ids = {0};
@@ -428,7 +431,8 @@ ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
 	if (*p == ':') {
 		long port = strtol(p + 1, &end, 10);
 		if (end == p + 1 || port < 1 || port > 65535) {
-			ecx_why(why, whylen, ECX_EINVAL, "bad port in redis URL");
+			ecx_why(why, whylen, ECX_EINVAL,
+			        "bad port in redis URL");
 			rs_destroy(&r->base);
 			return NULL;
 		}

@@ -51,9 +51,20 @@ static int redis_start(void **state)
 	redis_port = free_port();
 	char port[16];
 	snprintf(port, sizeof(port), "%d", redis_port);
-	char *argv[] = {"/usr/bin/redis-server", "--port", port, "--bind",
-	                "127.0.0.1", "--save", "", "--appendonly", "no",
-	                "--dir", redis_dir, "--logfile", "", NULL};
+	char *argv[] = {"/usr/bin/redis-server",
+	                "--port",
+	                port,
+	                "--bind",
+	                "127.0.0.1",
+	                "--save",
+	                "",
+	                "--appendonly",
+	                "no",
+	                "--dir",
+	                redis_dir,
+	                "--logfile",
+	                "",
+	                NULL};
 	extern char **environ;
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
@@ -66,8 +77,8 @@ static int redis_start(void **state)
 	/* Ready when it answers. */
 	char why[200];
 	for (int i = 0; i < 100; i++) {
-		ecx_store *s = ecx_store_redis_create(redis_url, 500, 0, why,
-		                                      sizeof(why));
+		ecx_store *s =
+		    ecx_store_redis_create(redis_url, 500, 0, why, sizeof(why));
 		ecx_lookup_item it = {.id = "ping"};
 		int rc = s->ops->mget(s, &it, 1, why, sizeof(why));
 		ecx_store_destroy(s);
@@ -113,7 +124,8 @@ static void test_store(void **state)
 	assert_memory_equal(&got, &a, sizeof(a));
 	assert_int_equal(s->ops->get(s, "st-zz", &got, why, 200),
 	                 ECX_ENOTFOUND);
-	ecx_lookup_item it[3] = {{.id = "st-a"}, {.id = "st-zz"}, {.id = "st-b"}};
+	ecx_lookup_item it[3] = {
+	    {.id = "st-a"}, {.id = "st-zz"}, {.id = "st-b"}};
 	assert_int_equal(s->ops->mget(s, it, 3, why, 200), 0);
 	assert_true(it[0].found && !it[1].found && it[2].found);
 	assert_int_equal(it[2].entry.desc.nbytes, 20);
@@ -124,7 +136,8 @@ static void test_store(void **state)
 	assert_int_equal(s->ops->del(s, "st-a", NULL, why, 200), ECX_ENOTFOUND);
 	ecx_store_row rows[10];
 	size_t n, total;
-	assert_int_equal(s->ops->list(s, "", 10, rows, &n, &total, why, 200), 0);
+	assert_int_equal(s->ops->list(s, "", 10, rows, &n, &total, why, 200),
+	                 0);
 	assert_int_equal(n, 1);
 	assert_string_equal(rows[0].id, "st-b");
 	assert_int_equal(s->ops->del(s, "st-b", NULL, why, 200), 0);
@@ -132,7 +145,8 @@ static void test_store(void **state)
 	ecx_store_destroy(s);
 	/* Bad URLs. */
 	assert_null(ecx_store_redis_create("redis://", 100, 0, why, 200));
-	assert_null(ecx_store_redis_create("redis://h:99999", 100, 0, why, 200));
+	assert_null(
+	    ecx_store_redis_create("redis://h:99999", 100, 0, why, 200));
 	assert_null(ecx_store_redis_create("redis://h:1/x", 100, 0, why, 200));
 	assert_null(ecx_store_redis_create("http://h:1", 100, 0, why, 200));
 }
@@ -149,7 +163,8 @@ static void test_ttl(void **state)
 	for (int i = 0; i < 4; i++) {
 		usleep(400000);
 		const char *ids[] = {"ttl-b"};
-		assert_int_equal(ecx_store_redis_refresh(s, ids, 1, why, 200), 0);
+		assert_int_equal(ecx_store_redis_refresh(s, ids, 1, why, 200),
+		                 0);
 	}
 	ecx_lookup_item it[2] = {{.id = "ttl-a"}, {.id = "ttl-b"}};
 	assert_int_equal(s->ops->mget(s, it, 2, why, 200), 0);
@@ -265,10 +280,10 @@ static void producer_start(producer *p, const char *capacity)
 {
 	char path[512];
 	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
-	char *argv[] = {path,         "producer",       "--registry",
-	                redis_url,    "--registry-ttl", "2",
-	                "--capacity", (char *)capacity, "--timeout",
-	                "2000",       NULL};
+	char *argv[] = {
+	    path, "producer",   "--registry",     redis_url,   "--registry-ttl",
+	    "2",  "--capacity", (char *)capacity, "--timeout", "2000",
+	    NULL};
 	assert_true(tu_spawn(&p->ch, argv));
 	char line[512];
 	unsigned port;
@@ -280,8 +295,8 @@ static void producer_start(producer *p, const char *capacity)
 static void put(producer *p, const char *id, const char *shape)
 {
 	char ans[256];
-	assert_true(tu_ask(&p->ch, ans, sizeof(ans), "put %s uint8 %s", id,
-	                   shape));
+	assert_true(
+	    tu_ask(&p->ch, ans, sizeof(ans), "put %s uint8 %s", id, shape));
 	assert_string_equal(ans, "ok");
 }
 
@@ -346,7 +361,8 @@ static void test_many_producers(void **state)
 	for (int k = 0; k < 3; k++) {
 		producer_start(&ps[k], "16777216");
 		for (int i = 0; i < 4; i++) {
-			snprintf(ids[k * 4 + i], sizeof(ids[0]), "mp%d-%d", k, i);
+			snprintf(ids[k * 4 + i], sizeof(ids[0]), "mp%d-%d", k,
+			         i);
 			put(&ps[k], ids[k * 4 + i], "65536");
 		}
 	}

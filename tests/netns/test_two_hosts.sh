@@ -1,0 +1,150 @@
+#!/bin/bash
+# Two hosts on one machine: network namespaces A and B joined by a veth
+# pair (192.0.2.1 and 192.0.2.2, a documentation range, on links that exist
+# only inside the two namespaces), each side with its own IPC namespace and
+# its own /dev/shm so UCX cannot take a shared-memory shortcut. A producer
+# runs in A, consumers in B; items cross the veth over UCX TCP, beside a raw
+# TCP copy across the same pair. Then the link is cut: a load fails within
+# its timeout, and works again once the link is back. Everything is removed
+# at the end. Needs root (CI runs as root); otherwise it says it skipped.
+#
+# Usage: test_two_hosts.sh PATH/TO/ecx
+set -u
+ECX=$(readlink -f "${1:?usage: test_two_hosts.sh PATH/TO/ecx}")
+PY=/usr/bin/python3
+pass=0
+fail=0
+ok() { echo "ok - $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
+
+if [ "$(id -u)" != 0 ] || ! ip netns add "ecx-probe-$$" 2>/dev/null; then
+	echo "skipped: needs root and network namespaces"
+	echo "0 passed, 0 failed, 1 skipped"
+	exit 0
+fi
+ip netns del "ecx-probe-$$"
+
+A=ecx-a-$$
+B=ecx-b-$$
+VA=ecxa$$
+VB=ecxb$$
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	ip netns del "$A" 2>/dev/null
+	ip netns del "$B" 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip netns add "$A" && ip netns add "$B" &&
+	ip link add "$VA" type veth peer name "$VB" &&
+	ip link set "$VA" netns "$A" && ip link set "$VB" netns "$B" &&
+	ip -n "$A" addr add 192.0.2.1/24 dev "$VA" &&
+	ip -n "$B" addr add 192.0.2.2/24 dev "$VB" &&
+	ip -n "$A" link set lo up && ip -n "$B" link set lo up &&
+	ip -n "$A" link set "$VA" up && ip -n "$B" link set "$VB" up ||
+	{ bad "set up the namespaces"; echo "$pass passed, $fail failed"; exit 1; }
+ok "two namespaces joined by a veth pair"
+
+# Runs a command in namespace $1 with its own IPC namespace and /dev/shm.
+host() {
+	local ns=$1
+	shift
+	ip netns exec "$ns" unshare --ipc --mount --propagation private \
+		sh -c 'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh "$@"
+}
+# The same, replacing the (background) subshell, so $! is the command.
+host_exec() {
+	local ns=$1
+	shift
+	exec ip netns exec "$ns" unshare --ipc --mount --propagation private \
+		sh -c 'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh "$@"
+}
+
+host_exec "$A" "$ECX" serve --bind 192.0.2.1 --port 0 --transport tcp \
+	--synthetic 48 --shape 1024x3584 --dtype bfloat16 --capacity 512MiB \
+	--timeout 2s --json >"$work/serve.out" 2>"$work/serve.err" &
+pids+=($!)
+for _ in $(seq 300); do grep -q registry "$work/serve.out" && break; sleep 0.1; done
+reg=$($PY -c "import json; print(json.load(open('$work/serve.out'))['registry'])" 2>/dev/null)
+case "$reg" in
+http://192.0.2.1:*) ok "producer in A publishes $reg" ;;
+*) bad "producer in A did not start: $(cat "$work/serve.err")" ;;
+esac
+
+rx0=$(ip netns exec "$B" cat "/sys/class/net/$VB/statistics/rx_bytes")
+host "$B" "$ECX" consume "$reg" --transport tcp --verify --batch 8 --json \
+	--timeout 5s >"$work/consume.json" 2>"$work/consume.err"
+rc=$?
+rx1=$(ip netns exec "$B" cat "/sys/class/net/$VB/statistics/rx_bytes")
+verified=$($PY -c "import json; print(json.load(open('$work/consume.json'))['verified'])" 2>/dev/null)
+gbps=$($PY -c "import json; print(json.load(open('$work/consume.json'))['gbps'])" 2>/dev/null)
+if [ "$rc" = 0 ] && [ "$verified" = 48 ]; then
+	ok "consumer in B loaded and verified 48 items (${gbps} GB/s)"
+else
+	bad "consumer in B: rc=$rc verified=$verified $(cat "$work/consume.err")"
+fi
+crossed=$((rx1 - rx0))
+want=$((48 * 1024 * 3584 * 2))
+if [ "$crossed" -ge "$want" ]; then
+	ok "the bytes crossed the veth ($crossed >= $want)"
+else
+	bad "only $crossed bytes crossed the veth (want >= $want): a shortcut?"
+fi
+
+# A raw TCP copy across the same pair, for the figure beside it.
+cat >"$work/raw.py" <<'PY'
+import socket, sys, time
+n = 256 << 20
+if sys.argv[1] == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("192.0.2.1", 47999)); s.listen(1); print("up", flush=True)
+    c, _ = s.accept(); buf = bytearray(1 << 20); got = 0
+    while got < n:
+        k = c.recv_into(buf); got += k
+        if not k: break
+    c.send(b"k"); c.close()
+else:
+    c = socket.create_connection(("192.0.2.1", 47999)); data = b"x" * (1 << 20)
+    t = time.perf_counter()
+    for _ in range(n >> 20): c.sendall(data)
+    c.recv(1); print("%.3f" % (n / (time.perf_counter() - t) / 1e9))
+PY
+ip netns exec "$A" $PY "$work/raw.py" server >"$work/raw.srv" &
+pids+=($!)
+for _ in $(seq 50); do grep -q up "$work/raw.srv" && break; sleep 0.1; done
+raw=$(ip netns exec "$B" $PY "$work/raw.py" client)
+echo "# across the veth: ecx $gbps GB/s (batches of 8 x 7 MiB), raw TCP $raw GB/s (one stream, 256 MiB)"
+[ -n "$raw" ] && ok "raw TCP across the veth: $raw GB/s" || bad "raw TCP copy"
+
+# Cut the link: a load fails within its timeout; restore it: loads work.
+ip -n "$A" link set "$VA" down
+start=$(date +%s%N)
+host "$B" "$ECX" get --transport tcp --timeout 1s "$reg" synthetic-3 \
+	-o "$work/cut.npy" >/dev/null 2>"$work/cut.err"
+rc=$?
+ms=$((($(date +%s%N) - start) / 1000000))
+if [ "$rc" != 0 ] && [ "$ms" -lt 5000 ]; then
+	ok "with the link cut, get fails in ${ms} ms: $(head -c 120 "$work/cut.err")"
+else
+	bad "with the link cut: rc=$rc after ${ms} ms"
+fi
+ip -n "$A" link set "$VA" up
+for _ in $(seq 30); do
+	host "$B" "$ECX" get --transport tcp --verify --timeout 2s "$reg" \
+		synthetic-3 -o "$work/back.npy" >/dev/null 2>&1 && break
+	sleep 0.5
+done
+[ -s "$work/back.npy" ] && ok "with the link back, get works again" ||
+	bad "with the link back, get still fails"
+
+kill -TERM "${pids[0]}"
+wait "${pids[0]}"
+rc=$?
+[ "$rc" = 0 ] && ok "producer stops cleanly" ||
+	bad "producer stop: rc=$rc $(tail -3 "$work/serve.err")"
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
