@@ -435,6 +435,39 @@ static void reg_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	*con_cls = NULL;
 }
 
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Decodes %XX in the URL in place, as libmicrohttpd would, except %00: a
+ * NUL would cut the id short ("a%00b" would look up "a"), so it stays
+ * encoded and the id check refuses the '%'. */
+static size_t reg_unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+	(void)cls;
+	(void)c;
+	char *w = s;
+	for (const char *r = s; *r != '\0'; r++) {
+		int hi, lo;
+		if (r[0] == '%' && (hi = hexval(r[1])) >= 0 &&
+		    (lo = hexval(r[2])) >= 0 && (hi | lo) != 0) {
+			*w++ = (char)(hi << 4 | lo);
+			r += 2;
+		} else {
+			*w++ = *r;
+		}
+	}
+	*w = '\0';
+	return (size_t)(w - s);
+}
+
 static void reg_mhd_log(void *cls, const char *fmt, va_list ap)
 {
 	(void)cls;
@@ -560,7 +593,8 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	    MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED,
 	    reg_completed, r, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
 	    MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
-	    MHD_OPTION_EXTERNAL_LOGGER, reg_mhd_log, NULL, MHD_OPTION_END);
+	    MHD_OPTION_EXTERNAL_LOGGER, reg_mhd_log, NULL,
+	    MHD_OPTION_UNESCAPE_CALLBACK, reg_unescape, NULL, MHD_OPTION_END);
 	if (r->mhd == NULL) {
 		close(fd);
 		rc = ecx_why(why, whylen, ECX_EIO,
