@@ -188,14 +188,39 @@ out:
 	return rc;
 }
 
+static int item_ptr_cmp(const void *a, const void *b)
+{
+	const ecx_lookup_item *x = *(const ecx_lookup_item *const *)a;
+	const ecx_lookup_item *y = *(const ecx_lookup_item *const *)b;
+	int c = strcmp(x->id, y->id);
+	return c != 0 ? c : (x < y ? -1 : x > y);
+}
+
 char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n)
 {
+	/* Each distinct id is answered once, however often it was asked. */
+	const ecx_lookup_item **order = malloc((n + 1) * sizeof(*order));
+	bool *dup = calloc(n + 1, sizeof(*dup));
+	if (order == NULL || dup == NULL) {
+		free(order);
+		free(dup);
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++)
+		order[i] = &items[i];
+	qsort(order, n, sizeof(*order), item_ptr_cmp);
+	for (size_t i = 1; i < n; i++)
+		if (strcmp(order[i]->id, order[i - 1]->id) == 0)
+			dup[order[i] - items] = true;
+	free(order);
 	cJSON *o = cJSON_CreateObject();
 	cJSON *found = cJSON_AddObjectToObject(o, "found");
 	cJSON *missing = cJSON_AddArrayToObject(o, "missing");
 	if (found == NULL || missing == NULL)
 		goto fail;
 	for (size_t i = 0; i < n; i++) {
+		if (dup[i])
+			continue;
 		cJSON *c = items[i].found ? ecx_entry_to_json(&items[i].entry)
 		                          : cJSON_CreateString(items[i].id);
 		if (c == NULL)
@@ -205,8 +230,10 @@ char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n)
 		else
 			cJSON_AddItemToArray(missing, c);
 	}
+	free(dup);
 	return json_print_free(o);
 fail:
+	free(dup);
 	cJSON_Delete(o);
 	return NULL;
 }

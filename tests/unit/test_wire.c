@@ -189,6 +189,17 @@ static void test_lookup(void **state)
 	assert_false(back[1].found);
 	assert_true(back[2].found);
 	assert_memory_equal(&back[2].entry, &items[2].entry, sizeof(ecx_entry));
+	/* Ids asked twice are answered once, and decode for both askers. */
+	ecx_lookup_item twice[3] = {
+	    {.id = "x"}, {.id = "lora:abc"}, {.id = "x"}};
+	twice[0].found = twice[2].found = true;
+	twice[0].entry = twice[2].entry = sample_entry();
+	char *tw = ecx_lookup_resp_encode(twice, 3);
+	ecx_lookup_item tb[3] = {{.id = "x"}, {.id = "lora:abc"}, {.id = "x"}};
+	assert_int_equal(
+	    ecx_lookup_resp_decode(tw, strlen(tw), tb, 3, why, 160), 0);
+	assert_true(tb[0].found && !tb[1].found && tb[2].found);
+	free(tw);
 	/* A reply that does not answer what was asked. */
 	ecx_lookup_item other[2] = {{.id = ID64}, {.id = "y"}};
 	assert_int_equal(
