@@ -110,6 +110,7 @@ struct ecx_producer {
 	ecx_registry *registry; /* embedded, or NULL */
 	ecx_regclient *remote;  /* remote, or NULL */
 	int ttl_s; /* of Redis entries; renewed every third of it */
+	bool redis;
 	uint64_t next_refresh_ms;
 	pthread_mutex_t remote_lock; /* the client is one thread at a time */
 	/* data plane */
@@ -958,41 +959,62 @@ static char *zmq_ref_pull(ecx_producer *p, const ecx_zreq *r)
 	        "consumer");
 }
 
-/* Renews the TTL of every published item in a Redis registry, every third
- * of the TTL. Runs on the ZeroMQ thread, which wakes every 100 ms. */
-static void ttl_refresh(ecx_producer *p)
+/* Keeps this producer's entries in a remote registry: with Redis, writes
+ * them again every third of their TTL; with HTTP, checks every 2 s whether
+ * the registry restarted and then publishes them again. Runs on the
+ * ZeroMQ thread, which wakes every 100 ms. */
+static void registry_sync(ecx_producer *p)
 {
-	if (p->remote == NULL || p->ttl_s <= 0 ||
-	    ecx_now_ms() < p->next_refresh_ms)
+	if (p->remote == NULL || ecx_now_ms() < p->next_refresh_ms)
 		return;
-	p->next_refresh_ms = ecx_now_ms() + (uint64_t)p->ttl_s * 1000 / 3;
+	uint64_t period = p->ttl_s > 0 ? (uint64_t)p->ttl_s * 1000 / 3 : 2000;
+	p->next_refresh_ms = ecx_now_ms() + (period < 2000 ? period : 2000);
+	if (p->redis && p->ttl_s <= 0)
+		return;
 	pthread_mutex_lock(&p->lock);
 	size_t n = 0;
 	char(*ids)[ECX_ID_MAX + 1] = malloc((p->nitems + 1) * sizeof(*ids));
 	const char **ptrs = malloc((p->nitems + 1) * sizeof(*ptrs));
-	for (size_t b = 0; ids != NULL && ptrs != NULL && b < p->nbuckets; b++)
-		for (item *it = p->buckets[b]; it != NULL; it = it->hnext)
-			if (it->ready) {
-				ecx_strlcpy(ids[n], it->id, sizeof(ids[n]));
-				ptrs[n] = ids[n];
-				n++;
-			}
+	ecx_entry *es = malloc((p->nitems + 1) * sizeof(*es));
+	for (size_t b = 0; ids && ptrs && es && b < p->nbuckets; b++) {
+		for (item *it = p->buckets[b]; it != NULL; it = it->hnext) {
+			if (!it->ready)
+				continue;
+			ecx_strlcpy(ids[n], it->id, sizeof(ids[n]));
+			ptrs[n] = ids[n];
+			memset(&es[n], 0, sizeof(es[n]));
+			es[n].desc = it->desc;
+			ecx_strlcpy(es[n].producer_zmq, p->address,
+			            sizeof(es[n].producer_zmq));
+			es[n].epoch = p->epoch;
+			n++;
+		}
+	}
 	pthread_mutex_unlock(&p->lock);
 	char why[256];
+	size_t again = 0;
 	pthread_mutex_lock(&p->remote_lock);
-	int rc = ecx_regclient_refresh(p->remote, ptrs, n, why, sizeof(why));
+	int rc = ecx_regclient_sync(p->remote, ptrs, es, n, &again, why,
+	                            sizeof(why));
 	pthread_mutex_unlock(&p->remote_lock);
 	if (rc != 0)
-		ecx_warn(MOD, "cannot renew %zu registry entries: %s", n, why);
+		ecx_warn(MOD, "registry: %s (publishing again when it is back)",
+		         why);
+	else if (again > 0 && !p->redis)
+		ecx_info(MOD,
+		         "the registry restarted: published %zu items "
+		         "again",
+		         again);
 	free(ids);
 	free(ptrs);
+	free(es);
 }
 
 static void *zmq_thread(void *arg)
 {
 	ecx_producer *p = arg;
 	while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
-		ttl_refresh(p);
+		registry_sync(p);
 		zmq_pollitem_t pi = {.socket = p->zsock, .events = ZMQ_POLLIN};
 		int n = zmq_poll(&pi, 1, 100);
 		if (n <= 0)
@@ -1173,6 +1195,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		p->token_len = strlen(token);
 	}
 	if (remote != NULL) {
+		p->redis = strncmp(remote, "redis://", 8) == 0;
 		p->ttl_s = (m & ECX_PRODUCER_PARAM_REGISTRY_TTL)
 		               ? pp->registry_ttl_s
 		               : 30;

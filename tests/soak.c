@@ -80,10 +80,9 @@ static uint64_t item_size(long k)
 static int run_producer(shared *sh, uint64_t until)
 {
 	ecx_producer_params p = {
-	    .field_mask = ECX_PRODUCER_PARAM_CAPACITY |
-	                  ECX_PRODUCER_PARAM_BIND_HOST |
-	                  ECX_PRODUCER_PARAM_REGISTRY_PORT |
-	                  ECX_PRODUCER_PARAM_TIMEOUT,
+	    .field_mask =
+	        ECX_PRODUCER_PARAM_CAPACITY | ECX_PRODUCER_PARAM_BIND_HOST |
+	        ECX_PRODUCER_PARAM_REGISTRY_PORT | ECX_PRODUCER_PARAM_TIMEOUT,
 	    .capacity_bytes = ARENA,
 	    .bind_host = "127.0.0.1",
 	    .registry_port = 0,
@@ -138,9 +137,10 @@ static int run_consumer(shared *sh, int me, uint64_t until)
 {
 	char url[64], why[256];
 	snprintf(url, sizeof(url), "http://127.0.0.1:%u", sh->port);
-	ecx_consumer_params cp = {.field_mask = ECX_CONSUMER_PARAM_REGISTRY |
-	                                        ECX_CONSUMER_PARAM_TIMEOUT |
-	                                        ECX_CONSUMER_PARAM_RECV_CAPACITY,
+	ecx_consumer_params cp = {.field_mask =
+	                              ECX_CONSUMER_PARAM_REGISTRY |
+	                              ECX_CONSUMER_PARAM_TIMEOUT |
+	                              ECX_CONSUMER_PARAM_RECV_CAPACITY,
 	                          .registry = url,
 	                          .timeout_ms = 3000,
 	                          .recv_capacity = 24u << 20};
@@ -161,7 +161,8 @@ static int run_consumer(shared *sh, int me, uint64_t until)
 		memset(it, 0, sizeof(it));
 		for (int i = 0; i < BATCH; i++) {
 			long k = latest - (long)(rand_r(&seed) % WINDOW);
-			snprintf(ids[i], sizeof(ids[i]), "soak-%ld", k < 0 ? 0 : k);
+			snprintf(ids[i], sizeof(ids[i]), "soak-%ld",
+			         k < 0 ? 0 : k);
 			it[i].id = ids[i];
 		}
 		if (ecx_consumer_lookup(c, it, BATCH) != 0)
@@ -178,9 +179,10 @@ static int run_consumer(shared *sh, int me, uint64_t until)
 			/* Half into the receive arena, half into malloc'd
 			 * memory (the registration cache's path). */
 			sent[n] = it[i];
-			sent[n].dst = rand_r(&seed) % 2
-			                  ? ecx_consumer_alloc(c, it[i].desc.nbytes)
-			                  : NULL;
+			sent[n].dst =
+			    rand_r(&seed) % 2
+			        ? ecx_consumer_alloc(c, it[i].desc.nbytes)
+			        : NULL;
 			arena[n] = sent[n].dst != NULL;
 			if (!arena[n])
 				sent[n].dst = malloc(it[i].desc.nbytes);
@@ -201,7 +203,8 @@ static int run_consumer(shared *sh, int me, uint64_t until)
 					sh->c[me].corrupt++;
 				}
 			} else if (s == ECX_ENOTFOUND) {
-				sh->c[me].refused++; /* evicted since the lookup */
+				sh->c[me]
+				    .refused++; /* evicted since the lookup */
 			} else {
 				sh->c[me].other++;
 				fprintf(stderr, "soak: %s: %s\n", sent[i].id,
@@ -280,9 +283,8 @@ int main(int argc, char **argv)
 	       "%llu failed\n",
 	       seconds, consumers, (unsigned long long)sh->puts,
 	       (unsigned long long)sh->put_fail,
-	       (unsigned long long)sh->evictions,
-	       (unsigned long long)sh->pulls, (unsigned long long)sh->served,
-	       (unsigned long long)sh->failed);
+	       (unsigned long long)sh->evictions, (unsigned long long)sh->pulls,
+	       (unsigned long long)sh->served, (unsigned long long)sh->failed);
 	printf("soak: consumers: %llu ids asked in %llu loads: %llu loaded "
 	       "and verified (%.2f GiB), %llu not in the registry, %llu "
 	       "evicted before their pull, %llu other errors, %llu corrupted\n",
@@ -293,22 +295,24 @@ int main(int argc, char **argv)
 	printf("soak: producer resident memory (private + its arena) %.1f MiB "
 	       "at start, %.1f MiB at a third, %.1f MiB at the end (arena %u "
 	       "MiB + stated overhead %u MiB)\n",
-	       (double)sh->rss_start / (1 << 20), (double)sh->rss_mid / (1 << 20),
-	       (double)sh->rss_end / (1 << 20), ARENA >> 20, OVERHEAD >> 20);
-	printf("soak: producer heap in use %.2f MiB at a third, %.2f MiB at the "
-	       "end; shared pages mapped %.1f MiB (its arena and the "
-	       "consumers' receive arenas, %d x 24 MiB at most)\n",
-	       (double)sh->heap_mid / (1 << 20), (double)sh->heap_end / (1 << 20),
-	       (double)sh->shmem_end / (1 << 20), consumers);
-#define CHECK(cond, what)                                                      \
-	do {                                                                   \
-		if (cond) {                                                    \
-			printf("ok - %s\n", what);                             \
-			pass++;                                                \
-		} else {                                                       \
-			printf("FAIL - %s\n", what);                           \
-			fail++;                                                \
-		}                                                              \
+	       (double)sh->rss_start / (1 << 20),
+	       (double)sh->rss_mid / (1 << 20), (double)sh->rss_end / (1 << 20),
+	       ARENA >> 20, OVERHEAD >> 20);
+	printf(
+	    "soak: producer heap in use %.2f MiB at a third, %.2f MiB at the "
+	    "end; shared pages mapped %.1f MiB (its arena and the "
+	    "consumers' receive arenas, %d x 24 MiB at most)\n",
+	    (double)sh->heap_mid / (1 << 20), (double)sh->heap_end / (1 << 20),
+	    (double)sh->shmem_end / (1 << 20), consumers);
+#define CHECK(cond, what)                            \
+	do {                                         \
+		if (cond) {                          \
+			printf("ok - %s\n", what);   \
+			pass++;                      \
+		} else {                             \
+			printf("FAIL - %s\n", what); \
+			fail++;                      \
+		}                                    \
 	} while (0)
 	CHECK(bad_exit == 0, "every process exited cleanly");
 	CHECK(corrupt == 0, "no item was corrupted");

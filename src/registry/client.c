@@ -22,6 +22,8 @@ typedef struct reg_conn {
 
 struct ecx_regclient {
 	reg_conn regs[MAX_REGISTRIES];
+	uint64_t seen_epoch; /* of the first registry, by ecx_regclient_sync */
+	bool was_down;
 	size_t nregs;
 	struct curl_slist *headers; /* Content-Type and Authorization */
 	int connect_timeout_ms, timeout_ms;
@@ -462,10 +464,52 @@ int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
 	return *body != NULL ? 0 : ecx_why(why, whylen, ECX_ENOMEM, "oom");
 }
 
-int ecx_regclient_refresh(ecx_regclient *c, const char *const *ids, size_t n,
-                          char *why, size_t whylen)
+int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
+                       const ecx_entry *entries, size_t n, size_t *republished,
+                       char *why, size_t whylen)
 {
-	if (c->regs[0].redis == NULL)
+	reg_conn *g = &c->regs[0];
+	*republished = 0;
+	if (g->redis != NULL) {
+		int rc = ecx_store_redis_refresh(g->redis, ids, entries, n, why,
+		                                 whylen);
+		if (rc == 0)
+			*republished = n;
+		return rc;
+	}
+	buf b = {0};
+	long status = 0;
+	int rc = reg_request(c, g, "GET", "/healthz", NULL, &status, &b, why,
+	                     whylen);
+	uint64_t epoch = 0;
+	if (rc == 0) {
+		cJSON *o =
+		    b.p != NULL ? cJSON_ParseWithLength(b.p, b.len) : NULL;
+		if (status != 200 ||
+		    ecx_json_get_u64(o, "epoch", &epoch, why, whylen) != 0)
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "registry %s: /healthz has no epoch",
+			             g->url);
+		cJSON_Delete(o);
+	}
+	free(b.p);
+	if (rc != 0) {
+		c->was_down = true;
+		return rc;
+	}
+	bool again =
+	    c->was_down || (c->seen_epoch != 0 && epoch != c->seen_epoch);
+	c->seen_epoch = epoch;
+	c->was_down = false;
+	if (!again)
 		return 0;
-	return ecx_store_redis_refresh(c->regs[0].redis, ids, n, why, whylen);
+	for (size_t i = 0; i < n; i++) {
+		rc = ecx_regclient_put(c, ids[i], &entries[i], why, whylen);
+		if (rc != 0) {
+			c->was_down = true; /* try the rest next time */
+			return rc;
+		}
+		(*republished)++;
+	}
+	return 0;
 }

@@ -84,10 +84,15 @@ int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
 int ecx_regclient_delete(ecx_regclient *c, const char *id,
                          const char *producer_zmq, char *why, size_t whylen);
 
-/* Renews the TTL of n ids at the first registry when it is Redis (one
- * round trip); does nothing otherwise. */
-int ecx_regclient_refresh(ecx_regclient *c, const char *const *ids, size_t n,
-                          char *why, size_t whylen);
+/* Keeps a producer's n entries in the first registry: with Redis, writes
+ * them again in one round trip (renewing their TTL, restoring what a
+ * restarted Redis lost); with HTTP, asks /healthz for the registry's epoch
+ * and, when it changed (the registry restarted) or the registry was
+ * unreachable at the last call, publishes them all again. *republished is
+ * set to how many were written. */
+int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
+                       const ecx_entry *entries, size_t n, size_t *republished,
+                       char *why, size_t whylen);
 
 /* GET path (e.g. "/ec/list?limit=10") on the first registry; the body is
  * returned malloc'd in *body with its HTTP status. */

@@ -25,6 +25,8 @@ struct ecx_registry {
 	char *token;
 	size_t token_len;
 	bool token_reads;
+	uint64_t
+	    epoch; /* changes each start: producers republish on a change */
 	/* counters, updated with relaxed atomics */
 	uint64_t lookups, hits, misses, publishes, removals, requests;
 	uint64_t lat_count, lat_sum_us, lat_buckets[NLAT + 1];
@@ -298,7 +300,10 @@ static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 	if (strcmp(url, "/healthz") == 0) {
 		if (!get)
 			goto not_allowed;
-		return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
+		char h[64];
+		snprintf(h, sizeof(h), "{\"ok\":true,\"epoch\":%llu}",
+		         (unsigned long long)r->epoch);
+		return answer_json(a, MHD_HTTP_OK, strdup(h));
 	}
 	if (q->too_big) {
 		char d[80];
@@ -562,6 +567,9 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	ecx_registry *r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	r->epoch = (ecx_now_ns() ^ ((uint64_t)getpid() << 40)) %
+	               (ECX_JSON_INT_MAX - 1) +
+	           1;
 	r->token_reads = (m & ECX_REGISTRY_PARAM_TOKEN_READS) &&
 	                 p->token_reads && token != NULL;
 	int rc = ECX_ENOMEM;

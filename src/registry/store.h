@@ -57,10 +57,12 @@ ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
                                   char *why, size_t whylen);
 bool ecx_store_is_redis_url(const char *url);
 
-/* Renews the TTL of n ids in one round trip (a pipeline). Does nothing for
- * a store that is not Redis or has no TTL. */
-int ecx_store_redis_refresh(ecx_store *s, const char *const *ids, size_t n,
-                            char *why, size_t whylen);
+/* Writes n entries again (renewing their TTL, and restoring them if Redis
+ * lost them) in one round trip (a pipeline). Does nothing for a store that
+ * is not Redis. */
+int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
+                            const ecx_entry *entries, size_t n, char *why,
+                            size_t whylen);
 
 static inline void ecx_store_destroy(ecx_store *s)
 {

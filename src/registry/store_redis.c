@@ -362,19 +362,34 @@ static const ecx_store_ops redis_ops = {
     .destroy = rs_destroy,
 };
 
-int ecx_store_redis_refresh(ecx_store *s, const char *const *ids, size_t n,
-                            char *why, size_t whylen)
+int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
+                            const ecx_entry *entries, size_t n, char *why,
+                            size_t whylen)
 {
 	redis_store *r = (redis_store *)s;
-	if (s->ops != &redis_ops || r->ttl_s <= 0 || n == 0)
+	if (s->ops != &redis_ops || n == 0)
 		return 0;
 	pthread_mutex_lock(&r->lock);
 	int rc = rs_connect(r, why, whylen);
-	/* One round trip for all of them: a pipeline of EXPIREs. */
-	for (size_t i = 0; rc == 0 && i < n; i++)
-		if (redisAppendCommand(r->ctx, "EXPIRE " KEY_PREFIX "%s %d",
-		                       ids[i], r->ttl_s) != REDIS_OK)
+	/* One round trip for all of them: a pipeline of SETs, which also puts
+	 * back what a restarted (emptied) Redis lost. */
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		char *json = ecx_entry_encode(&entries[i]);
+		if (json == NULL) {
+			rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+			break;
+		}
+		int st =
+		    r->ttl_s > 0
+		        ? redisAppendCommand(r->ctx,
+		                             "SET " KEY_PREFIX "%s %s EX %d",
+		                             ids[i], json, r->ttl_s)
+		        : redisAppendCommand(r->ctx, "SET " KEY_PREFIX "%s %s",
+		                             ids[i], json);
+		free(json);
+		if (st != REDIS_OK)
 			rc = rs_fail(r, NULL, why, whylen);
+	}
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		redisReply *rep = NULL;
 		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {

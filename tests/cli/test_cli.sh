@@ -146,6 +146,29 @@ check "get of a missing id exits 3" test $? = 3
 check "serve on a taken registry port exits 1" test $? = 1
 check "and says why" grep -q "already in use" "$work/err"
 
+# The registry goes down: a clear error, bounded; it comes back (empty):
+# the producer notices and publishes its items again.
+kill -TERM "$regpid"
+wait "$regpid"
+start=$(date +%s%N)
+"$ECX" info --timeout 1s "$regurl" emb-f32 >/dev/null 2>"$work/err"
+rc=$?
+ms=$((($(date +%s%N) - start) / 1000000))
+check "registry down: info exits 1 within its timeout (${ms} ms)" \
+	bash -c "test $rc = 1 && test $ms -lt 3000"
+"$ECX" registry --bind 127.0.0.1 --port "$regport" >"$work/reg2.out" 2>&1 &
+regpid=$!
+pids+=("$regpid")
+wait_for "$work/reg2.out" "listening on" || bad "registry did not restart"
+back=1
+for _ in $(seq 100); do
+	"$ECX" info "$regurl" emb-f32 >/dev/null 2>&1 && { back=0; break; }
+	sleep 0.1
+done
+check "registry back: the producer published its items again" test "$back" = 0
+"$ECX" ls "$regurl" >"$work/ls-back"
+check "all six of them" grep -q "^6 entries" "$work/ls-back"
+
 # SIGTERM on serve unpublishes its items
 kill -TERM "$servepid"
 for _ in $(seq 100); do kill -0 "$servepid" 2>/dev/null || break; sleep 0.1; done
@@ -157,6 +180,26 @@ check "its items are unpublished" grep -q "^0 entries" "$work/ls2"
 kill -TERM "$regpid"
 wait "$regpid"
 check "registry exits 0 on SIGTERM" test $? = 0
+
+# A token: pulls without it are refused, and it never reaches the logs.
+secret=hunter2-$$-not-in-logs
+ECX_LOG=debug "$ECX" serve --bind 127.0.0.1 --port 0 --token "$secret" \
+	--synthetic 1 --shape 64 --dtype uint8 >"$work/tok.out" 2>"$work/tok.err" &
+tokpid=$!
+pids+=("$tokpid")
+wait_for "$work/tok.out" "^serving" || bad "serve with a token did not start"
+tokurl=$(sed -n 's/.*registry //p' "$work/tok.out")
+ECX_LOG=debug "$ECX" get --token wrong "$tokurl" synthetic-0 -o "$work/t.npy" \
+	>/dev/null 2>"$work/tok-get.err"
+check "a pull with the wrong token is refused" \
+	bash -c "test $? = 1 && grep -q 'token' '$work/tok-get.err'"
+ECX_TOKEN="$secret" ECX_LOG=debug "$ECX" get --verify "$tokurl" synthetic-0 \
+	-o "$work/t.npy" >/dev/null 2>>"$work/tok-get.err"
+check "with the token (from ECX_TOKEN) it is served" test $? = 0
+kill -TERM "$tokpid"
+wait "$tokpid"
+check "the token appears in no log" \
+	bash -c "! grep -q '$secret' '$work/tok.err' '$work/tok-get.err' '$work/tok.out'"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -163,8 +163,8 @@ static void test_ttl(void **state)
 	for (int i = 0; i < 4; i++) {
 		usleep(400000);
 		const char *ids[] = {"ttl-b"};
-		assert_int_equal(ecx_store_redis_refresh(s, ids, 1, why, 200),
-		                 0);
+		assert_int_equal(
+		    ecx_store_redis_refresh(s, ids, &a, 1, why, 200), 0);
 	}
 	ecx_lookup_item it[2] = {{.id = "ttl-a"}, {.id = "ttl-b"}};
 	assert_int_equal(s->ops->mget(s, it, 2, why, 200), 0);
@@ -326,6 +326,15 @@ static void test_producer_lifecycle(void **state)
 	/* Renewed while it lives: still there after twice the TTL. */
 	usleep(4500000);
 	assert_true(in_redis("life-2") && in_redis("life-3"));
+	/* Lost from Redis (a restart, a flush): put back within a period. */
+	char why[200];
+	ecx_store *s = ecx_store_redis_create(redis_url, 1000, 0, why, 200);
+	assert_int_equal(s->ops->del(s, "life-2", NULL, why, 200), 0);
+	ecx_store_destroy(s);
+	uint64_t t1 = now_ms();
+	while (!in_redis("life-2") && now_ms() - t1 < 3000)
+		usleep(50000);
+	assert_true(in_redis("life-2"));
 	kill(p.ch.pid, SIGKILL);
 	tu_reap(&p.ch, 1000);
 	uint64_t t0 = now_ms();

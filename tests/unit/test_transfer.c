@@ -310,6 +310,69 @@ static void test_pins_and_killed_consumer(void **state)
 	producer_stop(&p);
 }
 
+/* A consumer that stalls mid-pull: the producer gives up on it after its
+ * timeout (pins released, endpoint closed, arena as it was), serves another
+ * consumer all along, and the stalled one, once it resumes, gets an error
+ * and then loads again. */
+static void test_stalled_consumer(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", "--capacity", "33554432", "--timeout", "1000",
+	               NULL);
+	producer_put(&p, "big", "uint8", "8388608", "ok");
+	producer_put(&p, "small", "uint8", "4096", "ok");
+	long long used = producer_stat(&p, "used");
+	char path[512];
+	peer_path(path, sizeof(path));
+	char *argv[] = {path,  "consumer",  p.url,  "--transport",
+	                "tcp", "--timeout", "3000", NULL};
+	tu_child cons;
+	assert_true(tu_spawn(&cons, argv));
+	char line[256];
+	assert_true(tu_line(&cons, line, sizeof(line)));
+	assert_true(tu_ask(&cons, line, sizeof(line), "load small"));
+	assert_string_equal(line, "ok ok");
+	assert_true(tu_ask(&cons, line, sizeof(line), "stall big"));
+	uint64_t t0 = now_ms();
+	while (producer_stat(&p, "pinned") != 1 && now_ms() - t0 < 3000)
+		usleep(5000);
+	assert_int_equal(producer_stat(&p, "pinned"), 1);
+	/* Another consumer is served while one stalls. */
+	ecx_consumer *c = consumer(p.url, "tcp", 3000, NULL);
+	ecx_item it = {.id = "small"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	char buf[4096];
+	it.dst = buf;
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("small", buf, 4096));
+	/* The producer gives up on the stalled one within its timeout. */
+	t0 = now_ms();
+	while ((producer_stat(&p, "pinned") != 0 ||
+	        producer_stat(&p, "conns") != 1) &&
+	       now_ms() - t0 < 5000)
+		usleep(20000);
+	assert_int_equal(producer_stat(&p, "pinned"), 0);
+	assert_int_equal(producer_stat(&p, "conns"), 1); /* the other one */
+	assert_true(now_ms() - t0 < 3000);
+	assert_int_equal(producer_stat(&p, "used"), used);
+	/* Resumed: its stalled load ended in an error, and it loads again. */
+	kill(cons.pid, SIGCONT);
+	assert_true(tu_ask(&cons, line, sizeof(line), "load small big"));
+	if (strcmp(line, "ok ok ok") != 0) {
+		/* The first load after a failed connection may itself fail
+		 * once; the next reconnects. */
+		assert_true(
+		    tu_ask(&cons, line, sizeof(line), "load small big"));
+	}
+	assert_string_equal(line, "ok ok ok");
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	tu_ask(&cons, line, sizeof(line), "quit");
+	tu_reap(&cons, 5000);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
 /* A producer killed mid-pull: the load fails within its timeout. */
 static void producer_killed(const char *transport)
 {
@@ -551,6 +614,7 @@ int main(void)
 	    cmocka_unit_test(test_item_errors),
 	    cmocka_unit_test(test_eviction_order),
 	    cmocka_unit_test(test_pins_and_killed_consumer),
+	    cmocka_unit_test(test_stalled_consumer),
 	    cmocka_unit_test(test_producer_killed_tcp),
 	    cmocka_unit_test(test_producer_killed_shm),
 	    cmocka_unit_test(test_four_consumers),
