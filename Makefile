@@ -5,6 +5,8 @@
 #   make demo     install what is missing, build, run the main job
 #   make install  install libecx.so, libecx.a, ecx.h, ecx.pc and the ecx command
 #   make asan     the whole suite under AddressSanitizer + UBSan (build-asan/)
+#   make tsan     the end-to-end transfer test under ThreadSanitizer
+#   make valgrind the end-to-end transfer test under valgrind memcheck
 #   make fuzz     build the fuzz targets with clang and run each FUZZ_SECONDS
 #   make format   clang-format every C file in place
 #   make bench    ecx bench all
@@ -16,7 +18,8 @@ FUZZ_SECONDS ?= 20
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?= --output-on-failure
 
-.PHONY: all build deps test demo install asan fuzz format format-check bench clean
+.PHONY: all build deps test demo install asan tsan valgrind fuzz format \
+	format-check bench clean
 
 all: build
 
@@ -42,6 +45,20 @@ asan: export ASAN_OPTIONS = detect_leaks=1:abort_on_error=0
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan \
 		CMAKE_FLAGS="-DECX_SANITIZE=ON $(CMAKE_FLAGS)"
+
+# UCX and libzmq are not built with TSan: tests/tsan.supp says what that
+# hides. Producer and consumer processes both run instrumented.
+tsan: deps
+	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DECX_TSAN=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build-tsan -j $(JOBS) --target test_transfer ecx-test-peer
+	cd build-tsan/tests && TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp \
+		ECX_TEST_BIN=$$PWD ./test_transfer
+
+valgrind: deps build
+	cd $(BUILD)/tests && ECX_TEST_BIN=$$PWD valgrind --error-exitcode=9 \
+		--leak-check=full --errors-for-leak-kinds=definite \
+		--show-leak-kinds=definite ./test_transfer
 
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DECX_FUZZ=ON -DECX_TESTS=OFF >/dev/null

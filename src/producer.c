@@ -926,16 +926,17 @@ static char *zmq_hello(ecx_producer *p, const ecx_zreq *r)
 		return ecx_zresp_encode_error(ECX_EBUSY,
 		                              "too many consumer connections");
 	}
-	c->id = ++p->next_conn;
+	uint64_t id = c->id = ++p->next_conn;
 	c->next = p->conns;
 	p->conns = c;
 	p->nconns++;
+	/* c belongs to the progress thread from here on. */
 	pthread_mutex_unlock(&p->lock);
 	const void *waddr;
 	size_t alen;
 	ecx_ucx_address(p->ucx, &waddr, &alen);
-	ecx_debug(MOD, "consumer connection %llu", (unsigned long long)c->id);
-	return ecx_zresp_encode_hello(waddr, alen, p->epoch, c->id);
+	ecx_debug(MOD, "consumer connection %llu", (unsigned long long)id);
+	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id);
 }
 
 /* The reference's {"op":"pull",...}: answered in its reply shape. ecx
