@@ -68,10 +68,8 @@ class _Config:
         urls = extra.get("remote_registry_url") or extra.get("registry")
         if isinstance(urls, (list, tuple)):
             urls = ",".join(urls)
+        # http://HOST:PORT or redis://HOST:PORT[/DB], one or several.
         self.registry: Optional[str] = urls or None
-        if self.registry and self.registry.startswith("redis://"):
-            raise ValueError("registry=redis://... is not supported by "
-                             "this version of ecx; use http://")
         self.registry_http_port = int(extra.get("registry_http_port", 9018))
         self.capacity_bytes = int(extra.get("capacity_bytes", 1 << 30))
         self.token = extra.get("token") or None
