@@ -32,6 +32,7 @@ typedef struct pconn {
 	struct pconn *next;
 	char address[ECX_ADDR_MAX];
 	uint64_t epoch, id;
+	uint64_t stale_epoch; /* an entry's epoch known not to be this one's */
 	ucp_ep_h ep;
 	bool failed;
 	struct ecx_consumer *c;
@@ -266,26 +267,36 @@ static pconn *pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
 	pthread_mutex_lock(&c->conn_lock);
 	pconn *stale = NULL, *found = NULL;
 	pthread_mutex_lock(&c->lock);
-	for (pconn **pp = &c->conns; *pp != NULL; pp = &(*pp)->next) {
+	for (pconn **pp = &c->conns; *pp != NULL;) {
 		pconn *pc = *pp;
-		if (strcmp(pc->address, address) != 0)
+		if (strcmp(pc->address, address) != 0) {
+			pp = &pc->next;
 			continue;
-		bool restarted = epoch != 0 && pc->epoch != epoch;
+		}
+		/* Another epoch: the producer restarted since this connection
+		 * was made, unless a reconnect already showed the entry is the
+		 * stale one. */
+		bool restarted = epoch != 0 && pc->epoch != epoch &&
+		                 pc->stale_epoch != epoch;
 		bool busy = false;
 		for (pull *q = c->inflight; q != NULL && !busy; q = q->next)
 			busy = q->pc == pc;
 		if ((pc->failed || restarted) && !busy) {
 			*pp = pc->next;
+			pc->next = stale;
 			stale = pc;
-		} else if (!pc->failed) {
-			found = pc;
+			continue;
 		}
-		break;
+		if (!pc->failed && found == NULL)
+			found = pc;
+		pp = &pc->next;
 	}
 	pthread_mutex_unlock(&c->lock);
-	if (stale != NULL) {
+	while (stale != NULL) {
+		pconn *next = stale->next;
 		ecx_info(MOD, "reconnecting to %s", address);
 		pconn_close(c, stale);
+		stale = next;
 	}
 	if (found != NULL) {
 		pthread_mutex_unlock(&c->conn_lock);
@@ -306,6 +317,8 @@ static pconn *pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
 	}
 	ecx_strlcpy(pc->address, address, sizeof(pc->address));
 	pc->epoch = z.epoch;
+	if (epoch != 0 && z.epoch != epoch)
+		pc->stale_epoch = epoch; /* the entry outlived its producer */
 	pc->id = z.conn;
 	pc->c = c;
 	*err = ecx_ucx_ep_create(c->ucx, z.worker, z.worker_len, pconn_on_error,
