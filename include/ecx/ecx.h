@@ -402,8 +402,9 @@ typedef struct ecx_consumer_stats {
 ECX_API void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out);
 ECX_API const char *ecx_consumer_last_error(void);
 
-/* ecx_consumer_destroy ends loads in flight (their waits fail), closes its
- * endpoints and frees everything. Accepts NULL. */
+/* ecx_consumer_destroy closes its endpoints and frees everything, the
+ * receive arena included. Wait for loads in flight first (ecx_load_wait
+ * returns within the timeout). Accepts NULL. */
 ECX_API void ecx_consumer_destroy(ecx_consumer *c);
 
 #ifdef __cplusplus
