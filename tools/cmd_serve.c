@@ -80,6 +80,19 @@ static bool parse_shape(const char *s, uint64_t *dims, uint32_t *nd)
 /* Time spent in ecx_producer_put, for the ready line. */
 static uint64_t put_ns;
 
+/* A progress line on stderr while items go in, when it is a terminal. */
+static void progress(size_t done, size_t total, uint64_t bytes)
+{
+	static int tty = -1;
+	if (tty < 0)
+		tty = isatty(STDERR_FILENO);
+	if (!tty || total < 2)
+		return;
+	char b[32];
+	fprintf(stderr, "\recx serve: %zu/%zu items (%s)\033[K%s", done, total,
+	        tool_bytes(bytes, b, sizeof(b)), done == total ? "\n" : "");
+}
+
 /* Puts one item, reporting failures; returns false on failure. */
 static bool serve_put(ecx_producer *prod, const char *id,
                       const ecx_tensor_desc *d, const void *data)
@@ -156,6 +169,7 @@ static int serve_files(ecx_producer *prod, int n, char **files,
 			return EXIT_FAIL;
 		(*items)++;
 		*bytes += d.nbytes;
+		progress((size_t)i + 1, (size_t)n, *bytes);
 	}
 	return EXIT_OK;
 }
@@ -210,6 +224,7 @@ static int serve_generated(ecx_producer *prod, const serve_opts *o,
 		}
 		(*items)++;
 		*bytes += d.nbytes;
+		progress(i + 1, n, *bytes);
 	}
 	free(buf);
 	return EXIT_OK;
