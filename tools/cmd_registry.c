@@ -12,7 +12,7 @@ static const char help[] =
     "Runs a standalone registry: the reference's GET /ec/info/{id}, plus\n"
     "POST /ec/lookup, PUT and DELETE /ec/info/{id}, GET /ec/list, /metrics\n"
     "and /healthz. Producers publish to it with 'ecx serve --registry URL';\n"
-    "consumers look ids up in it. Serves until SIGINT or SIGTERM.\n"
+    "consumers look ids up in it. Serves until SIGINT, SIGTERM or SIGHUP.\n"
     "\n"
     "Options:\n"
     "  --bind HOST      address to listen on (default 0.0.0.0)\n"

@@ -15,7 +15,7 @@ static const char help[] =
     "\n"
     "Runs a producer: keeps items in a registered arena, publishes them to\n"
     "a registry (its own embedded one, or --registry), and serves pulls\n"
-    "until SIGINT or SIGTERM, then unpublishes what it published.\n"
+    "until SIGINT, SIGTERM or SIGHUP, then unpublishes what it published.\n"
     "\n"
     "Items come from files (a .npy file carries its dtype and shape; any\n"
     "other file is raw bytes and needs --dtype and --shape), named ID or\n"

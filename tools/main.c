@@ -97,6 +97,7 @@ void tool_block_signals(void)
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP); /* the terminal went away: stop cleanly too */
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
@@ -106,6 +107,7 @@ int tool_wait_signal(void)
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
 	int sig = 0;
 	sigwait(&set, &sig);
 	return sig;
