@@ -43,8 +43,8 @@ bool tool_parse_size(const char *s, uint64_t *out);
 /* Parses a port number 0..65535. */
 bool tool_parse_port(const char *s, uint16_t *out);
 
-/* Blocks SIGINT, SIGTERM and SIGHUP in this thread (and threads it starts later),
- * then waits for one; returns the signal number. */
+/* Blocks SIGINT, SIGTERM and SIGHUP in this thread (and threads it starts
+ * later), then waits for one; returns the signal number. */
 void tool_block_signals(void);
 int tool_wait_signal(void);
 
