@@ -281,14 +281,18 @@ int cmd_demo(int argc, char **argv)
 	        ? num(fileres, "seconds") / num(loaded, "seconds")
 	        : 0;
 	if (json) {
+		char *l = cJSON_PrintUnformatted(loaded);
+		char *f = cJSON_PrintUnformatted(fileres);
 		printf("{\"items\": %zu, \"bytes\": %.0f, \"batch\": %s, "
 		       "\"ecx\": {\"save_gbps\": %.3f, \"load\": %s}, "
 		       "\"file\": {\"save_gbps\": %.3f, \"load\": %s}, "
 		       "\"load_speedup\": %.2f}\n",
 		       count, bytes, batch, put_s > 0 ? bytes / put_s / 1e9 : 0,
-		       cJSON_PrintUnformatted(loaded),
+		       l != NULL ? l : "null",
 		       save_s > 0 ? bytes / save_s / 1e9 : 0,
-		       cJSON_PrintUnformatted(fileres), speedup);
+		       f != NULL ? f : "null", speedup);
+		free(l);
+		free(f);
 	} else {
 		printf(
 		    "\n%zu Qwen2.5-VL-shaped embeddings (bfloat16, 64-2691 x "

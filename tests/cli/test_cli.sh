@@ -67,10 +67,18 @@ fi
 check "get from an unreachable registry fails" test $? = 1
 
 # --- a standalone registry: starts, refuses a taken port, stops on TERM ---
-"$ECX" registry --bind 127.0.0.1 --port 0 >"$work/reg.out" 2>"$work/reg.err" &
-regpid=$!
+# A port below the ephemeral range: it is restarted on the same port later,
+# and no other process's outgoing connection may take it meanwhile.
+for _ in $(seq 20); do
+	port=$((20000 + RANDOM % 10000))
+	"$ECX" registry --bind 127.0.0.1 --port "$port" >"$work/reg.out" 2>&1 &
+	regpid=$!
+	wait_for "$work/reg.out" "listening on\|cannot start" &&
+		grep -q "listening on" "$work/reg.out" && break
+	wait "$regpid"
+done
 pids+=("$regpid")
-wait_for "$work/reg.out" "listening on" || bad "registry did not start"
+grep -q "listening on" "$work/reg.out" || bad "registry did not start"
 regurl=$(sed -n 's/^listening on //p' "$work/reg.out")
 regport=${regurl##*:}
 "$ECX" registry --bind 127.0.0.1 --port "$regport" >/dev/null 2>"$work/err"
@@ -156,10 +164,16 @@ rc=$?
 ms=$((($(date +%s%N) - start) / 1000000))
 check "registry down: info exits 1 within its timeout (${ms} ms)" \
 	bash -c "test $rc = 1 && test $ms -lt 3000"
-"$ECX" registry --bind 127.0.0.1 --port "$regport" >"$work/reg2.out" 2>&1 &
-regpid=$!
+for _ in $(seq 20); do
+	"$ECX" registry --bind 127.0.0.1 --port "$regport" >"$work/reg2.out" 2>&1 &
+	regpid=$!
+	wait_for "$work/reg2.out" "listening on\|cannot start" &&
+		grep -q "listening on" "$work/reg2.out" && break
+	wait "$regpid"
+	sleep 0.2
+done
 pids+=("$regpid")
-wait_for "$work/reg2.out" "listening on" || bad "registry did not restart"
+grep -q "listening on" "$work/reg2.out" || bad "registry did not restart"
 back=1
 for _ in $(seq 100); do
 	"$ECX" info "$regurl" emb-f32 >/dev/null 2>&1 && { back=0; break; }

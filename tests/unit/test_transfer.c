@@ -36,6 +36,29 @@ static void peer_path(char *out, size_t n)
 	snprintf(out, n, "%s/ecx-test-peer", tu_bindir());
 }
 
+/* Starts a producer peer; false (instead of failing the test) when it
+ * could not start, e.g. its fixed port was taken. */
+static bool producer_try(producer *p, const char *transport, char **extra)
+{
+	char path[512];
+	peer_path(path, sizeof(path));
+	char *argv[32] = {path, "producer", "--transport", (char *)transport};
+	int n = 4;
+	for (; extra[n - 4] != NULL && n < 30; n++)
+		argv[n] = extra[n - 4];
+	argv[n] = NULL;
+	if (!tu_spawn(&p->ch, argv))
+		return false;
+	char line[512];
+	if (!tu_line(&p->ch, line, sizeof(line)) ||
+	    sscanf(line, "ready %u %255s", &p->port, p->zmq) != 2) {
+		tu_reap(&p->ch, 5000);
+		return false;
+	}
+	snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%u", p->port);
+	return true;
+}
+
 /* Starts a producer peer with extra arguments (NULL-terminated). */
 static void producer_start(producer *p, const char *transport, ...)
 {
@@ -544,13 +567,22 @@ static void test_reused_address(void **state)
 static void test_producer_restart(void **state)
 {
 	(void)state;
+	/* Fixed ports below the ephemeral range, so no other process's
+	 * outgoing connection takes them between the two producers. */
 	producer p;
-	producer_start(&p, "tcp", NULL);
-	producer_put(&p, "s", "uint8", "10000", "ok");
 	char rport[16], zport[16];
-	snprintf(rport, sizeof(rport), "%u", p.port);
-	const char *colon = strrchr(p.zmq, ':');
-	snprintf(zport, sizeof(zport), "%s", colon + 1);
+	bool started = false;
+	srand((unsigned)getpid());
+	for (int i = 0; i < 20 && !started; i++) {
+		int base = 20000 + rand() % 10000;
+		snprintf(rport, sizeof(rport), "%d", base);
+		snprintf(zport, sizeof(zport), "%d", base + 1);
+		char *extra[] = {"--registry-port", rport, "--zmq-port", zport,
+		                 NULL};
+		started = producer_try(&p, "tcp", extra);
+	}
+	assert_true(started);
+	producer_put(&p, "s", "uint8", "10000", "ok");
 	ecx_consumer *c = consumer(p.url, "tcp", 2000, NULL);
 	ecx_item it = {.id = "s"};
 	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
@@ -559,8 +591,12 @@ static void test_producer_restart(void **state)
 	kill(p.ch.pid, SIGKILL);
 	tu_reap(&p.ch, 1000);
 	producer q;
-	producer_start(&q, "tcp", "--registry-port", rport, "--zmq-port", zport,
-	               NULL);
+	char *extra[] = {"--registry-port", rport, "--zmq-port", zport, NULL};
+	started = false;
+	for (int i = 0; i < 20 && !started; i++) /* the old one's sockets */
+		if (!(started = producer_try(&q, "tcp", extra)))
+			usleep(100000);
+	assert_true(started);
 	assert_string_equal(q.zmq, p.zmq);
 	producer_put(&q, "s", "uint8", "10000", "ok");
 	/* The registry may be in its back-off after the outage. */
