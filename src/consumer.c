@@ -777,6 +777,7 @@ int ecx_load_wait(ecx_load *l)
 {
 	ecx_consumer *c = l->c;
 	uint64_t spin_until = ecx_now_ns() + 2000000u;
+	ecx_ucx_waiting(c->ucx, true);
 	while (!load_done(l)) {
 		uint64_t now = ecx_now_ns();
 		if (now >= l->deadline_ns)
@@ -785,6 +786,7 @@ int ecx_load_wait(ecx_load *l)
 		    now > spin_until)
 			usleep(20);
 	}
+	ecx_ucx_waiting(c->ucx, false);
 	int first = 0;
 	uint64_t ok = 0, bad = 0, bytes = 0;
 	pthread_mutex_lock(&c->lock);

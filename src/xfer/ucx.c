@@ -25,6 +25,7 @@ struct ecx_ucx {
 	void (*on_progress)(void *arg);
 	void *arg;
 	uint64_t spin_ns;
+	int waiters; /* callers progressing the worker themselves */
 	ucp_err_handling_mode_t err_mode;
 };
 
@@ -112,6 +113,12 @@ static void *ucx_thread(void *p)
 	ecx_ucx *u = p;
 	uint64_t active = ecx_now_ns();
 	while (!__atomic_load_n(&u->stop, __ATOMIC_ACQUIRE)) {
+		if (__atomic_load_n(&u->waiters, __ATOMIC_ACQUIRE) > 0) {
+			/* A caller polls the worker: a second poller on these
+			 * two cores only takes its time and the lock. */
+			usleep(200);
+			continue;
+		}
 		unsigned n = ucp_worker_progress(u->worker);
 		if (u->on_progress != NULL)
 			u->on_progress(u->arg);
@@ -273,6 +280,14 @@ ucp_worker_h ecx_ucx_worker(ecx_ucx *u)
 void ecx_ucx_wake(ecx_ucx *u)
 {
 	ucp_worker_signal(u->worker);
+}
+
+void ecx_ucx_waiting(ecx_ucx *u, bool on)
+{
+	if (on)
+		__atomic_add_fetch(&u->waiters, 1, __ATOMIC_ACQ_REL);
+	else
+		__atomic_sub_fetch(&u->waiters, 1, __ATOMIC_ACQ_REL);
 }
 
 void ecx_ucx_address(ecx_ucx *u, const void **addr, size_t *len)

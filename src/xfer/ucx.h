@@ -57,6 +57,10 @@ ucp_worker_h ecx_ucx_worker(ecx_ucx *u);
 /* Wakes the progress thread (after queueing work for on_progress). */
 void ecx_ucx_wake(ecx_ucx *u);
 
+/* A caller starts (on) or stops (off) progressing the worker itself while
+ * it waits; meanwhile the progress thread stands aside. */
+void ecx_ucx_waiting(ecx_ucx *u, bool on);
+
 /* The worker's packed address (valid until destroy). */
 void ecx_ucx_address(ecx_ucx *u, const void **addr, size_t *len);
 
