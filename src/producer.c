@@ -29,7 +29,7 @@
 
 #define MOD "producer"
 #define MAX_CONNS 4096
-#define RKEY_CACHE 16
+#define RKEY_CACHE 64 /* as many as one pull may name */
 #define PREFAULT_CHUNK (2u << 20)
 #define HELLO_TTL_NS (60ull * 1000000000u)
 
@@ -84,6 +84,7 @@ typedef struct job {
 	item **items;     /* pinned item per request item, NULL if failed */
 	int *status;      /* per request item */
 	rkey_ent **rkeys; /* per region, entries of the connection's cache */
+	rkey_ent *own;    /* per region, the job's own when the cache is full */
 	conn *c;
 	uint64_t deadline_ns;
 	bool flushing, done;
@@ -538,9 +539,15 @@ static void job_unpin(ecx_producer *p, job *j)
 static void job_release(ecx_producer *p, job *j)
 {
 	job_unpin(p, j);
-	for (size_t i = 0; j->rkeys != NULL && i < j->pr.nregions; i++)
-		if (j->rkeys[i] != NULL)
+	for (size_t i = 0; j->rkeys != NULL && i < j->pr.nregions; i++) {
+		if (j->rkeys[i] == NULL)
+			continue;
+		if (j->own != NULL && j->rkeys[i] == &j->own[i])
+			ucp_rkey_destroy(j->own[i].h);
+		else
 			j->rkeys[i]->refs--;
+	}
+	free(j->own);
 	if (j->c != NULL)
 		j->c->jobs--;
 	ecx_pull_req_free(&j->pr);
@@ -720,8 +727,19 @@ static bool job_start(ecx_producer *p, job *j)
 		j->items[i] = it;
 	}
 	pthread_mutex_unlock(&p->lock);
-	for (size_t g = 0; g < j->pr.nregions; g++)
+	for (size_t g = 0; g < j->pr.nregions; g++) {
 		j->rkeys[g] = rkey_get(j->c, &j->pr.regions[g]);
+		if (j->rkeys[g] != NULL)
+			continue;
+		/* Every cache entry is held by pulls in flight: this pull
+		 * unpacks its own, for its own life. */
+		if (j->own == NULL)
+			j->own = calloc(j->pr.nregions, sizeof(*j->own));
+		if (j->own != NULL &&
+		    ucp_ep_rkey_unpack(j->c->ep, j->pr.regions[g].rkey,
+		                       &j->own[g].h) == UCS_OK)
+			j->rkeys[g] = &j->own[g];
+	}
 	for (size_t i = 0; i < n; i++) {
 		item *it = j->items[i];
 		if (it == NULL || it->desc.nbytes == 0)

@@ -520,6 +520,41 @@ static void test_no_registration_per_item(void **state)
 	producer_stop(&p);
 }
 
+/* One load whose items lie in 40 separate pieces of the caller's memory:
+ * 40 regions in one pull, all loaded (the producer keeps a remote key per
+ * region; it used to run out at 16). */
+static void test_many_regions(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	enum { N = 40, SZ = 65536 };
+	char ids[N][16];
+	ecx_item it[N];
+	memset(it, 0, sizeof(it));
+	for (int i = 0; i < N; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "mr%d", i);
+		producer_put(&p, ids[i], "uint8", "65536", "ok");
+		it[i].id = ids[i];
+	}
+	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	assert_int_equal(ecx_consumer_lookup(c, it, N), 0);
+	/* Every other 128 KiB slot: gaps keep the pieces apart. */
+	char *mem = mmap(NULL, (size_t)N * 2 * 2 * SZ, PROT_READ | PROT_WRITE,
+	                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(mem != MAP_FAILED);
+	for (int round = 0; round < 3; round++) {
+		for (int i = 0; i < N; i++)
+			it[i].dst = mem + (size_t)i * 4 * SZ;
+		assert_int_equal(ecx_consumer_load(c, it, N), 0);
+		for (int i = 0; i < N; i++)
+			assert_true(tu_check(ids[i], it[i].dst, SZ));
+	}
+	munmap(mem, (size_t)N * 2 * 2 * SZ);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
 /* A buffer freed and a new one mapped at the same address loads right. */
 static void test_reused_address(void **state)
 {
@@ -655,6 +690,7 @@ int main(void)
 	    cmocka_unit_test(test_producer_killed_shm),
 	    cmocka_unit_test(test_four_consumers),
 	    cmocka_unit_test(test_no_registration_per_item),
+	    cmocka_unit_test(test_many_regions),
 	    cmocka_unit_test(test_reused_address),
 	    cmocka_unit_test(test_producer_restart),
 	    cmocka_unit_test(test_token),
