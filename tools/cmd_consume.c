@@ -269,10 +269,7 @@ int cmd_consume(int argc, char **argv)
 	    {"verify", no_argument, NULL, 'v'},
 	    {"files", required_argument, NULL, 'f'},
 	    {"transport", required_argument, NULL, 'T'},
-	    {"token", required_argument, NULL, 't'},
-	    {"timeout", required_argument, NULL, 'x'},
-	    {"json", no_argument, NULL, 'j'},
-	    {"help", no_argument, NULL, 'h'},
+	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
 	const char *files = NULL, *transport = NULL;
@@ -297,24 +294,11 @@ int cmd_consume(int argc, char **argv)
 		case 'T':
 			transport = optarg;
 			break;
-		case 't':
-			t.token = optarg;
-			break;
-		case 'x':
-			if (!tool_parse_ms(optarg, &t.timeout_ms) ||
-			    t.timeout_ms == 0)
-				return tool_fail("consume", EXIT_USAGE,
-				                 "bad --timeout '%s'", optarg);
-			break;
-		case 'j':
-			t.json = true;
-			break;
-		case 'h':
-			fputs(help, stdout);
-			return EXIT_OK;
-		default:
-			fputs(help, stderr);
-			return EXIT_USAGE;
+		default: {
+			int rc = tool_opt("consume", help, c, optarg, &t);
+			if (rc >= 0)
+				return rc;
+		}
 		}
 	}
 	if ((files == NULL) != (argc - optind == 1) ||

@@ -40,10 +40,7 @@ int cmd_get(int argc, char **argv)
 	    {"output", required_argument, NULL, 'o'},
 	    {"verify", no_argument, NULL, 'v'},
 	    {"transport", required_argument, NULL, 'T'},
-	    {"token", required_argument, NULL, 't'},
-	    {"timeout", required_argument, NULL, 'x'},
-	    {"json", no_argument, NULL, 'j'},
-	    {"help", no_argument, NULL, 'h'},
+	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
 	const char *out = NULL, *transport = NULL;
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
@@ -61,24 +58,11 @@ int cmd_get(int argc, char **argv)
 		case 'T':
 			transport = optarg;
 			break;
-		case 't':
-			t.token = optarg;
-			break;
-		case 'x':
-			if (!tool_parse_ms(optarg, &t.timeout_ms) ||
-			    t.timeout_ms == 0)
-				return tool_fail("get", EXIT_USAGE,
-				                 "bad --timeout '%s'", optarg);
-			break;
-		case 'j':
-			t.json = true;
-			break;
-		case 'h':
-			fputs(help, stdout);
-			return EXIT_OK;
-		default:
-			fputs(help, stderr);
-			return EXIT_USAGE;
+		default: {
+			int rc = tool_opt("get", help, c, optarg, &t);
+			if (rc >= 0)
+				return rc;
+		}
 		}
 	}
 	if (argc - optind != 2 || out == NULL) {

@@ -38,11 +38,8 @@ static const char ls_help[] =
     "Exit codes: 0 success, 1 registry error, 2 usage error.\n";
 
 static const struct option read_opts[] = {
-    {"json", no_argument, NULL, 'j'},
-    {"token", required_argument, NULL, 't'},
-    {"timeout", required_argument, NULL, 'T'},
     {"limit", required_argument, NULL, 'l'},
-    {"help", no_argument, NULL, 'h'},
+    TOOL_OPT_ENTRIES,
     {NULL, 0, NULL, 0}};
 
 /* Parses the options info and ls share; returns -1 to go on, else an exit
@@ -56,30 +53,17 @@ static int read_args(const char *cmd, const char *help, int argc, char **argv,
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", read_opts, NULL)) != -1) {
 		switch (c) {
-		case 'j':
-			t->json = true;
-			break;
-		case 't':
-			t->token = optarg;
-			break;
-		case 'T':
-			if (!tool_parse_ms(optarg, &t->timeout_ms) ||
-			    t->timeout_ms == 0)
-				return tool_fail(cmd, EXIT_USAGE,
-				                 "bad --timeout '%s'", optarg);
-			break;
 		case 'l':
 			*limit = atoi(optarg);
 			if (limit == NULL || *limit < 1 || *limit > 1000)
 				return tool_fail(cmd, EXIT_USAGE,
 				                 "--limit takes 1 to 1000");
 			break;
-		case 'h':
-			fputs(help, stdout);
-			return EXIT_OK;
-		default:
-			fputs(help, stderr);
-			return EXIT_USAGE;
+		default: {
+			int rc = tool_opt(cmd, help, c, optarg, t);
+			if (rc >= 0)
+				return rc;
+		}
 		}
 	}
 	return -1;

@@ -240,17 +240,15 @@ int cmd_serve(int argc, char **argv)
 	    {"zmq-port", required_argument, NULL, 'z'},
 	    {"capacity", required_argument, NULL, 'c'},
 	    {"transport", required_argument, NULL, 'T'},
-	    {"token", required_argument, NULL, 't'},
-	    {"timeout", required_argument, NULL, 'o'},
+
 	    {"synthetic", required_argument, NULL, 'S'},
 	    {"workload", required_argument, NULL, 'w'},
 	    {"count", required_argument, NULL, 'n'},
 	    {"prefix", required_argument, NULL, 'P'},
 	    {"shape", required_argument, NULL, 's'},
 	    {"dtype", required_argument, NULL, 'd'},
-	    {"json", no_argument, NULL, 'j'},
 	    {"registry-ttl", required_argument, NULL, 'L'},
-	    {"help", no_argument, NULL, 'h'},
+	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
 	serve_opts o = {.count = 200};
 	ecx_producer_params *p = &o.p;
@@ -259,8 +257,7 @@ int cmd_serve(int argc, char **argv)
 	                ECX_PRODUCER_PARAM_TOKEN | ECX_PRODUCER_PARAM_TIMEOUT;
 	p->bind_host = "0.0.0.0";
 	p->registry_port = ECX_REGISTRY_PORT_DEFAULT;
-	p->token = getenv("ECX_TOKEN");
-	p->timeout_ms = 5000;
+	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -302,15 +299,6 @@ int cmd_serve(int argc, char **argv)
 			p->field_mask |= ECX_PRODUCER_PARAM_TRANSPORT;
 			p->transport = optarg;
 			break;
-		case 't':
-			p->token = optarg;
-			break;
-		case 'o':
-			if (!tool_parse_ms(optarg, &p->timeout_ms) ||
-			    p->timeout_ms == 0)
-				return tool_fail("serve", EXIT_USAGE,
-				                 "bad --timeout '%s'", optarg);
-			break;
 		case 'S':
 			o.synthetic = strtoul(optarg, NULL, 10);
 			if (o.synthetic == 0)
@@ -337,9 +325,6 @@ int cmd_serve(int argc, char **argv)
 		case 'd':
 			o.dtype = optarg;
 			break;
-		case 'j':
-			o.json = true;
-			break;
 		case 'L':
 			p->registry_ttl_s = atoi(optarg);
 			if (p->registry_ttl_s < 0)
@@ -348,14 +333,16 @@ int cmd_serve(int argc, char **argv)
 				                 optarg);
 			p->field_mask |= ECX_PRODUCER_PARAM_REGISTRY_TTL;
 			break;
-		case 'h':
-			fputs(help, stdout);
-			return EXIT_OK;
-		default:
-			fputs(help, stderr);
-			return EXIT_USAGE;
+		default: {
+			int rc = tool_opt("serve", help, c, optarg, &t);
+			if (rc >= 0)
+				return rc;
+		}
 		}
 	}
+	p->token = t.token;
+	p->timeout_ms = t.timeout_ms;
+	o.json = t.json;
 	if (o.synthetic > 0 && o.workload != NULL)
 		return tool_fail("serve", EXIT_USAGE,
 		                 "give --synthetic or --workload, not both");

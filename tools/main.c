@@ -39,6 +39,31 @@ int tool_fail(const char *cmd, int code, const char *fmt, ...)
 	return code;
 }
 
+int tool_opt(const char *cmd, const char *help, int c, const char *arg,
+             tool_common *t)
+{
+	switch (c) {
+	case TOOL_OPT_TOKEN:
+		t->token = arg;
+		return -1;
+	case TOOL_OPT_TIMEOUT:
+		if (!tool_parse_ms(arg, &t->timeout_ms) || t->timeout_ms == 0)
+			return tool_fail(cmd, EXIT_USAGE,
+			                 "bad --timeout '%s' (e.g. 500ms, 2s)",
+			                 arg);
+		return -1;
+	case TOOL_OPT_JSON:
+		t->json = true;
+		return -1;
+	case 'h':
+		fputs(help, stdout);
+		return EXIT_OK;
+	default:
+		fputs(help, stderr);
+		return EXIT_USAGE;
+	}
+}
+
 bool tool_parse_ms(const char *s, int *out)
 {
 	char *end;

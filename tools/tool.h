@@ -22,6 +22,26 @@ typedef struct tool_common {
 	bool json;         /* --json */
 } tool_common;
 
+/* getopt_long codes of the options several commands share. */
+enum {
+	TOOL_OPT_TOKEN = 256, /* --token T */
+	TOOL_OPT_TIMEOUT,     /* --timeout MS */
+	TOOL_OPT_JSON,        /* --json */
+};
+#define TOOL_OPT_ENTRIES                                            \
+	{"token", required_argument, NULL, TOOL_OPT_TOKEN},         \
+	    {"timeout", required_argument, NULL, TOOL_OPT_TIMEOUT}, \
+	    {"json", no_argument, NULL, TOOL_OPT_JSON},             \
+	{                                                           \
+		"help", no_argument, NULL, 'h'                      \
+	}
+
+/* Handles option c if it is a shared one (--token, --timeout, --json,
+ * --help) or unknown: returns -1 to go on, or the exit code (help printed:
+ * EXIT_OK; a bad value or an unknown option: the usage and EXIT_USAGE). */
+int tool_opt(const char *cmd, const char *help, int c, const char *arg,
+             tool_common *t);
+
 /* Each subcommand: argc/argv start at the subcommand's name. */
 int cmd_registry(int argc, char **argv);
 int cmd_info(int argc, char **argv);
