@@ -273,6 +273,9 @@ static int run_consumer(int argc, char **argv)
 			         300000L);
 			raise(SIGSTOP);
 			ecx_load_wait(l);
+			for (size_t i = 0; i < n; i++)
+				free(it[i].dst);
+			free(it);
 			continue;
 		}
 		char report[4096];

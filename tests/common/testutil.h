@@ -138,6 +138,26 @@ done:
 	return st;
 }
 
+/* Stops process pid with SIGSTOP and returns once it is stopped (kill()
+ * returns before the signal has taken effect). */
+static inline void tu_stop(pid_t pid)
+{
+	kill(pid, SIGSTOP);
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	for (int i = 0; i < 1000; i++) {
+		FILE *f = fopen(path, "r");
+		size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+		if (f != NULL)
+			fclose(f);
+		buf[n] = '\0';
+		const char *p = strrchr(buf, ')');
+		if (p != NULL && p[1] == ' ' && p[2] == 'T')
+			return;
+		usleep(1000);
+	}
+}
+
 /* The test binaries' folder (for the peer helper). */
 static inline const char *tu_bindir(void)
 {

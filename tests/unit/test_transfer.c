@@ -407,7 +407,7 @@ static void producer_killed(const char *transport)
 	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
 	it.dst = malloc(it.desc.nbytes);
 	assert_int_equal(ecx_consumer_load(c, &it, 1), 0); /* connected */
-	kill(p.ch.pid, SIGSTOP); /* mid-pull from here on */
+	tu_stop(p.ch.pid); /* mid-pull from here on */
 	ecx_load *l;
 	uint64_t t0 = now_ms();
 	assert_int_equal(ecx_consumer_load_start(c, &it, 1, &l), 0);
@@ -415,7 +415,9 @@ static void producer_killed(const char *transport)
 	kill(p.ch.pid, SIGKILL);
 	int rc = ecx_load_wait(l);
 	uint64_t took = now_ms() - t0;
-	assert_true(rc == ECX_ECLOSED || rc == ECX_ETIMEDOUT);
+	if (rc != ECX_ECLOSED && rc != ECX_ETIMEDOUT)
+		fail_msg("load of a killed producer ended with %s",
+		         ecx_err_name(rc));
 	assert_int_equal(it.status, rc);
 	assert_true(took < 2000 + 500);
 	tu_reap(&p.ch, 1000);
