@@ -86,7 +86,7 @@ static int run_producer(shared *sh, uint64_t until)
 	    .capacity_bytes = ARENA,
 	    .bind_host = "127.0.0.1",
 	    .registry_port = 0,
-	    .timeout_ms = 3000};
+	    .timeout_ms = 10000};
 	ecx_producer *prod;
 	char why[256];
 	if (ecx_producer_create(&p, &prod, why, sizeof(why)) != 0) {
@@ -142,7 +142,7 @@ static int run_consumer(shared *sh, int me, uint64_t until)
 	                              ECX_CONSUMER_PARAM_TIMEOUT |
 	                              ECX_CONSUMER_PARAM_RECV_CAPACITY,
 	                          .registry = url,
-	                          .timeout_ms = 3000,
+	                          .timeout_ms = 10000,
 	                          .recv_capacity = 24u << 20};
 	ecx_consumer *c;
 	if (ecx_consumer_create(&cp, &c, why, sizeof(why)) != 0) {
