@@ -133,10 +133,7 @@ struct ecx_producer {
 
 static uint64_t id_hash(const char *s)
 {
-	uint64_t h = 1469598103934665603ull;
-	for (; *s != '\0'; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
+	return ecx_hash_str(s);
 }
 
 static item *item_find(ecx_producer *p, const char *id)

@@ -1,14 +1,13 @@
 /* gen.c - deterministic item bytes and realistic item shapes. */
 #include "gen.h"
 
+#include "core/core.h"
+
 #include <string.h>
 
 static uint64_t gen_seed(const char *id)
 {
-	uint64_t x = 1469598103934665603ull;
-	for (; *id; id++)
-		x = (x ^ (unsigned char)*id) * 1099511628211ull;
-	return x | 1;
+	return ecx_hash_str(id) | 1; /* xorshift needs a non-zero state */
 }
 
 /* xorshift64: fast enough that generating is not what a benchmark sees. */

@@ -65,6 +65,10 @@ int ecx_why(char *why, size_t whylen, int err, const char *fmt, ...)
 /* ecx_strlcpy copies at most n-1 bytes and terminates; returns strlen(src). */
 size_t ecx_strlcpy(char *dst, const char *src, size_t n);
 
+/* ecx_hash_str is FNV-1a of a NUL-terminated string (for hash tables and
+ * seeds; not for anything an attacker should not collide). */
+uint64_t ecx_hash_str(const char *s);
+
 /* ecx_ct_equal compares two byte strings in time that depends only on their
  * lengths (for tokens). */
 bool ecx_ct_equal(const char *a, size_t alen, const char *b, size_t blen);

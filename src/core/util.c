@@ -15,6 +15,14 @@ size_t ecx_strlcpy(char *dst, const char *src, size_t n)
 	return len;
 }
 
+uint64_t ecx_hash_str(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (; *s != '\0'; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
 bool ecx_ct_equal(const char *a, size_t alen, const char *b, size_t blen)
 {
 	/* Walk the longer length so the time does not reveal a prefix match. */

@@ -23,10 +23,7 @@ typedef struct mem_store {
 
 static uint64_t mem_hash(const char *s)
 {
-	uint64_t h = 1469598103934665603ull; /* FNV-1a */
-	for (; *s != '\0'; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
+	return ecx_hash_str(s);
 }
 
 static mem_node **mem_find(mem_store *m, const char *id, uint64_t h)

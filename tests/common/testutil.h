@@ -5,6 +5,8 @@
 
 #include <ecx/ecx.h>
 
+#include "gen.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,37 +19,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Fills n bytes with a stream that depends only on id: random-looking,
- * never all zeros, so a test tells any two items (and zeros) apart. */
+/* Item bytes depend only on the id (tools/gen.c, shared with ecx serve
+ * and the demo): random-looking, so a test tells any two items (and zeros)
+ * apart. */
 static inline void tu_fill(const char *id, void *buf, size_t n)
 {
-	uint64_t x = 1469598103934665603ull;
-	for (const char *s = id; *s; s++)
-		x = (x ^ (unsigned char)*s) * 1099511628211ull;
-	unsigned char *p = buf;
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		memcpy(p + i, &x, 8);
-	}
-	for (; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p[i] = (unsigned char)(x | 1);
-	}
+	gen_fill(id, buf, n);
 }
 
 /* Returns true when buf holds exactly what tu_fill(id) writes. */
 static inline bool tu_check(const char *id, const void *buf, size_t n)
 {
-	unsigned char *want = malloc(n ? n : 1);
-	tu_fill(id, want, n);
-	bool ok = memcmp(want, buf, n) == 0;
-	free(want);
-	return ok;
+	return gen_check(id, buf, n);
 }
 
 typedef struct tu_child {
