@@ -2,7 +2,7 @@
  * and body all come from the input, against a registry with a token and a
  * few entries. Every answer must be a status code in range with a body, and
  * every error body JSON with a "detail". */
-#include "registry/registry.h"
+#include "registry/server.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -11,7 +11,7 @@
  */
 #include "ctrl/ctrl.h"
 #include "mem/alloc.h"
-#include "registry/registry.h"
+#include "registry/server.h"
 #include "xfer/ucx.h"
 
 #include <zmq.h>

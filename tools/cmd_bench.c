@@ -4,7 +4,7 @@
 
 #include "gen.h"
 #include "proc.h"
-#include "registry/registry.h"
+#include "registry/server.h"
 #include "safetensors.h"
 #include "stats.h"
 

@@ -4,7 +4,7 @@
 #include "tool.h"
 
 #include "gen.h"
-#include "registry/registry.h"
+#include "registry/server.h"
 #include "safetensors.h"
 #include "stats.h"
 

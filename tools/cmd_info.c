@@ -1,7 +1,7 @@
 /* cmd_info.c - `ecx info` and `ecx ls`: read a registry. */
 #include "tool.h"
 
-#include "registry/registry.h"
+#include "registry/server.h"
 
 #include <getopt.h>
 #include <stdlib.h>

@@ -407,6 +407,104 @@ ECX_API const char *ecx_consumer_last_error(void);
  * returns within the timeout). Accepts NULL. */
 ECX_API void ecx_consumer_destroy(ecx_consumer *c);
 
+/* ---- Registry client ------------------------------------------------------ */
+
+/* Largest address (producer_zmq, registry URL) ecx keeps, with its NUL. */
+#define ECX_ADDR_MAX 256
+
+/* A registry client: lookups, listings, publishing and health of one or
+ * several registries, with no data plane (no UCX context, no threads). Each
+ * registry keeps one persistent connection; a registry that fails is
+ * skipped for a back-off period (500 ms, doubling to 10 s) instead of
+ * costing its timeout on every call. One thread uses a client at a time;
+ * distinct clients are independent. */
+typedef struct ecx_client ecx_client;
+
+enum {
+	ECX_CLIENT_PARAM_REGISTRY = 1u << 0,
+	ECX_CLIENT_PARAM_TOKEN = 1u << 1,
+	ECX_CLIENT_PARAM_TIMEOUT = 1u << 2,
+	ECX_CLIENT_PARAM_CONNECT_TIMEOUT = 1u << 3,
+	ECX_CLIENT_PARAM_REGISTRY_TTL = 1u << 4,
+};
+
+typedef struct ecx_client_params {
+	uint64_t field_mask;
+	const char *registry;   /* required: comma-separated http://HOST:PORT
+	                           or redis://[:password@]HOST[:PORT][/DB] */
+	const char *token;      /* sent as Authorization: Bearer */
+	int timeout_ms;         /* bound on each request, default 5000 */
+	int connect_timeout_ms; /* bound on connecting, default 1000 */
+	int registry_ttl_s;     /* entries published to Redis expire after it;
+	                           default 0: never */
+} ecx_client_params;
+
+/* ecx_client_create checks the URLs and makes a client; nothing is
+ * connected until the first request. ECX_EINVAL for a URL that is neither
+ * http:// nor redis://, with the reason in why. Never blocks. */
+ECX_API int ecx_client_create(const ecx_client_params *params,
+                              ecx_client **out, char *why, size_t whylen);
+
+/* ecx_client_destroy closes the connections. Accepts NULL. */
+ECX_API void ecx_client_destroy(ecx_client *c);
+
+/* ecx_client_lookup asks for n ids (items[i].id) in one round trip per
+ * registry; ids missing from one registry are asked of the next. Sets each
+ * item's status (0 or ECX_ENOTFOUND), and for those found desc, producer
+ * and epoch. Returns 0 when every registry asked answered; otherwise the
+ * last registry's error (ecx_last_error has the detail), with what other
+ * registries found still filled in. Blocks up to the timeout per
+ * registry. */
+ECX_API int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n);
+
+/* ecx_client_publish writes the entry of item (id, desc, producer, epoch)
+ * to the first registry. Blocks for one request. */
+ECX_API int ecx_client_publish(ecx_client *c, const ecx_item *item);
+
+/* ecx_client_remove deletes id's entry from the first registry; with
+ * producer not NULL, only if the entry is that producer's. ECX_ENOTFOUND
+ * when nothing was removed. */
+ECX_API int ecx_client_remove(ecx_client *c, const char *id,
+                              const char *producer);
+
+/* Called by ecx_client_list once per entry, in id order; item and its
+ * strings are valid during the call only. A non-zero return stops the
+ * listing, and ecx_client_list returns it. */
+typedef int (*ecx_list_fn)(void *arg, const ecx_item *item);
+
+/* ecx_client_list lists up to limit (1 to 1000) entries of the first
+ * registry whose ids sort after `after` ("" or NULL: from the start),
+ * calling fn for each. Writes the id to continue after into next (""
+ * when the listing is complete) and, when total is not NULL, the number of
+ * entries the registry holds. Works on HTTP registries (GET /ec/list) and
+ * Redis (SCAN, sorted per page). Blocks for one request. */
+ECX_API int ecx_client_list(ecx_client *c, const char *after, size_t limit,
+                            ecx_list_fn fn, void *arg, char *next,
+                            size_t nextlen, uint64_t *total);
+
+/* ecx_client_health asks the first registry whether it serves, and sets
+ * *epoch to its epoch (changes at each start of an HTTP registry; 0 for
+ * Redis). */
+ECX_API int ecx_client_health(ecx_client *c, uint64_t *epoch);
+
+/* ecx_client_connections returns the connections opened so far, over all
+ * registries (a persistent client opens one per registry). */
+ECX_API long ecx_client_connections(const ecx_client *c);
+
+/* ecx_item_to_json returns the registry entry of item ({"nbytes", "shape",
+ * "dtype", "producer_zmq", "ecx_epoch"}) as a NUL-terminated string to free
+ * with ecx_free, or NULL when out of memory or item's descriptor is bad. */
+ECX_API char *ecx_item_to_json(const ecx_item *item);
+
+/* ecx_item_from_json reads a registry entry (len bytes, not NUL-terminated)
+ * into item's desc, producer and epoch; id and dst are left alone.
+ * ECX_EPROTO, with why, when it is not a valid entry. */
+ECX_API int ecx_item_from_json(const char *json, size_t len, ecx_item *item,
+                               char *why, size_t whylen);
+
+/* ecx_free frees memory that an ecx call returned to the caller. */
+ECX_API void ecx_free(void *p);
+
 #ifdef __cplusplus
 }
 #endif

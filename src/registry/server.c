@@ -1,5 +1,5 @@
 /* server.c - the HTTP registry on libmicrohttpd. */
-#include "registry/registry.h"
+#include "registry/server.h"
 
 #include <microhttpd.h>
 

@@ -18,7 +18,6 @@
 
 #include <cjson/cJSON.h>
 
-#define ECX_ADDR_MAX 256         /* producer_zmq and similar addresses */
 #define ECX_TOKEN_MAX 256        /* tokens, including the NUL */
 #define ECX_WIRE_MAX (4u << 20)  /* largest message any decoder takes */
 #define ECX_ENTRY_MAX 4096       /* largest registry entry */

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "common/testutil.h"
-#include "registry/registry.h"
+#include "registry/server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

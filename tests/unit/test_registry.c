@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "registry/registry.h"
+#include "registry/server.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>

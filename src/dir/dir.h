@@ -1,49 +1,18 @@
 /*
- * registry.h - the registry's internal API: the server's store (for the
- * producer that embeds it), and the client (libcurl) that consumers,
- * producers publishing remotely, and the command use.
+ * dir.h - the directory layer: where registry entries live and how a
+ * process reaches them. Owns the stores (store.h: memory, Redis) and the
+ * registry client (client.c: a list of registries, each reached over HTTP
+ * with libcurl or, for redis://, through the Redis store directly), with
+ * per-registry back-off.
+ *
+ * May include: core/, wire/. Never: UCX, ZeroMQ, or any role; the registry
+ * server (registry/) and the roles sit above and use this.
  */
-#ifndef ECX_REGISTRY_H
-#define ECX_REGISTRY_H
+#ifndef ECX_DIR_H
+#define ECX_DIR_H
 
-#include "registry/store.h"
+#include "dir/store.h"
 
-#define ECX_REG_MAX_BODY                                               \
-	(1u << 20)            /* largest request body the server takes \
-	                       */
-#define ECX_REG_MAX_PAGE 1000 /* rows in one GET /ec/list page */
-
-/* The store behind a running server; the embedding producer publishes into
- * it directly (no HTTP), and its counters count those too. */
-ecx_store *ecx_registry_store(ecx_registry *r);
-void ecx_registry_count_publish(ecx_registry *r, bool removal);
-
-/* One HTTP request as the router sees it, apart from libmicrohttpd (so
- * the fuzzer drives the router directly). */
-typedef struct ecx_reg_http {
-	const char *method, *url;
-	const char *arg_after, *arg_limit, *arg_producer; /* query, or NULL */
-	const char *authorization;                        /* header, or NULL */
-	const char *body;
-	size_t len;
-	bool too_big; /* the body was over ECX_REG_MAX_BODY and dropped */
-} ecx_reg_http;
-
-typedef struct ecx_reg_answer {
-	unsigned status;
-	char *body; /* malloc'd, NUL-terminated */
-	const char *ctype;
-} ecx_reg_answer;
-
-/* Answers one request; never fails (out of memory is a 500 answer). */
-void ecx_registry_route(ecx_registry *r, const ecx_reg_http *q,
-                        ecx_reg_answer *a);
-
-/* A registry with its store and counters but no listener, for the router's
- * fuzzer. Destroy with ecx_registry_destroy. */
-int ecx_registry_create_detached(const char *token, ecx_registry **out);
-
-/* ---- client ---- */
 
 typedef struct ecx_regclient ecx_regclient;
 
@@ -102,4 +71,4 @@ int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
 /* Connections opened so far, over all registries (tests prove reuse). */
 long ecx_regclient_connects(const ecx_regclient *c);
 
-#endif /* ECX_REGISTRY_H */
+#endif /* ECX_DIR_H */

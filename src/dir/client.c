@@ -1,6 +1,6 @@
 /* client.c - the registry client on libcurl: one persistent connection per
  * registry, bounded waits, and back-off for registries that are down. */
-#include "registry/registry.h"
+#include "dir/dir.h"
 
 #include <curl/curl.h>
 

@@ -5,7 +5,7 @@
  * guarded by a mutex, reconnected after a failure; every command is bounded
  * by the store's timeout.
  */
-#include "registry/store.h"
+#include "dir/store.h"
 
 #include <hiredis/hiredis.h>
 

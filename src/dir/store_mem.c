@@ -1,6 +1,6 @@
 /* store_mem.c - the in-memory store: a chained hash table under a
  * reader-writer lock. */
-#include "store.h"
+#include "dir/store.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -1,0 +1,49 @@
+/*
+ * server.h - the registry layer: the HTTP server (libmicrohttpd) and its
+ * router, serving a store from dir/ (memory or Redis). The public calls
+ * (ecx_registry_create, ...) are in ecx.h; this adds what the embedding
+ * producer and the router's fuzzer need.
+ *
+ * May include: core/, wire/, dir/. Never: UCX, ZeroMQ, or a role.
+ */
+#ifndef ECX_REGISTRY_H
+#define ECX_REGISTRY_H
+
+#include "dir/dir.h"
+
+#define ECX_REG_MAX_BODY                                               \
+	(1u << 20)            /* largest request body the server takes \
+	                       */
+#define ECX_REG_MAX_PAGE 1000 /* rows in one GET /ec/list page */
+
+/* The store behind a running server; the embedding producer publishes into
+ * it directly (no HTTP), and its counters count those too. */
+ecx_store *ecx_registry_store(ecx_registry *r);
+void ecx_registry_count_publish(ecx_registry *r, bool removal);
+
+/* One HTTP request as the router sees it, apart from libmicrohttpd (so
+ * the fuzzer drives the router directly). */
+typedef struct ecx_reg_http {
+	const char *method, *url;
+	const char *arg_after, *arg_limit, *arg_producer; /* query, or NULL */
+	const char *authorization;                        /* header, or NULL */
+	const char *body;
+	size_t len;
+	bool too_big; /* the body was over ECX_REG_MAX_BODY and dropped */
+} ecx_reg_http;
+
+typedef struct ecx_reg_answer {
+	unsigned status;
+	char *body; /* malloc'd, NUL-terminated */
+	const char *ctype;
+} ecx_reg_answer;
+
+/* Answers one request; never fails (out of memory is a 500 answer). */
+void ecx_registry_route(ecx_registry *r, const ecx_reg_http *q,
+                        ecx_reg_answer *a);
+
+/* A registry with its store and counters but no listener, for the router's
+ * fuzzer. Destroy with ecx_registry_destroy. */
+int ecx_registry_create_detached(const char *token, ecx_registry **out);
+
+#endif /* ECX_REGISTRY_H */
