@@ -11,13 +11,12 @@
  * handshakes, which block on the network; c->reg_lock serialises registry
  * lookups (the client is one thread at a time).
  */
-#include "ctrl/ctrl.h"
+#include "dir/dir.h"
 #include "mem/alloc.h"
-#include "registry/server.h"
+#include "rdv/rdv.h"
 #include "xfer/ucx.h"
 
 #include <ucm/api/ucm.h>
-#include <zmq.h>
 
 #include <pthread.h>
 #include <stdio.h>
@@ -81,7 +80,7 @@ struct ecx_consumer {
 	char *token;
 	int timeout_ms;
 	ecx_ucx *ucx;
-	void *zctx;
+	ecx_rdv_client *rdv;
 	pconn *conns;
 	pull *inflight;
 	uint64_t next_req;
@@ -194,63 +193,11 @@ static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 static int hello(ecx_consumer *c, const char *address, ecx_zresp *out,
                  char *why, size_t whylen)
 {
-	void *s = zmq_socket(c->zctx, ZMQ_REQ);
-	if (s == NULL)
-		return ecx_why(why, whylen, ECX_ENOMEM, "zmq_socket failed");
-	int t = c->timeout_ms, zero = 0;
-	zmq_setsockopt(s, ZMQ_SNDTIMEO, &t, sizeof(t));
-	zmq_setsockopt(s, ZMQ_RCVTIMEO, &t, sizeof(t));
-	zmq_setsockopt(s, ZMQ_CONNECT_TIMEOUT, &t, sizeof(t));
-	zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
-	int64_t maxmsg = ECX_ZMQ_MAX_MSG;
-	zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
 	const void *addr;
 	size_t alen;
 	ecx_ucx_address(c->ucx, &addr, &alen);
-	char *msg = ecx_zreq_encode_hello(addr, alen, c->token);
-	int rc = 0;
-	if (msg == NULL) {
-		rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-		goto out;
-	}
-	if (zmq_connect(s, address) != 0) {
-		rc = ecx_why(why, whylen, ECX_EINVAL,
-		             "bad producer address '%s': %s", address,
-		             zmq_strerror(zmq_errno()));
-		goto out;
-	}
-	if (zmq_send(s, msg, strlen(msg), 0) < 0) {
-		rc = ecx_why(why, whylen, ECX_ECONNECT,
-		             "cannot reach producer %s: %s", address,
-		             zmq_strerror(zmq_errno()));
-		goto out;
-	}
-	zmq_msg_t m;
-	zmq_msg_init(&m);
-	if (zmq_msg_recv(&m, s, 0) < 0) {
-		int e = zmq_errno();
-		zmq_msg_close(&m);
-		rc = ecx_why(why, whylen,
-		             e == EAGAIN ? ECX_ETIMEDOUT : ECX_ECONNECT,
-		             "producer %s did not answer within %d ms", address,
-		             c->timeout_ms);
-		goto out;
-	}
-	rc = ecx_zresp_decode(zmq_msg_data(&m), zmq_msg_size(&m), out, why,
-	                      whylen);
-	zmq_msg_close(&m);
-	if (rc == 0 && !out->ok) {
-		rc = ecx_why(why, whylen, out->err, "producer %s refused: %s",
-		             address, out->detail);
-		ecx_zresp_free(out);
-	} else if (rc == 0 && out->worker == NULL) {
-		rc = ecx_why(why, whylen, ECX_EPROTO,
-		             "producer %s sent no worker address", address);
-	}
-out:
-	free(msg);
-	zmq_close(s);
-	return rc;
+	return ecx_rdv_hello(c->rdv, address, addr, alen, c->token,
+	                     c->timeout_ms, out, why, whylen);
 }
 
 static void pconn_close(ecx_consumer *c, pconn *pc)
@@ -520,14 +467,6 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 
 /* ---- loads ---- */
 
-static void send_done(void *request, ucs_status_t st, void *user_data)
-{
-	if (st != UCS_OK)
-		ecx_warn(MOD, "pull send failed: %s", ucs_status_string(st));
-	ecx_am_out_free(user_data);
-	ucp_request_free(request);
-}
-
 /* Where an item's bytes go; zero-byte items (whose tensors may have no
  * address at all) all name one small buffer of the consumer's. */
 static void *item_dst(ecx_consumer *c, const ecx_item *x)
@@ -643,11 +582,9 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	r.nregions = p->nregs;
 	r.items = it;
 	r.nitems = ni;
-	ecx_am_out *o = ni > 0 ? calloc(1, sizeof(*o)) : NULL;
-	char *msg = o != NULL ? ecx_pull_req_encode(&r) : NULL;
+	char *msg = ni > 0 ? ecx_pull_req_encode(&r) : NULL;
 	free(it);
 	if (ni == 0 || msg == NULL) {
-		free(o);
 		if (ni > 0)
 			pull_fail(p, ECX_ENOMEM);
 		p->done = true;
@@ -657,24 +594,13 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	p->next = c->inflight;
 	c->inflight = p;
 	pthread_mutex_unlock(&c->lock);
-	o->h = (ecx_am_hdr){.conn = p->pc->id, .req = p->req};
-	o->body = msg;
-	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-	                                          UCP_OP_ATTR_FIELD_USER_DATA |
-	                                          UCP_OP_ATTR_FIELD_FLAGS,
-	                          .cb.send = send_done,
-	                          .user_data = o,
-	                          .flags = UCP_AM_SEND_FLAG_EAGER};
-	ucs_status_ptr_t req = ucp_am_send_nbx(
-	    p->pc->ep, ECX_AM_PULL, &o->h, sizeof(o->h), msg, strlen(msg), &rp);
-	if (req == NULL || UCS_PTR_IS_ERR(req)) {
-		ecx_am_out_free(o);
-		if (UCS_PTR_IS_ERR(req)) {
-			pthread_mutex_lock(&c->lock);
-			if (pull_take(c, p->req) != NULL)
-				pull_fail(p, ecx_ucx_err(UCS_PTR_STATUS(req)));
-			pthread_mutex_unlock(&c->lock);
-		}
+	int err =
+	    ecx_ucx_am_send(p->pc->ep, ECX_AM_PULL, p->pc->id, p->req, msg);
+	if (err != 0) {
+		pthread_mutex_lock(&c->lock);
+		if (pull_take(c, p->req) != NULL)
+			pull_fail(p, err);
+		pthread_mutex_unlock(&c->lock);
 	}
 	ecx_ucx_wake(c->ucx);
 }
@@ -904,10 +830,9 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 		c->arena.live = true;
 		c->st.registrations++;
 	}
-	c->zctx = zmq_ctx_new();
-	if (c->zctx == NULL)
-		goto fail_msg;
-	zmq_ctx_set(c->zctx, ZMQ_IO_THREADS, 1);
+	rc = ecx_rdv_client_create(&c->rdv, why, whylen);
+	if (rc != 0)
+		goto fail;
 	c->hooked = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, on_unmap,
 	                                  c) == UCS_OK;
 	if (!c->hooked)
@@ -950,8 +875,7 @@ void ecx_consumer_destroy(ecx_consumer *c)
 		ecx_ucx_mem_unmap(c->ucx, c->arena.memh);
 		ecx_ucx_destroy(c->ucx);
 	}
-	if (c->zctx != NULL)
-		zmq_ctx_term(c->zctx);
+	ecx_rdv_client_destroy(c->rdv);
 	ecx_alloc_fini(&c->alloc);
 	free(c->allocs);
 	free(c->cache);

@@ -98,6 +98,15 @@ void ecx_b64_encode(const void *in, size_t n, char *out);
  * decoded length, or -1 for bad characters, bad padding, or too little room. */
 long ecx_b64_decode(const char *in, size_t len, void *out, size_t outcap);
 
+/* ---- this host (host.c) ---- */
+
+/* ecx_default_host writes this host's first non-loopback IPv4 address, or
+ * 127.0.0.1, to out. */
+void ecx_default_host(char *out, size_t len);
+/* ecx_random_epoch returns a fresh non-zero number below 2^53 that tells
+ * one start of a process from another. */
+uint64_t ecx_random_epoch(void);
+
 /* ---- the calling thread's last error detail (ecx_last_error) ---- */
 
 /* ecx_set_error formats the detail of a failure of a public call and

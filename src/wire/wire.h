@@ -124,6 +124,23 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r);
 int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
                          char *why, size_t whylen);
 
+/* ---- the pull's framing on UCX active messages ---- */
+
+/* After the ZeroMQ hello (below) the consumer sends each pull as active
+ * message ECX_AM_PULL with header ecx_am_hdr and an ecx_pull_req body; the
+ * producer writes the items with UCX puts, flushes, and answers with
+ * ECX_AM_REPLY, the same header and an ecx_pull_resp body. */
+#define ECX_AM_PULL 17
+#define ECX_AM_REPLY 18
+
+typedef struct ecx_am_hdr {
+	uint64_t conn; /* the connection number the hello gave */
+	uint64_t req;  /* the consumer's request number */
+} ecx_am_hdr;
+
+/* Largest ZeroMQ message the producer accepts. */
+#define ECX_ZMQ_MAX_MSG (64 * 1024)
+
 /* ---- the ZeroMQ socket: rendezvous and the reference's pull ---- */
 
 typedef enum ecx_zop {

@@ -415,3 +415,53 @@ int ecx_ucx_wait(ecx_ucx *u, ucs_status_ptr_t req, uint64_t deadline_ns)
 	ucp_request_free(req);
 	return ecx_ucx_err(st);
 }
+
+/* An active message in flight: UCX 1.13 reads the header and the body until
+ * the send completes (it has no flag to copy the header), so both live on
+ * the heap and the send's callback frees them. */
+typedef struct am_out {
+	ecx_am_hdr h;
+	char *body;
+} am_out;
+
+static void am_out_free(am_out *o)
+{
+	if (o != NULL) {
+		free(o->body);
+		free(o);
+	}
+}
+
+static void am_send_done(void *request, ucs_status_t st, void *user_data)
+{
+	if (st != UCS_OK)
+		ecx_warn(MOD, "active message send failed: %s",
+		         ucs_status_string(st));
+	am_out_free(user_data);
+	ucp_request_free(request);
+}
+
+int ecx_ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t conn, uint64_t req,
+                    char *body)
+{
+	am_out *o = body != NULL ? calloc(1, sizeof(*o)) : NULL;
+	if (o == NULL) {
+		free(body);
+		return ECX_ENOMEM;
+	}
+	o->h = (ecx_am_hdr){.conn = conn, .req = req};
+	o->body = body;
+	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                                          UCP_OP_ATTR_FIELD_USER_DATA |
+	                                          UCP_OP_ATTR_FIELD_FLAGS,
+	                          .cb.send = am_send_done,
+	                          .user_data = o,
+	                          .flags = UCP_AM_SEND_FLAG_EAGER};
+	ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, &o->h, sizeof(o->h), body,
+	                                     strlen(body), &rp);
+	if (r == NULL || UCS_PTR_IS_ERR(r)) {
+		am_out_free(o);
+		return r == NULL ? 0 : ecx_ucx_err(UCS_PTR_STATUS(r));
+	}
+	return 0;
+}

@@ -12,7 +12,7 @@
 #ifndef ECX_XFER_UCX_H
 #define ECX_XFER_UCX_H
 
-#include "core/core.h"
+#include "wire/wire.h"
 
 #include <ucp/api/ucp.h>
 
@@ -91,6 +91,13 @@ void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, int timeout_ms);
  * the monotonic clock, progressing the worker. Returns 0, ECX_ETIMEDOUT
  * (the request is then cancelled and freed) or ECX_EIO. */
 int ecx_ucx_wait(ecx_ucx *u, ucs_status_ptr_t req, uint64_t deadline_ns);
+
+/* Sends active message id on ep with header {conn, req} and body, a
+ * malloc'd NUL-terminated string that the send owns from here on (freed
+ * when UCX is done with it, or now on failure). Sent eagerly. Returns 0
+ * when the send completed or was posted, else the ecx error. */
+int ecx_ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t conn, uint64_t req,
+                    char *body);
 
 /* Maps a UCX status to an ecx error. */
 int ecx_ucx_err(ucs_status_t st);

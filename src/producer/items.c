@@ -1,0 +1,253 @@
+/*
+ * items.c - the producer's items: a hash table by id, an LRU list, pins
+ * held by pulls, and put/remove with eviction. An evicted or removed id is
+ * unpublished; its bytes are given back once no pull reads them.
+ */
+#include "producer/producer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MOD "producer"
+
+/* ---- items ---- */
+
+static uint64_t id_hash(const char *s)
+{
+	return ecx_hash_str(s);
+}
+
+item *prod_item_find(ecx_producer *p, const char *id)
+{
+	uint64_t h = id_hash(id);
+	for (item *it = p->buckets[h & (p->nbuckets - 1)]; it; it = it->hnext)
+		if (it->hash == h && strcmp(it->id, id) == 0)
+			return it;
+	return NULL;
+}
+
+void prod_lru_unlink(ecx_producer *p, item *it)
+{
+	if (it->lru_prev)
+		it->lru_prev->lru_next = it->lru_next;
+	else
+		p->lru_head = it->lru_next;
+	if (it->lru_next)
+		it->lru_next->lru_prev = it->lru_prev;
+	else
+		p->lru_tail = it->lru_prev;
+	it->lru_prev = it->lru_next = NULL;
+}
+
+void prod_lru_push(ecx_producer *p, item *it)
+{
+	it->lru_prev = NULL;
+	it->lru_next = p->lru_head;
+	if (p->lru_head)
+		p->lru_head->lru_prev = it;
+	p->lru_head = it;
+	if (p->lru_tail == NULL)
+		p->lru_tail = it;
+}
+
+static void item_insert(ecx_producer *p, item *it)
+{
+	it->hash = id_hash(it->id);
+	size_t b = it->hash & (p->nbuckets - 1);
+	it->hnext = p->buckets[b];
+	p->buckets[b] = it;
+	p->nitems++;
+	prod_lru_push(p, it);
+}
+
+/* Takes it out of the table and the LRU list; the caller frees or dooms. */
+void prod_item_unlink(ecx_producer *p, item *it)
+{
+	item **pp = &p->buckets[it->hash & (p->nbuckets - 1)];
+	while (*pp != it)
+		pp = &(*pp)->hnext;
+	*pp = it->hnext;
+	p->nitems--;
+	prod_lru_unlink(p, it);
+}
+
+void prod_item_free(ecx_producer *p, item *it)
+{
+	ecx_alloc_give(&p->alloc, it->off, it->desc.nbytes);
+	free(it);
+}
+
+/* ---- put, remove ---- */
+
+/* Ids evicted under the lock, unpublished after it is released. */
+typedef struct evicted {
+	size_t n, cap;
+	char (*ids)[ECX_ID_MAX + 1];
+} evicted;
+
+static void evicted_add(evicted *e, const char *id)
+{
+	if (e->n == e->cap) {
+		size_t cap = e->cap ? e->cap * 2 : 8;
+		void *ids = realloc(e->ids, cap * sizeof(*e->ids));
+		if (ids == NULL)
+			return; /* it stays in the registry; pulls get ENOTFOUND
+			         */
+		e->ids = ids;
+		e->cap = cap;
+	}
+	ecx_strlcpy(e->ids[e->n++], id, ECX_ID_MAX + 1);
+}
+
+/* Finds room for n bytes, evicting unpinned items from the LRU tail. A dry
+ * run on a copy of the free list finds how many must go first, so a put
+ * that cannot succeed (everything pinned, or pinned items fragmenting the
+ * space) evicts nothing. */
+static int make_room(ecx_producer *p, uint64_t n, uint64_t *off, evicted *ev)
+{
+	if (ecx_alloc_take(&p->alloc, n, off))
+		return 0;
+	ecx_alloc dry;
+	if (!ecx_alloc_clone(&dry, &p->alloc))
+		return ECX_ENOMEM;
+	item *last = NULL;
+	uint64_t scratch;
+	for (item *v = p->lru_tail; v != NULL; v = v->lru_prev) {
+		if (v->pins > 0 || !v->ready)
+			continue;
+		ecx_alloc_give(&dry, v->off, v->desc.nbytes);
+		if (ecx_alloc_take(&dry, n, &scratch)) {
+			last = v;
+			break;
+		}
+	}
+	ecx_alloc_fini(&dry);
+	if (last == NULL)
+		return ECX_ENOSPC;
+	item *v = p->lru_tail;
+	for (;;) {
+		item *prev = v->lru_prev;
+		if (v->pins == 0 && v->ready) {
+			bool done = v == last;
+			prod_item_unlink(p, v);
+			evicted_add(ev, v->id);
+			prod_item_free(p, v);
+			p->st.evictions++;
+			if (done)
+				break;
+		}
+		v = prev;
+	}
+	return ecx_alloc_take(&p->alloc, n, off) ? 0 : ECX_ENOSPC;
+}
+
+int ecx_producer_put(ecx_producer *p, const char *id,
+                     const ecx_tensor_desc *desc, const void *src)
+{
+	char why[256];
+	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
+		return ecx_set_error(ECX_EINVAL, "put: missing argument");
+	if (ecx_id_check(id, why, sizeof(why)) != 0)
+		return ecx_set_error(ECX_EID, "put: %s", why);
+	int rc = ecx_tensor_check(desc, why, sizeof(why));
+	if (rc != 0)
+		return ecx_set_error(rc, "put %s: %s", id, why);
+	if (ecx_alloc_size(desc->nbytes) > p->alloc.capacity)
+		return ecx_set_error(
+		    ECX_ETOOBIG,
+		    "put %s: %llu bytes do not fit in an arena "
+		    "of %llu bytes",
+		    id, (unsigned long long)desc->nbytes,
+		    (unsigned long long)p->alloc.capacity);
+	evicted ev = {0};
+	pthread_mutex_lock(&p->lock);
+	item *old = prod_item_find(p, id);
+	if (old != NULL) {
+		bool same = old->desc.dtype == desc->dtype &&
+		            old->desc.ndim == desc->ndim &&
+		            old->desc.nbytes == desc->nbytes &&
+		            memcmp(old->desc.shape, desc->shape,
+		                   desc->ndim * sizeof(uint64_t)) == 0;
+		if (same && old->ready) {
+			prod_lru_unlink(p, old);
+			prod_lru_push(p, old);
+		}
+		pthread_mutex_unlock(&p->lock);
+		if (!same)
+			return ecx_set_error(
+			    ECX_EINVAL,
+			    "put %s: held with another dtype or "
+			    "shape; remove it first",
+			    id);
+		if (!old->ready)
+			return ecx_set_error(ECX_EBUSY,
+			                     "put %s: another put of it is in "
+			                     "progress",
+			                     id);
+		return 0;
+	}
+	uint64_t off = 0;
+	rc = make_room(p, desc->nbytes, &off, &ev);
+	item *it = NULL;
+	if (rc == 0) {
+		it = calloc(1, sizeof(*it));
+		if (it == NULL) {
+			ecx_alloc_give(&p->alloc, off, desc->nbytes);
+			rc = ECX_ENOMEM;
+		}
+	}
+	if (it != NULL) {
+		it->off = off;
+		it->desc = *desc;
+		ecx_strlcpy(it->id, id, sizeof(it->id));
+		item_insert(p, it); /* not ready: invisible to pulls */
+	}
+	pthread_mutex_unlock(&p->lock);
+	for (size_t i = 0; i < ev.n; i++)
+		prod_unpublish(p, ev.ids[i]);
+	free(ev.ids);
+	if (rc == ECX_ENOSPC)
+		return ecx_set_error(
+		    rc,
+		    "put %s: no room for %llu bytes: every item "
+		    "is being read by a pull",
+		    id, (unsigned long long)desc->nbytes);
+	if (rc != 0)
+		return ecx_set_error(rc, "put %s: out of memory", id);
+
+	if (desc->nbytes > 0)
+		memcpy((char *)p->base + off, src, desc->nbytes);
+	rc = prod_publish(p, id, desc, why, sizeof(why));
+	pthread_mutex_lock(&p->lock);
+	if (rc == 0) {
+		it->ready = true;
+	} else {
+		prod_item_unlink(p, it);
+		prod_item_free(p, it);
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (rc != 0)
+		return ecx_set_error(rc, "put %s: cannot publish: %s", id, why);
+	ecx_debug(MOD, "put %s (%llu bytes at offset %llu)", id,
+	          (unsigned long long)desc->nbytes, (unsigned long long)off);
+	return 0;
+}
+
+int ecx_producer_remove(ecx_producer *p, const char *id)
+{
+	pthread_mutex_lock(&p->lock);
+	item *it = prod_item_find(p, id);
+	if (it == NULL || !it->ready) {
+		pthread_mutex_unlock(&p->lock);
+		return ecx_set_error(ECX_ENOTFOUND, "remove %s: not held", id);
+	}
+	prod_item_unlink(p, it);
+	if (it->pins > 0)
+		it->doomed = true;
+	else
+		prod_item_free(p, it);
+	pthread_mutex_unlock(&p->lock);
+	prod_unpublish(p, id);
+	return 0;
+}

@@ -1,0 +1,204 @@
+/*
+ * producer.c - the producer role's lifecycle: create (arena, registry,
+ * UCX, rendezvous), stats, destroy. The threads: the caller's (put,
+ * remove, stats), the rendezvous thread (hellos, the reference's pull, and
+ * registry upkeep), and the UCX progress thread (pulls).
+ */
+#include "producer/producer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MOD "producer"
+
+/* ---- create, stats, destroy ---- */
+
+/* The rendezvous thread keeps the registry up to date between requests. */
+static void registry_tick(void *arg)
+{
+	prod_registry_sync(arg);
+}
+
+int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
+                        char *why, size_t whylen)
+{
+	uint64_t m = pp != NULL ? pp->field_mask : 0;
+#define HAS(f) ((m & ECX_PRODUCER_PARAM_##f) != 0)
+	uint64_t cap =
+	    HAS(CAPACITY) ? pp->capacity_bytes : ECX_CAPACITY_DEFAULT;
+	const char *bind =
+	    HAS(BIND_HOST) && pp->bind_host ? pp->bind_host : "0.0.0.0";
+	const char *token =
+	    HAS(TOKEN) && pp->token && pp->token[0] ? pp->token : NULL;
+	int timeout =
+	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
+	int reg_port =
+	    HAS(REGISTRY_PORT) ? pp->registry_port : ECX_REGISTRY_PORT_DEFAULT;
+	const char *remote = HAS(REGISTRY) && pp->registry && pp->registry[0]
+	                         ? pp->registry
+	                         : NULL;
+	char adv[ECX_ADDR_MAX];
+	if (HAS(ADVERTISE_HOST) && pp->advertise_host && pp->advertise_host[0])
+		ecx_strlcpy(adv, pp->advertise_host, sizeof(adv));
+	else if (strcmp(bind, "0.0.0.0") == 0 || strcmp(bind, "::") == 0)
+		ecx_default_host(adv, sizeof(adv));
+	else
+		ecx_strlcpy(adv, bind, sizeof(adv));
+	if (cap < ECX_ALLOC_ALIGN || cap >= ECX_JSON_INT_MAX)
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "capacity must be 4 KiB to 2^53 bytes");
+	if (reg_port < -1 || reg_port > 65535)
+		return ecx_why(why, whylen, ECX_EINVAL, "bad registry port %d",
+		               reg_port);
+	if (remote != NULL && HAS(REGISTRY_PORT) && reg_port >= 0)
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "give a remote registry or an embedded registry "
+		               "port, not both");
+	if (remote == NULL && reg_port < 0)
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "no registry: give a remote registry URL or an "
+		               "embedded registry port");
+#undef HAS
+	ecx_producer *p = calloc(1, sizeof(*p));
+	if (p == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_mutex_init(&p->remote_lock, NULL);
+	p->epoch = ecx_random_epoch();
+	p->timeout_ms = timeout;
+	p->st.capacity = cap;
+	int rc = ECX_ENOMEM;
+	p->nbuckets = 1024;
+	p->buckets = calloc(p->nbuckets, sizeof(*p->buckets));
+	if (p->buckets == NULL || !ecx_alloc_init(&p->alloc, cap))
+		goto fail_msg;
+	if (token != NULL) {
+		p->token = strdup(token);
+		if (p->token == NULL)
+			goto fail_msg;
+		p->token_len = strlen(token);
+	}
+	if (remote != NULL) {
+		p->redis = strncmp(remote, "redis://", 8) == 0;
+		p->ttl_s = (m & ECX_PRODUCER_PARAM_REGISTRY_TTL)
+		               ? pp->registry_ttl_s
+		               : 30;
+		ecx_regclient_opts ro = {.urls = remote,
+		                         .token = token,
+		                         .connect_timeout_ms = timeout,
+		                         .timeout_ms = timeout,
+		                         .ttl_s = p->ttl_s};
+		rc = ecx_regclient_create(&ro, &p->remote, why, whylen);
+		if (rc != 0)
+			goto fail;
+	} else {
+		ecx_registry_params rp = {.field_mask =
+		                              ECX_REGISTRY_PARAM_BIND_HOST |
+		                              ECX_REGISTRY_PARAM_PORT |
+		                              ECX_REGISTRY_PARAM_TOKEN,
+		                          .bind_host = bind,
+		                          .port = (uint16_t)reg_port,
+		                          .token = token};
+		rc = ecx_registry_create(&rp, &p->registry, why, whylen);
+		if (rc != 0)
+			goto fail;
+	}
+	ecx_ucx_opts uo = {.transport = (m & ECX_PRODUCER_PARAM_TRANSPORT)
+	                                    ? pp->transport
+	                                    : NULL,
+	                   .bind_host = bind,
+	                   .on_progress = prod_progress,
+	                   .arg = p,
+	                   .spin_ns = 200000,
+	                   .nam = 1};
+	uo.am[0].id = ECX_AM_PULL;
+	uo.am[0].cb = prod_am_pull;
+	uo.am[0].arg = p;
+	rc = ecx_ucx_create(&uo, &p->ucx, why, whylen);
+	if (rc != 0)
+		goto fail;
+	rc = ecx_ucx_mem_alloc(p->ucx, cap, &p->base, &p->memh, why, whylen);
+	if (rc != 0)
+		goto fail;
+	p->st.registrations = 1;
+	ecx_rdv_server_opts zo = {
+	    .bind = bind,
+	    .advertise = adv,
+	    .port = (m & ECX_PRODUCER_PARAM_ZMQ_PORT) ? pp->zmq_port : 0,
+	    .handle = prod_rdv_handle,
+	    .tick = registry_tick,
+	    .arg = p};
+	rc = ecx_rdv_server_create(&zo, &p->rdv, why, whylen);
+	if (rc != 0)
+		goto fail;
+	ecx_strlcpy(p->address, ecx_rdv_server_address(p->rdv),
+	            sizeof(p->address));
+	ecx_info(MOD, "serving at %s, arena %llu bytes, registry %s",
+	         p->address, (unsigned long long)cap,
+	         remote != NULL ? remote : "embedded");
+	*out = p;
+	return 0;
+fail_msg:
+	ecx_why(why, whylen, rc, "out of memory");
+fail:
+	ecx_producer_destroy(p);
+	return rc;
+}
+
+const char *ecx_producer_address(const ecx_producer *p)
+{
+	return p->address;
+}
+
+uint16_t ecx_producer_registry_port(const ecx_producer *p)
+{
+	return p->registry != NULL ? ecx_registry_port(p->registry) : 0;
+}
+
+void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
+{
+	pthread_mutex_lock(&p->lock);
+	*out = p->st;
+	out->items = p->nitems;
+	out->bytes_used = p->alloc.used;
+	out->connections = p->nconns;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void ecx_producer_destroy(ecx_producer *p)
+{
+	if (p == NULL)
+		return;
+	ecx_rdv_server_destroy(p->rdv);
+	p->rdv = NULL;
+	/* Unpublish everything this producer published. */
+	for (size_t b = 0; p->buckets != NULL && b < p->nbuckets; b++)
+		for (item *it = p->buckets[b]; it != NULL; it = it->hnext)
+			if (it->ready)
+				prod_unpublish(p, it->id);
+	if (p->ucx != NULL) {
+		prod_serve_shutdown(p);
+		ecx_ucx_mem_unmap(p->ucx, p->memh);
+		ecx_ucx_destroy(p->ucx);
+	}
+	for (size_t b = 0; p->buckets != NULL && b < p->nbuckets; b++) {
+		item *it = p->buckets[b];
+		while (it != NULL) {
+			item *next = it->hnext;
+			free(it);
+			it = next;
+		}
+	}
+	free(p->buckets);
+	ecx_alloc_fini(&p->alloc);
+	ecx_registry_destroy(p->registry);
+	ecx_regclient_destroy(p->remote);
+	if (p->token != NULL)
+		memset(p->token, 0, p->token_len);
+	free(p->token);
+	pthread_mutex_destroy(&p->lock);
+	pthread_mutex_destroy(&p->remote_lock);
+	free(p);
+}

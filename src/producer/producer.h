@@ -1,0 +1,151 @@
+/*
+ * producer.h - the producer role's internal header: its state and what its
+ * files share. The role is one object (ecx_producer) in four files:
+ *   producer.c  lifecycle (create, destroy), stats
+ *   items.c     the item table, LRU list, pins, put and remove, eviction
+ *   publish.c   publishing to the embedded or a remote registry
+ *   serve.c     the pull service: connections, jobs, remote keys, replies
+ *   hello.c     the rendezvous requests (hello, the reference's pull)
+ *
+ * May include: every layer below (core, wire, mem, xfer, rdv, dir,
+ * registry). Never: consumer/. Locking: p->lock guards the items, the
+ * allocator, the LRU list, the connections and the pull jobs; it is never
+ * held across a registry call, a network wait or a memcpy of item bytes.
+ */
+#ifndef ECX_PRODUCER_H
+#define ECX_PRODUCER_H
+
+#include "dir/dir.h"
+#include "mem/alloc.h"
+#include "rdv/rdv.h"
+#include "registry/server.h"
+#include "xfer/ucx.h"
+
+#include <pthread.h>
+
+#define MAX_CONNS 4096
+#define RKEY_CACHE 64 /* as many as one pull may name */
+#define PREFAULT_CHUNK (2u << 20)
+#define HELLO_TTL_NS (60ull * 1000000000u)
+
+typedef struct item {
+	struct item *hnext;               /* hash chain */
+	struct item *lru_prev, *lru_next; /* most recent at the head */
+	uint64_t hash;
+	uint64_t off;  /* in the arena */
+	unsigned pins; /* pulls reading it now */
+	bool ready;    /* bytes in place and published */
+	bool doomed;   /* removed while pinned: freed at the last unpin */
+	ecx_tensor_desc desc;
+	char id[ECX_ID_MAX + 1];
+} item;
+
+/* A consumer's remote key, unpacked once and kept: for shared memory,
+ * unpacking maps the consumer's segment into this process, and a fresh
+ * mapping costs a page fault per page on the next write. */
+typedef struct rkey_ent {
+	uint64_t base, len;
+	unsigned char *kbuf;
+	size_t klen;
+	ucp_rkey_h h;
+	unsigned refs; /* jobs using it now */
+	uint64_t used;
+	char *local;      /* the region mapped here (shared memory), or NULL */
+	uint8_t *touched; /* per PREFAULT_CHUNK of it: pages mapped here */
+} rkey_ent;
+
+typedef struct conn {
+	uint64_t id;
+	ucp_ep_h ep; /* made at the first pull */
+	void *addr;  /* the consumer's worker address, from its hello */
+	size_t addr_len;
+	uint64_t born_ns; /* hellos that never pull are reaped */
+	bool failed;      /* the endpoint reported an error: close it */
+	bool closed;      /* its endpoint is closed; freed when jobs is 0 */
+	unsigned jobs;    /* active jobs on it */
+	rkey_ent rk[RKEY_CACHE];
+	struct conn *next;
+	struct ecx_producer *p;
+} conn;
+
+/* One pull, from its arrival to its reply. */
+typedef struct job {
+	struct job *next;
+	uint64_t conn_id, req;
+	char *msg; /* the JSON body */
+	size_t len;
+	/* while writing: */
+	ecx_pull_req pr;
+	item **items;     /* pinned item per request item, NULL if failed */
+	int *status;      /* per request item */
+	rkey_ent **rkeys; /* per region, entries of the connection's cache */
+	rkey_ent *own;    /* per region, the job's own when the cache is full */
+	conn *c;
+	uint64_t deadline_ns;
+	bool flushing, done;
+	int flush_status;
+} job;
+
+struct ecx_producer {
+	pthread_mutex_t lock;
+	/* arena */
+	void *base;
+	ucp_mem_h memh;
+	ecx_alloc alloc;
+	/* items */
+	item **buckets;
+	size_t nbuckets, nitems;
+	item *lru_head, *lru_tail;
+	/* identity */
+	char address[ECX_ADDR_MAX]; /* producer_zmq */
+	uint64_t epoch;
+	char *token;
+	size_t token_len;
+	int timeout_ms;
+	/* registry */
+	ecx_registry *registry; /* embedded, or NULL */
+	ecx_regclient *remote;  /* remote, or NULL */
+	int ttl_s; /* of Redis entries; renewed every third of it */
+	bool redis;
+	uint64_t next_refresh_ms;
+	pthread_mutex_t remote_lock; /* the client is one thread at a time */
+	/* data plane */
+	ecx_ucx *ucx;
+	conn *conns;
+	size_t nconns;
+	uint64_t next_conn;
+	job *queue, *queue_tail; /* arrived, not yet started */
+	job *active;             /* writing or flushing */
+	/* rendezvous */
+	ecx_rdv_server *rdv;
+	ecx_producer_stats st;
+};
+
+/* items.c. Called with p->lock held. */
+item *prod_item_find(ecx_producer *p, const char *id);
+void prod_item_unlink(ecx_producer *p, item *it);
+void prod_item_free(ecx_producer *p, item *it);
+void prod_lru_unlink(ecx_producer *p, item *it);
+void prod_lru_push(ecx_producer *p, item *it);
+
+/* publish.c. Called without p->lock. */
+int prod_publish(ecx_producer *p, const char *id, const ecx_tensor_desc *d,
+                 char *why, size_t whylen);
+void prod_unpublish(ecx_producer *p, const char *id);
+/* Keeps the remote registry's entries alive and restores them after a
+ * registry restart; cheap when nothing is due. */
+void prod_registry_sync(ecx_producer *p);
+
+/* serve.c */
+ucs_status_t prod_am_pull(void *arg, const void *header, size_t header_len,
+                          void *data, size_t length,
+                          const ucp_am_recv_param_t *param);
+void prod_progress(void *arg);
+/* Fails what is in flight, closes every endpoint, frees every job and
+ * connection. Called once, by destroy, before the worker goes. */
+void prod_serve_shutdown(ecx_producer *p);
+
+/* hello.c: answers one rendezvous request (an rdv handler). */
+char *prod_rdv_handle(void *arg, const ecx_zreq *r);
+
+#endif /* ECX_PRODUCER_H */

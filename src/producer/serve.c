@@ -1,0 +1,521 @@
+/*
+ * serve.c - the pull service. A pull arrives as an active message on the
+ * progress thread, is queued as a job, started (items pinned, remote keys
+ * unpacked, one put per item), flushed, and answered once with a status per
+ * item. Connections made by hellos are reaped when they never pull or
+ * fail.
+ */
+#include "producer/producer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define MOD "producer"
+
+/* ---- connections ---- */
+
+static void conn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+	(void)ep;
+	conn *c = arg;
+	ecx_info(MOD, "consumer connection %llu failed: %s",
+	         (unsigned long long)c->id, ucs_status_string(st));
+	/* Runs in a progress call; on_progress closes the endpoint. */
+	__atomic_store_n(&c->failed, true, __ATOMIC_RELEASE);
+}
+
+static conn *conn_find(ecx_producer *p, uint64_t id)
+{
+	for (conn *c = p->conns; c != NULL; c = c->next)
+		if (c->id == id)
+			return c;
+	return NULL;
+}
+
+/* ---- pulls ---- */
+
+ucs_status_t prod_am_pull(void *arg, const void *header, size_t header_len,
+                          void *data, size_t len,
+                          const ucp_am_recv_param_t *param)
+{
+	ecx_producer *p = arg;
+	if (header_len != sizeof(ecx_am_hdr)) {
+		ecx_warn(MOD, "pull with a %zu-byte header dropped",
+		         header_len);
+		return UCS_OK;
+	}
+	if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+		/* Consumers send pulls eagerly; this peer did not. */
+		ecx_warn(MOD, "pull of %zu bytes dropped (rendezvous)", len);
+		return UCS_OK;
+	}
+	job *j = calloc(1, sizeof(*j));
+	char *msg = malloc(len + 1);
+	if (j == NULL || msg == NULL) {
+		free(j);
+		free(msg);
+		return UCS_OK;
+	}
+	ecx_am_hdr h;
+	memcpy(&h, header, sizeof(h));
+	ecx_debug(MOD, "pull %llu on connection %llu (%zu bytes)",
+	          (unsigned long long)h.req, (unsigned long long)h.conn, len);
+	memcpy(msg, data, len);
+	msg[len] = '\0';
+	j->conn_id = h.conn;
+	j->req = h.req;
+	j->msg = msg;
+	j->len = len;
+	pthread_mutex_lock(&p->lock);
+	if (p->queue_tail)
+		p->queue_tail->next = j;
+	else
+		p->queue = j;
+	p->queue_tail = j;
+	pthread_mutex_unlock(&p->lock);
+	return UCS_OK;
+}
+
+/* Sends the reply of job j (when its connection still works). */
+static void job_reply(job *j, int err, const char *detail)
+{
+	ecx_pull_resp r = {.req = j->req,
+	                   .err = err,
+	                   .nitems = j->pr.nitems,
+	                   .status = j->status};
+	if (detail != NULL)
+		ecx_strlcpy(r.detail, detail, sizeof(r.detail));
+	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
+		return;
+	ecx_ucx_am_send(j->c->ep, ECX_AM_REPLY, j->conn_id, j->req,
+	                ecx_pull_resp_encode(&r));
+}
+
+/* Unpins the job's items. Called with the lock. */
+static void job_unpin(ecx_producer *p, job *j)
+{
+	for (size_t i = 0; j->items != NULL && i < j->pr.nitems; i++) {
+		item *it = j->items[i];
+		if (it == NULL)
+			continue;
+		j->items[i] = NULL;
+		if (--it->pins == 0) {
+			p->st.pinned--;
+			if (it->doomed)
+				prod_item_free(p, it);
+		}
+	}
+}
+
+/* Unpins what is still pinned and frees what the job holds. Called with
+ * the lock. */
+static void job_release(ecx_producer *p, job *j)
+{
+	job_unpin(p, j);
+	for (size_t i = 0; j->rkeys != NULL && i < j->pr.nregions; i++) {
+		if (j->rkeys[i] == NULL)
+			continue;
+		if (j->own != NULL && j->rkeys[i] == &j->own[i])
+			ucp_rkey_destroy(j->own[i].h);
+		else
+			j->rkeys[i]->refs--;
+	}
+	free(j->own);
+	if (j->c != NULL)
+		j->c->jobs--;
+	ecx_pull_req_free(&j->pr);
+	free(j->items);
+	free(j->status);
+	free(j->rkeys);
+	free(j->msg);
+	free(j);
+}
+
+static void flush_done(void *request, ucs_status_t st, void *user_data)
+{
+	job *j = user_data;
+	j->flush_status = st == UCS_OK ? 0 : ecx_ucx_err(st);
+	__atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
+	ucp_request_free(request);
+}
+
+/* The connection's unpacked key for region g, unpacking it on a miss (and
+ * dropping the least recently used entry no job holds). Progress thread
+ * only. NULL when the key cannot be unpacked or every entry is held. */
+static rkey_ent *rkey_get(conn *c, const ecx_region *g)
+{
+	rkey_ent *victim = NULL;
+	for (int i = 0; i < RKEY_CACHE; i++) {
+		rkey_ent *e = &c->rk[i];
+		if (e->h != NULL && e->base == g->base && e->len == g->len &&
+		    e->klen == g->rkey_len &&
+		    memcmp(e->kbuf, g->rkey, g->rkey_len) == 0) {
+			e->refs++;
+			e->used = ecx_now_ns();
+			return e;
+		}
+		if (e->refs == 0 &&
+		    (victim == NULL || e->h == NULL ||
+		     (victim->h != NULL && e->used < victim->used)))
+			victim = e;
+	}
+	if (victim == NULL)
+		return NULL;
+	if (victim->h != NULL) {
+		ucp_rkey_destroy(victim->h);
+		free(victim->touched);
+		free(victim->kbuf);
+		memset(victim, 0, sizeof(*victim));
+	}
+	victim->kbuf = malloc(g->rkey_len);
+	if (victim->kbuf == NULL)
+		return NULL;
+	if (ucp_ep_rkey_unpack(c->ep, g->rkey, &victim->h) != UCS_OK) {
+		free(victim->kbuf);
+		memset(victim, 0, sizeof(*victim));
+		return NULL;
+	}
+	void *local;
+	if (ucp_rkey_ptr(victim->h, g->base, &local) == UCS_OK) {
+		victim->touched =
+		    calloc(g->len / PREFAULT_CHUNK + 2, sizeof(uint8_t));
+		if (victim->touched != NULL)
+			victim->local = local;
+	}
+	memcpy(victim->kbuf, g->rkey, g->rkey_len);
+	victim->klen = g->rkey_len;
+	victim->base = g->base;
+	victim->len = g->len;
+	victim->refs = 1;
+	victim->used = ecx_now_ns();
+	return victim;
+}
+
+/* Where the consumer's memory is mapped into this process (shared
+ * memory), maps the pages of [addr, addr + n) that this process has not
+ * touched yet, a 2 MiB chunk at a time: one madvise instead of a page fault
+ * per page inside the write (page faults are slow on these machines). */
+static void rkey_prefault(rkey_ent *e, uint64_t addr, uint64_t n)
+{
+	if (e->local == NULL || n == 0)
+		return;
+	uint64_t first = (addr - e->base) / PREFAULT_CHUNK;
+	uint64_t last = (addr + n - 1 - e->base) / PREFAULT_CHUNK;
+	for (uint64_t k = first; k <= last; k++) {
+		if (e->touched[k])
+			continue;
+		uint64_t lo = k * PREFAULT_CHUNK;
+		uint64_t hi =
+		    lo + PREFAULT_CHUNK < e->len ? lo + PREFAULT_CHUNK : e->len;
+		uintptr_t a = (uintptr_t)(e->local + lo) / 4096 * 4096;
+		uintptr_t b = (uintptr_t)(e->local + hi);
+		if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
+			ecx_debug(MOD, "cannot prefault: %m");
+		e->touched[k] = 1;
+	}
+}
+
+static void rkeys_drop(conn *c)
+{
+	for (int i = 0; i < RKEY_CACHE; i++) {
+		if (c->rk[i].h != NULL)
+			ucp_rkey_destroy(c->rk[i].h);
+		free(c->rk[i].touched);
+		free(c->rk[i].kbuf);
+		memset(&c->rk[i], 0, sizeof(c->rk[i]));
+	}
+}
+
+/* Starts job j: checks, pins, unpacks keys, posts the writes and a flush.
+ * Called from the progress thread without the lock. Returns false when the
+ * job was answered and released at once. */
+static bool job_start(ecx_producer *p, job *j)
+{
+	char why[200];
+	int rc = ecx_pull_req_decode(j->msg, j->len, &j->pr, why, sizeof(why));
+	pthread_mutex_lock(&p->lock);
+	j->c = conn_find(p, j->conn_id);
+	if (j->c != NULL)
+		j->c->jobs++;
+	pthread_mutex_unlock(&p->lock);
+	if (j->c != NULL && j->c->ep == NULL && !j->c->failed) {
+		char ewhy[200];
+		if (ecx_ucx_ep_create(p->ucx, j->c->addr, j->c->addr_len,
+		                      conn_on_error, j->c, &j->c->ep, ewhy,
+		                      sizeof(ewhy)) != 0) {
+			ecx_warn(MOD, "connection %llu: %s",
+			         (unsigned long long)j->c->id, ewhy);
+			j->c->failed = true;
+		}
+	}
+	if (j->c == NULL || j->c->failed) {
+		pthread_mutex_lock(&p->lock);
+		job_release(p, j);
+		pthread_mutex_unlock(&p->lock);
+		return false;
+	}
+	if (rc == 0 && p->token != NULL &&
+	    !ecx_ct_equal(j->pr.token, strlen(j->pr.token), p->token,
+	                  p->token_len)) {
+		rc = ECX_EAUTH;
+		snprintf(why, sizeof(why), "bad or missing token");
+	}
+	if (rc != 0) {
+		ecx_pull_req_free(&j->pr);
+		pthread_mutex_lock(&p->lock);
+		p->st.pulls++;
+		pthread_mutex_unlock(&p->lock);
+		job_reply(j, rc, why);
+		pthread_mutex_lock(&p->lock);
+		job_release(p, j);
+		pthread_mutex_unlock(&p->lock);
+		return false;
+	}
+	size_t n = j->pr.nitems;
+	j->items = calloc(n + 1, sizeof(*j->items));
+	j->status = calloc(n + 1, sizeof(*j->status));
+	j->rkeys = calloc(j->pr.nregions + 1, sizeof(*j->rkeys));
+	if (j->items == NULL || j->status == NULL || j->rkeys == NULL) {
+		job_reply(j, ECX_ENOMEM, "out of memory");
+		pthread_mutex_lock(&p->lock);
+		job_release(p, j);
+		pthread_mutex_unlock(&p->lock);
+		return false;
+	}
+	pthread_mutex_lock(&p->lock);
+	for (size_t i = 0; i < n; i++) {
+		item *it = prod_item_find(p, j->pr.items[i].id);
+		if (it == NULL || !it->ready) {
+			j->status[i] = ECX_ENOTFOUND;
+			continue;
+		}
+		if (it->desc.nbytes != j->pr.items[i].nbytes) {
+			j->status[i] = ECX_ESIZE;
+			continue;
+		}
+		if (it->pins++ == 0)
+			p->st.pinned++;
+		prod_lru_unlink(p, it);
+		prod_lru_push(p, it);
+		j->items[i] = it;
+	}
+	pthread_mutex_unlock(&p->lock);
+	for (size_t g = 0; g < j->pr.nregions; g++) {
+		j->rkeys[g] = rkey_get(j->c, &j->pr.regions[g]);
+		if (j->rkeys[g] != NULL)
+			continue;
+		/* Every cache entry is held by pulls in flight: this pull
+		 * unpacks its own, for its own life. */
+		if (j->own == NULL)
+			j->own = calloc(j->pr.nregions, sizeof(*j->own));
+		if (j->own != NULL &&
+		    ucp_ep_rkey_unpack(j->c->ep, j->pr.regions[g].rkey,
+		                       &j->own[g].h) == UCS_OK)
+			j->rkeys[g] = &j->own[g];
+	}
+	for (size_t i = 0; i < n; i++) {
+		item *it = j->items[i];
+		if (it == NULL || it->desc.nbytes == 0)
+			continue;
+		rkey_ent *re = j->rkeys[j->pr.items[i].region];
+		ucp_rkey_h rk = re != NULL ? re->h : NULL;
+		if (rk == NULL) {
+			j->status[i] = ECX_EPROTO;
+			continue;
+		}
+		rkey_prefault(re, j->pr.items[i].addr, it->desc.nbytes);
+		ucp_request_param_t rp = {.op_attr_mask = 0};
+		ucs_status_ptr_t req =
+		    ucp_put_nbx(j->c->ep, (char *)p->base + it->off,
+		                it->desc.nbytes, j->pr.items[i].addr, rk, &rp);
+		if (UCS_PTR_IS_ERR(req))
+			j->status[i] = ecx_ucx_err(UCS_PTR_STATUS(req));
+		else if (req != NULL)
+			ucp_request_free(req); /* completion: the flush below */
+	}
+	j->deadline_ns = ecx_now_ns() + (uint64_t)p->timeout_ms * 1000000u;
+	ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                                          UCP_OP_ATTR_FIELD_USER_DATA,
+	                          .cb.send = flush_done,
+	                          .user_data = j};
+	j->flushing = true;
+	ucs_status_ptr_t req = ucp_ep_flush_nbx(j->c->ep, &fp);
+	if (req == NULL) {
+		j->done = true;
+	} else if (UCS_PTR_IS_ERR(req)) {
+		j->flush_status = ecx_ucx_err(UCS_PTR_STATUS(req));
+		j->done = true;
+	}
+	return true;
+}
+
+/* Finishes job j after its flush: statuses, stats, reply, unpin. */
+static void job_finish(ecx_producer *p, job *j)
+{
+	uint64_t served = 0, bytes = 0, failed = 0;
+	for (size_t i = 0; i < j->pr.nitems; i++) {
+		if (j->status[i] == 0 && j->flush_status != 0)
+			j->status[i] = j->flush_status;
+		if (j->status[i] == 0) {
+			served++;
+			bytes += j->pr.items[i].nbytes;
+		} else {
+			failed++;
+		}
+	}
+	ecx_debug(MOD, "pull %llu done: %llu served, %llu failed, flush %s",
+	          (unsigned long long)j->req, (unsigned long long)served,
+	          (unsigned long long)failed, ecx_err_name(j->flush_status));
+	/* Unpin and count before the reply goes: a consumer that has its
+	 * answer sees the producer's state after the pull. */
+	pthread_mutex_lock(&p->lock);
+	p->st.pulls++;
+	p->st.items_served += served;
+	p->st.items_failed += failed;
+	p->st.bytes_served += bytes;
+	job_unpin(p, j);
+	pthread_mutex_unlock(&p->lock);
+	job_reply(j, 0, NULL);
+	pthread_mutex_lock(&p->lock);
+	job_release(p, j);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* Closes the endpoints of failed connections (which completes their jobs'
+ * flushes with an error), and frees a closed connection once no job uses
+ * it. Hellos that never pulled go after HELLO_TTL_NS. */
+static void conns_reap(ecx_producer *p)
+{
+	for (;;) {
+		conn *close_it = NULL, *free_it = NULL;
+		pthread_mutex_lock(&p->lock);
+		for (conn **cp = &p->conns; *cp != NULL; cp = &(*cp)->next) {
+			conn *c = *cp;
+			bool unused = c->ep == NULL && !c->closed &&
+			              ecx_now_ns() - c->born_ns > HELLO_TTL_NS;
+			if (unused)
+				c->failed = true;
+			if (!__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
+				continue;
+			if (!c->closed) {
+				c->closed = true;
+				close_it = c;
+				break;
+			}
+			if (c->jobs == 0) {
+				*cp = c->next;
+				p->nconns--;
+				free_it = c;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&p->lock);
+		if (close_it == NULL && free_it == NULL)
+			return;
+		if (close_it != NULL) {
+			/* The keys go first: they refer to the endpoint. Jobs
+			 * holding them finish with the flush's error. */
+			if (close_it->jobs == 0)
+				rkeys_drop(close_it);
+			ecx_ucx_ep_close(p->ucx, close_it->ep, 100);
+			close_it->ep = NULL;
+			continue;
+		}
+		rkeys_drop(free_it);
+		ecx_debug(MOD, "closed connection %llu",
+		          (unsigned long long)free_it->id);
+		free(free_it->addr);
+		free(free_it);
+	}
+}
+
+/* The progress thread's hook: starts queued jobs, finishes flushed ones,
+ * fails jobs past their deadline, and reaps failed connections. */
+void prod_progress(void *arg)
+{
+	ecx_producer *p = arg;
+	for (;;) {
+		pthread_mutex_lock(&p->lock);
+		job *j = p->queue;
+		if (j != NULL) {
+			p->queue = j->next;
+			if (p->queue == NULL)
+				p->queue_tail = NULL;
+			j->next = NULL;
+		}
+		pthread_mutex_unlock(&p->lock);
+		if (j == NULL)
+			break;
+		if (job_start(p, j)) {
+			pthread_mutex_lock(&p->lock);
+			j->next = p->active;
+			p->active = j;
+			pthread_mutex_unlock(&p->lock);
+		}
+	}
+	uint64_t now = ecx_now_ns();
+	for (;;) {
+		job *fin = NULL;
+		pthread_mutex_lock(&p->lock);
+		for (job **jp = &p->active; *jp != NULL; jp = &(*jp)->next) {
+			job *j = *jp;
+			if (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) &&
+			    now > j->deadline_ns && j->c != NULL &&
+			    !j->c->failed) {
+				/* A consumer that stalls: give up on it. */
+				ecx_warn(MOD,
+				         "pull %llu on connection %llu timed "
+				         "out; closing the connection",
+				         (unsigned long long)j->req,
+				         (unsigned long long)j->conn_id);
+				__atomic_store_n(&j->c->failed, true,
+				                 __ATOMIC_RELEASE);
+				j->deadline_ns = UINT64_MAX; /* warned once */
+			}
+			if (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
+				*jp = j->next;
+				fin = j;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&p->lock);
+		if (fin == NULL)
+			break;
+		job_finish(p, fin);
+	}
+	conns_reap(p);
+}
+
+void prod_serve_shutdown(ecx_producer *p)
+{
+	/* Fail what is in flight, then close every endpoint. */
+	pthread_mutex_lock(&p->lock);
+	for (conn *c = p->conns; c != NULL; c = c->next)
+		c->failed = true;
+	pthread_mutex_unlock(&p->lock);
+	uint64_t until = ecx_now_ns() + 500000000u;
+	while (p->active != NULL && ecx_now_ns() < until)
+		usleep(1000);
+	ecx_ucx_stop(p->ucx);
+	while (p->queue != NULL) {
+		job *j = p->queue;
+		p->queue = j->next;
+		job_release(p, j);
+	}
+	while (p->active != NULL) {
+		job *j = p->active;
+		p->active = j->next;
+		job_release(p, j);
+	}
+	while (p->conns != NULL) {
+		conn *c = p->conns;
+		p->conns = c->next;
+		rkeys_drop(c);
+		ecx_ucx_ep_close(p->ucx, c->ep, 100);
+		free(c->addr);
+		free(c);
+	}
+}

@@ -1,0 +1,55 @@
+/*
+ * rdv.h - the rendezvous layer: the ZeroMQ socket at producer_zmq where a
+ * consumer and a producer first meet (ecx's hello exchanges UCX worker
+ * addresses; the reference's {"op":"pull",...} is answered there too).
+ *
+ * The server is a REP socket with a thread of its own that decodes each
+ * request (wire/) and hands it to the role's handler; the client is one
+ * bounded REQ round trip. May include: core/, wire/. Never: UCX, a
+ * registry, or a role's state (the role answers through its handler).
+ */
+#ifndef ECX_RDV_H
+#define ECX_RDV_H
+
+#include "wire/wire.h"
+
+/* Answers one decoded request with a malloc'd reply (ecx_zresp_encode_*),
+ * or NULL when out of memory. Runs on the server's thread. */
+typedef char *(*ecx_rdv_fn)(void *arg, const ecx_zreq *r);
+
+typedef struct ecx_rdv_server_opts {
+	const char *bind;      /* host or address to bind */
+	const char *advertise; /* host named in the address peers are given */
+	uint16_t port;         /* 0: a free port */
+	ecx_rdv_fn handle;
+	void (*tick)(void *arg); /* called about every 100 ms; may be NULL */
+	void *arg;
+} ecx_rdv_server_opts;
+
+typedef struct ecx_rdv_server ecx_rdv_server;
+
+/* Binds and starts the server's thread. ECX_EADDRINUSE when the port is
+ * taken, ECX_EINVAL for an address ZeroMQ cannot bind, with why. */
+int ecx_rdv_server_create(const ecx_rdv_server_opts *o, ecx_rdv_server **out,
+                          char *why, size_t whylen);
+/* "tcp://ADVERTISE:PORT", the address peers connect to. */
+const char *ecx_rdv_server_address(const ecx_rdv_server *s);
+/* Stops the thread (within about 100 ms) and closes the socket. Accepts
+ * NULL. */
+void ecx_rdv_server_destroy(ecx_rdv_server *s);
+
+/* A client's ZeroMQ context, shared by its round trips. */
+typedef struct ecx_rdv_client ecx_rdv_client;
+
+int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen);
+void ecx_rdv_client_destroy(ecx_rdv_client *c);
+
+/* The hello: sends this worker's address (and token) to the producer at
+ * address, and returns its answer in *out (free with ecx_zresp_free).
+ * Blocks up to timeout_ms. A refusal is returned as the producer's error
+ * with its detail in why. Safe from several threads at once. */
+int ecx_rdv_hello(ecx_rdv_client *c, const char *address, const void *worker,
+                  size_t worker_len, const char *token, int timeout_ms,
+                  ecx_zresp *out, char *why, size_t whylen);
+
+#endif /* ECX_RDV_H */
