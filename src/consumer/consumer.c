@@ -1,0 +1,135 @@
+/*
+ * consumer.c - the consumer role's lifecycle: create (registry client, UCX,
+ * receive arena, rendezvous client), stats, destroy.
+ */
+#include "consumer/consumer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MOD "consumer"
+
+/* ---- create, stats, destroy ---- */
+
+int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
+                        char *why, size_t whylen)
+{
+	uint64_t m = pp != NULL ? pp->field_mask : 0;
+#define HAS(f) ((m & ECX_CONSUMER_PARAM_##f) != 0)
+	const char *registry = HAS(REGISTRY) ? pp->registry : NULL;
+	if (registry == NULL || registry[0] == '\0')
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "a consumer needs a registry URL");
+	uint64_t recv = HAS(RECV_CAPACITY) ? pp->recv_capacity : 256u << 20;
+	unsigned rcmax =
+	    HAS(REGCACHE_MAX) && pp->regcache_max ? pp->regcache_max : 64;
+	ecx_consumer *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->conn_lock, NULL);
+	pthread_mutex_init(&c->reg_lock, NULL);
+	c->timeout_ms =
+	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
+	int rc = ECX_ENOMEM;
+	if (HAS(TOKEN) && pp->token && pp->token[0] &&
+	    (c->token = strdup(pp->token)) == NULL)
+		goto fail_msg;
+	c->cache = calloc(rcmax, sizeof(*c->cache));
+	if (c->cache == NULL)
+		goto fail_msg;
+	c->ncache = rcmax;
+	ecx_regclient_opts ro = {.urls = registry,
+	                         .token = c->token,
+	                         .connect_timeout_ms = c->timeout_ms,
+	                         .timeout_ms = c->timeout_ms};
+	rc = ecx_regclient_create(&ro, &c->rc, why, whylen);
+	if (rc != 0)
+		goto fail;
+	ecx_ucx_opts uo = {.transport = HAS(TRANSPORT) ? pp->transport : NULL,
+	                   .bind_host = HAS(BIND_HOST) ? pp->bind_host : NULL,
+	                   .nam = 1};
+	uo.am[0].id = ECX_AM_REPLY;
+	uo.am[0].cb = cons_am_reply;
+	uo.am[0].arg = c;
+	rc = ecx_ucx_create(&uo, &c->ucx, why, whylen);
+	if (rc != 0)
+		goto fail;
+	if (recv > 0) {
+		rc = ecx_ucx_mem_alloc(c->ucx, recv, &c->arena_base,
+		                       &c->arena.memh, why, whylen);
+		if (rc != 0)
+			goto fail;
+		rc = ecx_ucx_rkey_pack(c->ucx, c->arena.memh, &c->arena.rkey,
+		                       &c->arena.rkey_len);
+		if (rc != 0 || !ecx_alloc_init(&c->alloc, recv)) {
+			rc = rc ? rc : ECX_ENOMEM;
+			ecx_why(why, whylen, rc, "cannot set up receive arena");
+			goto fail;
+		}
+		c->arena.base = (uint64_t)(uintptr_t)c->arena_base;
+		c->arena.len = recv;
+		c->arena.live = true;
+		c->st.registrations++;
+	}
+	rc = ecx_rdv_client_create(&c->rdv, why, whylen);
+	if (rc != 0)
+		goto fail;
+	c->hooked = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0,
+	                                  cons_on_unmap, c) == UCS_OK;
+	if (!c->hooked)
+		ecx_warn(MOD, "no unmap events: cached registrations of freed "
+		              "memory are not invalidated");
+#undef HAS
+	*out = c;
+	return 0;
+fail_msg:
+	ecx_why(why, whylen, rc, "out of memory");
+fail:
+	ecx_consumer_destroy(c);
+	return rc;
+}
+
+void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
+{
+	pthread_mutex_lock(&c->lock);
+	*out = c->st;
+	pthread_mutex_unlock(&c->lock);
+}
+
+void ecx_consumer_destroy(ecx_consumer *c)
+{
+	if (c == NULL)
+		return;
+	if (c->hooked)
+		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,
+		                        c);
+	if (c->ucx != NULL) {
+		ecx_ucx_stop(c->ucx);
+		while (c->conns != NULL) {
+			pconn *pc = c->conns;
+			c->conns = pc->next;
+			cons_pconn_close(c, pc);
+		}
+		for (unsigned i = 0; c->cache != NULL && i < c->ncache; i++)
+			if (c->cache[i].live)
+				cons_region_drop(c, &c->cache[i]);
+		free(c->arena.rkey);
+		ecx_ucx_mem_unmap(c->ucx, c->arena.memh);
+		ecx_ucx_destroy(c->ucx);
+	}
+	ecx_rdv_client_destroy(c->rdv);
+	ecx_alloc_fini(&c->alloc);
+	free(c->allocs);
+	free(c->cache);
+	ecx_regclient_destroy(c->rc);
+	if (c->token != NULL)
+		memset(c->token, 0, strlen(c->token));
+	free(c->token);
+	pthread_mutex_destroy(&c->lock);
+	pthread_mutex_destroy(&c->conn_lock);
+	pthread_mutex_destroy(&c->reg_lock);
+	free(c);
+}

@@ -1,0 +1,126 @@
+/*
+ * consumer.h - the consumer role's internal header: its state and what its
+ * files share. The role is one object (ecx_consumer) in four files:
+ *   consumer.c  lifecycle (create, destroy), stats
+ *   conns.c     connections to producers (hello, endpoint), replies,
+ *               failures
+ *   memory.c    the receive arena and the registration cache of the
+ *               caller's memory
+ *   load.c      lookups and loads: one pull per producer, bounded waits
+ *
+ * May include: every layer below (core, wire, mem, xfer, rdv, dir). Never:
+ * producer/ or registry/ (a consumer reaches registries as a client).
+ * Locks: c->lock guards connections, pulls in flight, the arena allocator,
+ * the registration cache and the stats; it is never held while the worker
+ * is progressed (reply handlers take it). c->conn_lock serialises
+ * handshakes, which block on the network; c->reg_lock serialises registry
+ * lookups (the client is one thread at a time).
+ */
+#ifndef ECX_CONSUMER_H
+#define ECX_CONSUMER_H
+
+#include "dir/dir.h"
+#include "mem/alloc.h"
+#include "rdv/rdv.h"
+#include "xfer/ucx.h"
+
+#include <ucm/api/ucm.h>
+
+#include <pthread.h>
+
+#define PAGE 4096u
+
+typedef struct pconn {
+	struct pconn *next;
+	char address[ECX_ADDR_MAX];
+	uint64_t epoch, id;
+	uint64_t stale_epoch; /* an entry's epoch known not to be this one's */
+	ucp_ep_h ep;
+	bool failed;
+	struct ecx_consumer *c;
+} pconn;
+
+/* A registration of memory that loads write into. */
+typedef struct region {
+	uint64_t base, len; /* atomics: read by the unmap hook */
+	ucp_mem_h memh;
+	void *rkey;
+	size_t rkey_len;
+	unsigned inuse;   /* loads in flight that name it */
+	uint64_t used_at; /* for LRU */
+	int stale;        /* atomic: memory was unmapped */
+	bool live;
+} region;
+
+typedef struct pull {
+	struct pull *next; /* in c->inflight */
+	uint64_t req;
+	pconn *pc;
+	ecx_load *load;
+	size_t *idx; /* which of the load's items */
+	size_t n;
+	region **regs; /* regions named, to unpin */
+	size_t nregs;
+	bool done;
+} pull;
+
+struct ecx_load {
+	ecx_consumer *c;
+	ecx_item *items;
+	size_t n;
+	pull **pulls;
+	size_t npulls;
+	uint64_t deadline_ns;
+};
+
+typedef struct arena_alloc {
+	uint64_t off, size;
+} arena_alloc;
+
+struct ecx_consumer {
+	pthread_mutex_t lock, conn_lock, reg_lock;
+	ecx_regclient *rc;
+	char *token;
+	int timeout_ms;
+	ecx_ucx *ucx;
+	ecx_rdv_client *rdv;
+	pconn *conns;
+	pull *inflight;
+	uint64_t next_req;
+	/* receive arena */
+	region arena;
+	void *arena_base;
+	ecx_alloc alloc;
+	arena_alloc *allocs;
+	size_t nallocs, cap_allocs;
+	/* zero-byte items name this, so every item has a destination */
+	char zero[64];
+	/* caller memory */
+	region *cache;
+	unsigned ncache;
+	bool hooked;
+	ecx_consumer_stats st;
+};
+
+/* conns.c */
+/* Takes the pull numbered req out of the in-flight list (NULL if it is not
+ * there). Called with c->lock. */
+pull *cons_pull_take(ecx_consumer *c, uint64_t req);
+/* Fails every item of p that has no status yet. Called with c->lock. */
+void cons_pull_fail(pull *p, int err);
+ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
+                           void *data, size_t length,
+                           const ucp_am_recv_param_t *param);
+/* Returns a working connection to address (for epoch, when not 0), making
+ * one if needed: blocks for the hello, bounded by the timeout. */
+pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
+                      int *err, char *why, size_t whylen);
+void cons_pconn_close(ecx_consumer *c, pconn *pc);
+
+/* memory.c. Called with c->lock. */
+void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
+void cons_region_drop(ecx_consumer *c, region *r);
+region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n, uint64_t lo,
+                        uint64_t hi, int *err);
+
+#endif /* ECX_CONSUMER_H */

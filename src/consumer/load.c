@@ -1,0 +1,348 @@
+/*
+ * load.c - lookups through the registry client, and loads: the items are
+ * grouped by producer, one pull is sent to each (all in flight at once),
+ * and every wait is bounded by the consumer's timeout.
+ */
+#include "consumer/consumer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MOD "consumer"
+
+/* ---- lookups ---- */
+
+int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
+{
+	char why[256];
+	if (n == 0)
+		return 0;
+	ecx_lookup_item *li = calloc(n, sizeof(*li));
+	if (li == NULL)
+		return ecx_set_error(ECX_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		li[i].id = items[i].id;
+	pthread_mutex_lock(&c->reg_lock);
+	int rc = ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
+	pthread_mutex_unlock(&c->reg_lock);
+	for (size_t i = 0; i < n; i++) {
+		items[i].status = li[i].found ? 0 : ECX_ENOTFOUND;
+		if (li[i].found) {
+			items[i].desc = li[i].entry.desc;
+			ecx_strlcpy(items[i].producer, li[i].entry.producer_zmq,
+			            sizeof(items[i].producer));
+			items[i].epoch = li[i].entry.epoch;
+		}
+	}
+	free(li);
+	pthread_mutex_lock(&c->lock);
+	c->st.lookups += n;
+	pthread_mutex_unlock(&c->lock);
+	if (rc != 0)
+		return ecx_set_error(rc, "%s", why);
+	return 0;
+}
+
+/* ---- loads ---- */
+
+/* Where an item's bytes go; zero-byte items (whose tensors may have no
+ * address at all) all name one small buffer of the consumer's. */
+static void *item_dst(ecx_consumer *c, const ecx_item *x)
+{
+	return x->desc.nbytes == 0 ? c->zero : x->dst;
+}
+
+typedef struct span {
+	uint64_t lo, hi;
+} span;
+
+static int span_cmp(const void *a, const void *b)
+{
+	const span *x = a, *y = b;
+	return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Sorts and merges the ranges of the pull's items (those within a page of
+ * each other join); returns the count. */
+static size_t spans_make(const ecx_load *l, const pull *p, span *s)
+{
+	for (size_t k = 0; k < p->n; k++) {
+		const ecx_item *x = &l->items[p->idx[k]];
+		s[k].lo = (uint64_t)(uintptr_t)item_dst(l->c, x);
+		s[k].hi = s[k].lo + (x->desc.nbytes ? x->desc.nbytes : 1);
+	}
+	qsort(s, p->n, sizeof(*s), span_cmp);
+	size_t m = 0;
+	for (size_t k = 0; k < p->n; k++) {
+		if (m > 0 && s[k].lo <= s[m - 1].hi + PAGE) {
+			if (s[k].hi > s[m - 1].hi)
+				s[m - 1].hi = s[k].hi;
+		} else {
+			s[m++] = s[k];
+		}
+	}
+	return m;
+}
+
+static const span *span_find(const span *s, size_t m, uint64_t a)
+{
+	size_t lo = 0, hi = m;
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+		if (s[mid].lo <= a)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return &s[lo];
+}
+
+/* Builds and sends the pull for the items of load l at idx[0..n) on pc. */
+static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
+{
+	ecx_pull_req r;
+	memset(&r, 0, sizeof(r));
+	if (c->token != NULL)
+		ecx_strlcpy(r.token, c->token, sizeof(r.token));
+	ecx_region regs[ECX_PULL_MAX_REGIONS];
+	ecx_pull_item *it = calloc(p->n, sizeof(*it));
+	span *spans = calloc(p->n, sizeof(*spans));
+	p->regs = calloc(p->n, sizeof(*p->regs));
+	if (it == NULL || p->regs == NULL || spans == NULL) {
+		free(it);
+		free(spans);
+		pthread_mutex_lock(&c->lock);
+		cons_pull_fail(p, ECX_ENOMEM);
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	size_t nspans = spans_make(l, p, spans);
+	pthread_mutex_lock(&c->lock);
+	size_t ni = 0;
+	for (size_t k = 0; k < p->n; k++) {
+		ecx_item *x = &l->items[p->idx[k]];
+		int err = 0;
+		void *dst = item_dst(c, x);
+		const span *sp =
+		    span_find(spans, nspans, (uint64_t)(uintptr_t)dst);
+		region *g = cons_region_for(c, dst, x->desc.nbytes, sp->lo,
+		                            sp->hi, &err);
+		if (g == NULL) {
+			x->status = err;
+			continue;
+		}
+		size_t gi = 0;
+		while (gi < p->nregs && p->regs[gi] != g)
+			gi++;
+		if (gi == p->nregs) {
+			if (p->nregs == ECX_PULL_MAX_REGIONS) {
+				g->inuse--;
+				x->status = ECX_EBUSY;
+				continue;
+			}
+			p->regs[p->nregs++] = g;
+		} else {
+			g->inuse--; /* named once per pull */
+		}
+		ecx_strlcpy(it[ni].id, x->id, sizeof(it[ni].id));
+		it[ni].nbytes = x->desc.nbytes;
+		it[ni].region = (uint32_t)gi;
+		it[ni].addr = (uint64_t)(uintptr_t)dst;
+		p->idx[ni++] = p->idx[k];
+	}
+	p->n = ni;
+	free(spans);
+	for (size_t g = 0; g < p->nregs; g++)
+		regs[g] = (ecx_region){p->regs[g]->base, p->regs[g]->len,
+		                       p->regs[g]->rkey_len, p->regs[g]->rkey};
+	r.req = p->req;
+	r.regions = regs;
+	r.nregions = p->nregs;
+	r.items = it;
+	r.nitems = ni;
+	char *msg = ni > 0 ? ecx_pull_req_encode(&r) : NULL;
+	free(it);
+	if (ni == 0 || msg == NULL) {
+		if (ni > 0)
+			cons_pull_fail(p, ECX_ENOMEM);
+		p->done = true;
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	p->next = c->inflight;
+	c->inflight = p;
+	pthread_mutex_unlock(&c->lock);
+	int err =
+	    ecx_ucx_am_send(p->pc->ep, ECX_AM_PULL, p->pc->id, p->req, msg);
+	if (err != 0) {
+		pthread_mutex_lock(&c->lock);
+		if (cons_pull_take(c, p->req) != NULL)
+			cons_pull_fail(p, err);
+		pthread_mutex_unlock(&c->lock);
+	}
+	ecx_ucx_wake(c->ucx);
+}
+
+int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
+                            ecx_load **out)
+{
+	ecx_load *l = calloc(1, sizeof(*l));
+	if (l == NULL)
+		return ecx_set_error(ECX_ENOMEM, "out of memory");
+	l->c = c;
+	l->items = items;
+	l->n = n;
+	l->deadline_ns = ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u;
+	l->pulls = calloc(n + 1, sizeof(*l->pulls));
+	size_t *group = calloc(n + 1, sizeof(*group));
+	if (l->pulls == NULL || group == NULL) {
+		free(group);
+		free(l->pulls);
+		free(l);
+		return ecx_set_error(ECX_ENOMEM, "out of memory");
+	}
+	/* Checks first, then groups by producer, in order of first sight. */
+	for (size_t i = 0; i < n; i++) {
+		ecx_item *x = &items[i];
+		char why[200];
+		x->status = ECX_EBUSY;
+		group[i] = SIZE_MAX;
+		if (ecx_id_check(x->id, why, sizeof(why)) != 0)
+			x->status = ECX_EID;
+		else if (x->producer[0] == '\0')
+			x->status = ECX_ENOTFOUND;
+		else if (ecx_tensor_check(&x->desc, why, sizeof(why)) != 0)
+			x->status = ECX_ESIZE;
+		else if (x->dst == NULL && x->desc.nbytes > 0)
+			x->status = ECX_EINVAL;
+		if (x->status != ECX_EBUSY)
+			continue;
+		for (size_t k = 0; k < l->npulls && group[i] == SIZE_MAX; k++)
+			if (strcmp(items[l->pulls[k]->idx[0]].producer,
+			           x->producer) == 0)
+				group[i] = k;
+		if (group[i] == SIZE_MAX) {
+			pull *p = calloc(1, sizeof(*p));
+			size_t *idx = calloc(n, sizeof(*idx));
+			if (p == NULL || idx == NULL) {
+				free(p);
+				free(idx);
+				x->status = ECX_ENOMEM;
+				continue;
+			}
+			p->idx = idx;
+			p->load = l;
+			group[i] = l->npulls;
+			l->pulls[l->npulls++] = p;
+		}
+		pull *p = l->pulls[group[i]];
+		p->idx[p->n++] = i;
+	}
+	free(group);
+	pthread_mutex_lock(&c->lock);
+	c->st.loads += n;
+	pthread_mutex_unlock(&c->lock);
+	for (size_t k = 0; k < l->npulls; k++) {
+		pull *p = l->pulls[k];
+		ecx_item *first = &items[p->idx[0]];
+		int err = 0;
+		char why[256];
+		p->pc = cons_pconn_get(c, first->producer, first->epoch, &err,
+		                       why, sizeof(why));
+		pthread_mutex_lock(&c->lock);
+		p->req = ++c->next_req;
+		if (p->pc == NULL) {
+			ecx_warn(MOD, "%s", why);
+			cons_pull_fail(p, err);
+		}
+		pthread_mutex_unlock(&c->lock);
+		if (p->pc != NULL)
+			pull_send(c, l, p);
+	}
+	*out = l;
+	return 0;
+}
+
+static bool load_done(ecx_load *l)
+{
+	for (size_t k = 0; k < l->npulls; k++)
+		if (!__atomic_load_n(&l->pulls[k]->done, __ATOMIC_ACQUIRE))
+			return false;
+	return true;
+}
+
+int ecx_load_test(ecx_load *l)
+{
+	ucp_worker_progress(ecx_ucx_worker(l->c->ucx));
+	return load_done(l) || ecx_now_ns() >= l->deadline_ns ? 0 : ECX_EBUSY;
+}
+
+int ecx_load_wait(ecx_load *l)
+{
+	ecx_consumer *c = l->c;
+	uint64_t spin_until = ecx_now_ns() + 2000000u;
+	ecx_ucx_waiting(c->ucx, true);
+	while (!load_done(l)) {
+		uint64_t now = ecx_now_ns();
+		if (now >= l->deadline_ns)
+			break;
+		if (ucp_worker_progress(ecx_ucx_worker(c->ucx)) == 0 &&
+		    now > spin_until)
+			usleep(20);
+	}
+	ecx_ucx_waiting(c->ucx, false);
+	int first = 0;
+	uint64_t ok = 0, bad = 0, bytes = 0;
+	pthread_mutex_lock(&c->lock);
+	for (size_t k = 0; k < l->npulls; k++) {
+		pull *p = l->pulls[k];
+		if (!p->done) {
+			/* Past the deadline: its reply will be ignored. The
+			 * connection is suspect, so the next load makes a new
+			 * one. */
+			cons_pull_take(c, p->req);
+			cons_pull_fail(p, ECX_ETIMEDOUT);
+			if (p->pc != NULL)
+				p->pc->failed = true;
+		}
+		for (size_t g = 0; g < p->nregs; g++)
+			p->regs[g]->inuse--;
+		free(p->regs);
+		free(p->idx);
+		free(p);
+	}
+	for (size_t i = 0; i < l->n; i++) {
+		int s = l->items[i].status;
+		if (s == ECX_EBUSY)
+			s = l->items[i].status = ECX_EINTERNAL;
+		if (s == 0) {
+			ok++;
+			bytes += l->items[i].desc.nbytes;
+		} else {
+			bad++;
+			if (first == 0)
+				first = s;
+		}
+	}
+	c->st.loaded += ok;
+	c->st.failed += bad;
+	c->st.bytes += bytes;
+	pthread_mutex_unlock(&c->lock);
+	free(l->pulls);
+	free(l);
+	if (first != 0)
+		return ecx_set_error(
+		    first, "%llu of %llu items failed; first: %s",
+		    (unsigned long long)bad, (unsigned long long)(ok + bad),
+		    ecx_strerror(first));
+	return 0;
+}
+
+int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n)
+{
+	ecx_load *l;
+	int rc = ecx_consumer_load_start(c, items, n, &l);
+	return rc != 0 ? rc : ecx_load_wait(l);
+}

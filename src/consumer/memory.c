@@ -1,0 +1,158 @@
+/*
+ * memory.c - where loads land: the receive arena (registered once, handed
+ * out by ecx_consumer_alloc) and a bounded cache of registrations of the
+ * caller's own memory, invalidated by UCX's unmap events.
+ */
+#include "consumer/consumer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MOD "consumer"
+
+/* ---- memory ---- */
+
+void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg)
+{
+	(void)type;
+	ecx_consumer *c = arg;
+	uint64_t a = (uint64_t)(uintptr_t)ev->vm_unmapped.address;
+	uint64_t e = a + ev->vm_unmapped.size;
+	/* Runs inside munmap of any thread, maybe under our lock: atomics
+	 * only. */
+	for (unsigned i = 0; i < c->ncache; i++) {
+		region *r = &c->cache[i];
+		uint64_t b = __atomic_load_n(&r->base, __ATOMIC_ACQUIRE);
+		uint64_t l = __atomic_load_n(&r->len, __ATOMIC_ACQUIRE);
+		if (l != 0 && b < e && a < b + l)
+			__atomic_store_n(&r->stale, 1, __ATOMIC_RELEASE);
+	}
+}
+
+void cons_region_drop(ecx_consumer *c, region *r)
+{
+	ecx_ucx_mem_unmap(c->ucx, r->memh);
+	free(r->rkey);
+	__atomic_store_n(&r->len, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&r->base, 0, __ATOMIC_RELEASE);
+	r->memh = NULL;
+	r->rkey = NULL;
+	r->live = false;
+	__atomic_store_n(&r->stale, 0, __ATOMIC_RELEASE);
+}
+
+/* The region that covers [p, p + n): the arena, a cached registration, or
+ * a new one of [span_lo, span_hi) (the run of this pull's items that
+ * touch each other, so one buffer holding many items is registered once).
+ * Called with the lock; pins the region (inuse). */
+region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n,
+                        uint64_t span_lo, uint64_t span_hi, int *err)
+{
+	uint64_t a = (uint64_t)(uintptr_t)ptr;
+	if (c->arena.live && a >= c->arena.base &&
+	    a + n <= c->arena.base + c->arena.len) {
+		c->arena.inuse++;
+		return &c->arena;
+	}
+	region *free_slot = NULL, *lru = NULL;
+	for (unsigned i = 0; i < c->ncache; i++) {
+		region *r = &c->cache[i];
+		if (r->live && __atomic_load_n(&r->stale, __ATOMIC_ACQUIRE) &&
+		    r->inuse == 0)
+			cons_region_drop(c, r);
+		if (!r->live) {
+			if (free_slot == NULL)
+				free_slot = r;
+			continue;
+		}
+		if (!__atomic_load_n(&r->stale, __ATOMIC_ACQUIRE) &&
+		    a >= r->base && a + n <= r->base + r->len) {
+			r->inuse++;
+			r->used_at = ecx_now_ns();
+			c->st.regcache_hits++;
+			return r;
+		}
+		if (r->inuse == 0 && (lru == NULL || r->used_at < lru->used_at))
+			lru = r;
+	}
+	if (free_slot == NULL && lru != NULL) {
+		cons_region_drop(c, lru);
+		free_slot = lru;
+	}
+	if (free_slot == NULL) {
+		*err = ECX_EBUSY;
+		return NULL;
+	}
+	uint64_t base = span_lo / PAGE * PAGE;
+	uint64_t end = (span_hi + PAGE - 1) / PAGE * PAGE;
+	if (end == base)
+		end = base + PAGE;
+	region *r = free_slot;
+	char why[200];
+	*err = ecx_ucx_mem_reg(c->ucx, (void *)(uintptr_t)base, end - base,
+	                       &r->memh, why, sizeof(why));
+	if (*err != 0) {
+		ecx_warn(MOD, "%s", why);
+		return NULL;
+	}
+	*err = ecx_ucx_rkey_pack(c->ucx, r->memh, &r->rkey, &r->rkey_len);
+	if (*err != 0) {
+		ecx_ucx_mem_unmap(c->ucx, r->memh);
+		r->memh = NULL;
+		return NULL;
+	}
+	r->live = true;
+	r->inuse = 1;
+	r->used_at = ecx_now_ns();
+	__atomic_store_n(&r->stale, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&r->base, base, __ATOMIC_RELEASE);
+	__atomic_store_n(&r->len, end - base, __ATOMIC_RELEASE);
+	c->st.registrations++;
+	return r;
+}
+
+void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
+{
+	uint64_t off;
+	pthread_mutex_lock(&c->lock);
+	if (!c->arena.live || !ecx_alloc_take(&c->alloc, nbytes, &off)) {
+		pthread_mutex_unlock(&c->lock);
+		ecx_set_error(ECX_ENOSPC,
+		              "receive arena has no room for %zu bytes",
+		              nbytes);
+		return NULL;
+	}
+	if (c->nallocs == c->cap_allocs) {
+		size_t cap = c->cap_allocs ? c->cap_allocs * 2 : 64;
+		arena_alloc *a = realloc(c->allocs, cap * sizeof(*a));
+		if (a == NULL) {
+			ecx_alloc_give(&c->alloc, off, nbytes);
+			pthread_mutex_unlock(&c->lock);
+			ecx_set_error(ECX_ENOMEM, "out of memory");
+			return NULL;
+		}
+		c->allocs = a;
+		c->cap_allocs = cap;
+	}
+	c->allocs[c->nallocs++] = (arena_alloc){off, nbytes};
+	pthread_mutex_unlock(&c->lock);
+	return (char *)c->arena_base + off;
+}
+
+void ecx_consumer_free(ecx_consumer *c, void *ptr)
+{
+	if (c == NULL || ptr == NULL)
+		return;
+	uint64_t off = (uint64_t)((char *)ptr - (char *)c->arena_base);
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < c->nallocs; i++) {
+		if (c->allocs[i].off == off) {
+			ecx_alloc_give(&c->alloc, off, c->allocs[i].size);
+			c->allocs[i] = c->allocs[--c->nallocs];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+}
