@@ -1,6 +1,10 @@
 /*
  * core.h - internal helpers every layer uses: logging, error details,
- * clocks, base64 and safe string copies. Not part of the public API.
+ * clocks, base64, safe string copies and facts about this host. Not part
+ * of the public API.
+ *
+ * May include: the public header and libc only. Never: another layer, or
+ * any I/O beyond the log and reading this host's addresses.
  */
 #ifndef ECX_CORE_H
 #define ECX_CORE_H

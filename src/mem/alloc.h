@@ -3,6 +3,8 @@
  * arena). It manages offsets only; the caller owns the memory. Not
  * thread-safe: the owner's lock covers it. Allocations are aligned to
  * ECX_ALLOC_ALIGN so items start on cache lines (and most on pages).
+ *
+ * May include: libc only. Never: touch the memory it manages, or lock.
  */
 #ifndef ECX_MEM_ALLOC_H
 #define ECX_MEM_ALLOC_H

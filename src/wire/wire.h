@@ -10,6 +10,9 @@
  * Unknown fields are ignored so that newer peers can add fields. Encoders
  * return a malloc'd NUL-terminated string (free with free()), or NULL when
  * out of memory. Nothing here blocks or keeps state.
+ *
+ * May include: core/ and cJSON. Never: I/O of any kind (wire/ is pure, so
+ * the fuzzers drive it directly).
  */
 #ifndef ECX_WIRE_H
 #define ECX_WIRE_H

@@ -8,6 +8,9 @@
  * the progress thread carry on. ecx's UCX defaults (fast TCP segment sizes,
  * transports, the network device of the bind address) are applied only
  * where the user's UCX_* environment says nothing.
+ *
+ * May include: core/, wire/ (the active-message header). Never: ZeroMQ, a
+ * registry, or a role's state (roles pass callbacks).
  */
 #ifndef ECX_XFER_UCX_H
 #define ECX_XFER_UCX_H
