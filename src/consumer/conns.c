@@ -50,8 +50,12 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 	int rc = ecx_pull_resp_decode(data, len, &r, why, sizeof(why));
 	pthread_mutex_lock(&c->lock);
 	pull *p = cons_pull_take(c, h.req);
-	if (p == NULL) {
-		/* Late: its load timed out already. */
+	if (p == NULL || p->zombie) {
+		/* Late: its load timed out already. The producer answers
+		 * after its last write of the pull, so a zombie's
+		 * quarantine ends here. */
+		if (p != NULL)
+			cons_zombie_end(c, p);
 		pthread_mutex_unlock(&c->lock);
 		if (rc == 0)
 			free(r.status);
@@ -95,7 +99,10 @@ static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 		if (p == NULL)
 			break;
 		cons_pull_take(c, p->req);
-		cons_pull_fail(p, ECX_ECLOSED);
+		if (p->zombie)
+			cons_zombie_end(c, p);
+		else
+			cons_pull_fail(p, ECX_ECLOSED);
 	}
 	pthread_mutex_unlock(&c->lock);
 }
@@ -163,7 +170,9 @@ pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
 		return found;
 	}
 	ecx_zresp z;
+	uint64_t sent_ms = ecx_wall_ms();
 	*err = hello(c, address, &z, why, whylen);
+	uint64_t got_ms = ecx_wall_ms();
 	if (*err != 0) {
 		pthread_mutex_unlock(&c->conn_lock);
 		return NULL;
@@ -181,6 +190,9 @@ pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
 		pc->stale_epoch = epoch; /* the entry outlived its producer */
 	pc->id = z.conn;
 	pc->c = c;
+	pc->has_clock = z.now_ms != 0;
+	pc->clock_off_ms =
+	    (int64_t)z.now_ms - (int64_t)((sent_ms + got_ms) / 2);
 	*err = ecx_ucx_ep_create(c->ucx, z.worker, z.worker_len, pconn_on_error,
 	                         pc, &pc->ep, why, whylen);
 	ecx_zresp_free(&z);

@@ -108,6 +108,13 @@ void ecx_consumer_destroy(ecx_consumer *c)
 		                        c);
 	if (c->ucx != NULL) {
 		ecx_ucx_stop(c->ucx);
+		pthread_mutex_lock(&c->lock);
+		while (c->inflight != NULL) {
+			pull *p = cons_pull_take(c, c->inflight->req);
+			if (p->zombie)
+				cons_zombie_end(c, p);
+		}
+		pthread_mutex_unlock(&c->lock);
 		while (c->conns != NULL) {
 			pconn *pc = c->conns;
 			c->conns = pc->next;

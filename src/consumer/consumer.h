@@ -29,6 +29,9 @@
 #include <pthread.h>
 
 #define PAGE 4096u
+/* How long a load waits past its deadline for the answers of producers
+ * that stopped writing at the pull's expiry. */
+#define ECX_LOAD_GRACE_NS (100u * 1000000u)
 
 typedef struct pconn {
 	struct pconn *next;
@@ -37,6 +40,10 @@ typedef struct pconn {
 	uint64_t stale_epoch; /* an entry's epoch known not to be this one's */
 	ucp_ep_h ep;
 	bool failed;
+	/* The producer's wall clock minus ours, measured by the hello; pulls
+	 * carry their expiry in the producer's clock. */
+	int64_t clock_off_ms;
+	bool has_clock; /* false for a producer that sent no clock */
 	struct ecx_consumer *c;
 } pconn;
 
@@ -62,6 +69,13 @@ typedef struct pull {
 	region **regs; /* regions named, to unpin */
 	size_t nregs;
 	bool done;
+	/* A pull whose load gave up on it (timed out) while the producer may
+	 * still write: it keeps its regions and quarantines its receive-arena
+	 * ranges until the producer's reply (sent after its last write is
+	 * flushed) or the connection's failure ends it. load is NULL then. */
+	bool zombie;
+	uint64_t *quar; /* offsets of the arena allocations it quarantines */
+	size_t nquar;
 } pull;
 
 struct ecx_load {
@@ -75,6 +89,8 @@ struct ecx_load {
 
 typedef struct arena_alloc {
 	uint64_t off, size;
+	unsigned zombies; /* timed-out pulls that may still write here */
+	bool freed;       /* freed by the caller: given back at zombies 0 */
 } arena_alloc;
 
 struct ecx_consumer {
@@ -100,6 +116,7 @@ struct ecx_consumer {
 	unsigned ncache;
 	bool hooked;
 	ecx_consumer_stats st;
+	uint64_t st_quarantined; /* arena allocations held by zombies */
 };
 
 /* conns.c */
@@ -120,6 +137,12 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc);
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
 void cons_region_drop(ecx_consumer *c, region *r);
+/* Makes p (timed out, still in c->inflight) a zombie: quarantines the
+ * receive-arena allocations its items land in. */
+void cons_zombie_make(ecx_consumer *c, pull *p);
+/* Ends zombie p (taken out of c->inflight): unpins its regions, gives back
+ * the quarantined allocations the caller has freed, frees p. */
+void cons_zombie_end(ecx_consumer *c, pull *p);
 region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n, uint64_t lo,
                         uint64_t hi, int *err);
 

@@ -158,6 +158,17 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		regs[g] = (ecx_region){p->regs[g]->base, p->regs[g]->len,
 		                       p->regs[g]->rkey_len, p->regs[g]->rkey};
 	r.req = p->req;
+	if (p->pc->has_clock) {
+		/* The pull expires with this load, in the producer's clock;
+		 * a producer that gets to it later writes nothing. */
+		uint64_t now = ecx_now_ns();
+		uint64_t left_ms = l->deadline_ns > now
+		                       ? (l->deadline_ns - now) / 1000000u
+		                       : 0;
+		int64_t e = (int64_t)ecx_wall_ms() + p->pc->clock_off_ms +
+		            (int64_t)left_ms;
+		r.expires_ms = e > 0 ? (uint64_t)e : 1;
+	}
 	r.regions = regs;
 	r.nregions = p->nregs;
 	r.items = it;
@@ -284,9 +295,13 @@ int ecx_load_wait(ecx_load *l)
 	ecx_consumer *c = l->c;
 	uint64_t spin_until = ecx_now_ns() + 2000000u;
 	ecx_ucx_waiting(c->ucx, true);
+	/* A producer stops writing a pull at its expiry (the deadline) and
+	 * then answers; the grace lets that answer arrive, so a load from a
+	 * live producer returns with nothing left to write. */
+	uint64_t until = l->deadline_ns + ECX_LOAD_GRACE_NS;
 	while (!load_done(l)) {
 		uint64_t now = ecx_now_ns();
-		if (now >= l->deadline_ns)
+		if (now >= until)
 			break;
 		if (ucp_worker_progress(ecx_ucx_worker(c->ucx)) == 0 &&
 		    now > spin_until)
@@ -299,13 +314,21 @@ int ecx_load_wait(ecx_load *l)
 	for (size_t k = 0; k < l->npulls; k++) {
 		pull *p = l->pulls[k];
 		if (!p->done) {
-			/* Past the deadline: its reply will be ignored. The
+			/* Past the deadline: the items fail, and the
 			 * connection is suspect, so the next load makes a new
-			 * one. */
-			cons_pull_take(c, p->req);
+			 * one. The producer may still be writing: the pull
+			 * stays in flight as a zombie, holding its memory,
+			 * until the producer's reply says it is done. */
+			bool inflight = cons_pull_take(c, p->req) != NULL;
 			cons_pull_fail(p, ECX_ETIMEDOUT);
 			if (p->pc != NULL)
 				p->pc->failed = true;
+			if (inflight) {
+				cons_zombie_make(c, p);
+				p->next = c->inflight;
+				c->inflight = p;
+				continue;
+			}
 		}
 		for (size_t g = 0; g < p->nregs; g++)
 			p->regs[g]->inuse--;

@@ -136,7 +136,7 @@ void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
 		c->allocs = a;
 		c->cap_allocs = cap;
 	}
-	c->allocs[c->nallocs++] = (arena_alloc){off, nbytes};
+	c->allocs[c->nallocs++] = (arena_alloc){.off = off, .size = nbytes};
 	pthread_mutex_unlock(&c->lock);
 	return (char *)c->arena_base + off;
 }
@@ -149,10 +149,75 @@ void ecx_consumer_free(ecx_consumer *c, void *ptr)
 	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < c->nallocs; i++) {
 		if (c->allocs[i].off == off) {
+			/* Quarantined: a timed-out pull may still write
+			 * here, so the range is not handed out again yet. */
+			if (c->allocs[i].zombies > 0) {
+				c->allocs[i].freed = true;
+				break;
+			}
 			ecx_alloc_give(&c->alloc, off, c->allocs[i].size);
 			c->allocs[i] = c->allocs[--c->nallocs];
 			break;
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
+}
+
+/* The allocation of the receive arena that holds addr, or NULL. */
+static arena_alloc *arena_alloc_at(ecx_consumer *c, uint64_t addr)
+{
+	uint64_t base = (uint64_t)(uintptr_t)c->arena_base;
+	if (!c->arena.live || addr < base || addr >= base + c->arena.len)
+		return NULL;
+	uint64_t off = addr - base;
+	for (size_t i = 0; i < c->nallocs; i++)
+		if (off >= c->allocs[i].off &&
+		    off < c->allocs[i].off + c->allocs[i].size)
+			return &c->allocs[i];
+	return NULL;
+}
+
+void cons_zombie_make(ecx_consumer *c, pull *p)
+{
+	p->zombie = true;
+	p->quar = calloc(p->n + 1, sizeof(*p->quar));
+	for (size_t k = 0; p->quar != NULL && k < p->n; k++) {
+		const ecx_item *x = &p->load->items[p->idx[k]];
+		if (x->desc.nbytes == 0)
+			continue;
+		arena_alloc *a = arena_alloc_at(c, (uint64_t)(uintptr_t)x->dst);
+		if (a == NULL)
+			continue;
+		a->zombies++;
+		p->quar[p->nquar++] = a->off;
+	}
+	p->load = NULL;
+	c->st_quarantined += p->nquar;
+	ecx_info(MOD,
+	         "pull %llu to %s timed out: %zu receive-arena buffers "
+	         "quarantined until the producer answers",
+	         (unsigned long long)p->req, p->pc->address, p->nquar);
+}
+
+void cons_zombie_end(ecx_consumer *c, pull *p)
+{
+	for (size_t g = 0; g < p->nregs; g++)
+		p->regs[g]->inuse--;
+	for (size_t q = 0; q < p->nquar; q++) {
+		for (size_t i = 0; i < c->nallocs; i++) {
+			arena_alloc *a = &c->allocs[i];
+			if (a->off != p->quar[q])
+				continue;
+			if (--a->zombies == 0 && a->freed) {
+				ecx_alloc_give(&c->alloc, a->off, a->size);
+				c->allocs[i] = c->allocs[--c->nallocs];
+			}
+			break;
+		}
+	}
+	c->st_quarantined -= p->nquar;
+	free(p->quar);
+	free(p->regs);
+	free(p->idx);
+	free(p);
 }

@@ -85,6 +85,9 @@ static inline uint64_t ecx_now_ms(void)
 {
 	return ecx_now_ns() / 1000000u;
 }
+/* Wall-clock time in milliseconds since 1970: the one clock two processes
+ * can compare (pull expiries, corrected by the offset the hello measures). */
+uint64_t ecx_wall_ms(void);
 
 /* ---- base64 (RFC 4648, with padding) ---- */
 

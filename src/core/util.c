@@ -36,6 +36,13 @@ bool ecx_ct_equal(const char *a, size_t alen, const char *b, size_t blen)
 	return diff == 0;
 }
 
+uint64_t ecx_wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 uint64_t ecx_now_ns(void)
 {
 	struct timespec ts;

@@ -49,7 +49,7 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	size_t alen;
 	ecx_ucx_address(p->ucx, &waddr, &alen);
 	ecx_debug(MOD, "consumer connection %llu", (unsigned long long)id);
-	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id);
+	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id, ecx_wall_ms());
 }
 
 /* The reference's {"op":"pull",...}: answered in its reply shape. ecx

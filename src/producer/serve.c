@@ -263,6 +263,17 @@ static bool job_start(ecx_producer *p, job *j)
 		rc = ECX_EAUTH;
 		snprintf(why, sizeof(why), "bad or missing token");
 	}
+	/* A load is final: the consumer has given up on a pull past its
+	 * expiry, so not one byte of it is written. */
+	if (rc == 0 && j->pr.expires_ms != 0 &&
+	    ecx_wall_ms() >= j->pr.expires_ms) {
+		rc = ECX_ETIMEDOUT;
+		snprintf(why, sizeof(why),
+		         "the pull expired before it started");
+		pthread_mutex_lock(&p->lock);
+		p->st.items_failed += j->pr.nitems;
+		pthread_mutex_unlock(&p->lock);
+	}
 	if (rc != 0) {
 		ecx_pull_req_free(&j->pr);
 		pthread_mutex_lock(&p->lock);
@@ -324,6 +335,13 @@ static bool job_start(ecx_producer *p, job *j)
 		ucp_rkey_h rk = re != NULL ? re->h : NULL;
 		if (rk == NULL) {
 			j->status[i] = ECX_EPROTO;
+			continue;
+		}
+		/* Checked before each item: a producer stopped (or slow)
+		 * in the middle of a pull writes nothing after it expired. */
+		if (j->pr.expires_ms != 0 &&
+		    ecx_wall_ms() >= j->pr.expires_ms) {
+			j->status[i] = ECX_ETIMEDOUT;
 			continue;
 		}
 		rkey_prefault(re, j->pr.items[i].addr, it->desc.nbytes);

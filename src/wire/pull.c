@@ -22,6 +22,9 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 		return NULL;
 	cJSON_AddStringToObject(o, "op", "pullv");
 	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
+	if (r->expires_ms != 0)
+		cJSON_AddItemToObject(o, "expires_ms",
+		                      ecx_json_u64(r->expires_ms));
 	if (r->token[0] != '\0')
 		cJSON_AddStringToObject(o, "token", r->token);
 	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
@@ -94,6 +97,10 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 		goto fail;
 	}
 	if ((rc = ecx_json_get_u64(o, "req", &r.req, why, whylen)) != 0)
+		goto fail;
+	if (cJSON_GetObjectItemCaseSensitive(o, "expires_ms") != NULL &&
+	    (rc = ecx_json_get_u64(o, "expires_ms", &r.expires_ms, why,
+	                           whylen)) != 0)
 		goto fail;
 	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
 	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,

@@ -97,6 +97,10 @@ typedef struct ecx_pull_item {
 
 typedef struct ecx_pull_req {
 	uint64_t req; /* the consumer's request number, echoed in the reply */
+	/* The producer's wall clock (ms since 1970) after which no byte of
+	 * this pull may be written: a pull that arrives later is refused, and
+	 * one that is being written stops. 0: none (older consumers). */
+	uint64_t expires_ms;
 	char token[ECX_TOKEN_MAX];
 	size_t nregions;
 	ecx_region *regions;
@@ -183,13 +187,15 @@ typedef struct ecx_zresp {
 	char detail[160];
 	size_t worker_len; /* hello reply */
 	unsigned char *worker;
-	uint64_t epoch; /* the producer's epoch */
-	uint64_t conn;  /* the consumer's connection number at the producer */
+	uint64_t epoch;  /* the producer's epoch */
+	uint64_t conn;   /* the consumer's connection number at the producer */
+	uint64_t now_ms; /* the producer's wall clock when it answered; 0 when
+	                    absent (then pulls carry no expiry) */
 } ecx_zresp;
 
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
-                             uint64_t epoch, uint64_t conn);
+                             uint64_t epoch, uint64_t conn, uint64_t now_ms);
 int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
                      size_t whylen);
 void ecx_zresp_free(ecx_zresp *r);

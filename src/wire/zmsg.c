@@ -168,7 +168,7 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 }
 
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
-                             uint64_t epoch, uint64_t conn)
+                             uint64_t epoch, uint64_t conn, uint64_t now_ms)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *w = b64_node(worker, worker_len);
@@ -181,6 +181,8 @@ char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
 	cJSON_AddItemToObject(o, "worker", w);
 	cJSON_AddItemToObject(o, "epoch", ecx_json_u64(epoch));
 	cJSON_AddItemToObject(o, "conn", ecx_json_u64(conn));
+	if (now_ms != 0)
+		cJSON_AddItemToObject(o, "now_ms", ecx_json_u64(now_ms));
 	return json_print_free(o);
 }
 
@@ -229,6 +231,10 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 			    ecx_json_get_u64(o, "epoch", &r.epoch, why, whylen);
 		if (rc == 0)
 			rc = ecx_json_get_u64(o, "conn", &r.conn, why, whylen);
+		if (rc == 0 &&
+		    cJSON_GetObjectItemCaseSensitive(o, "now_ms") != NULL)
+			rc = ecx_json_get_u64(o, "now_ms", &r.now_ms, why,
+			                      whylen);
 	}
 out:
 	cJSON_Delete(o);

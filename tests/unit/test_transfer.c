@@ -442,6 +442,98 @@ static void test_producer_killed_shm(void **state)
 	producer_killed("shm");
 }
 
+/* A load is final (defect 1 of the leases issue): item a's producer is
+ * stopped, the load of a times out, its destination is freed, b from
+ * another producer is loaded into memory handed out next (the arena's
+ * first fit, or malloc's reuse), and a's producer is resumed: b's bytes
+ * must be unchanged. Fails on the code before pulls expired and timed-out
+ * arena ranges were quarantined. */
+static void late_write(const char *transport, bool arena)
+{
+	producer p1, p2;
+	producer_start(&p1, transport, NULL);
+	producer_start(&p2, transport, NULL);
+	producer_put(&p1, "a", "bfloat16", "1024x3584", "ok");
+	producer_put(&p2, "b", "bfloat16", "1024x3584", "ok");
+	char urls[160];
+	snprintf(urls, sizeof(urls), "%s,%s", p1.url, p2.url);
+	ecx_consumer *c = consumer(urls, transport, 400, NULL);
+	ecx_item it[2] = {{.id = "a"}, {.id = "b"}};
+	assert_int_equal(ecx_consumer_lookup(c, it, 2), 0);
+	assert_int_equal(it[0].status, 0);
+	assert_int_equal(it[1].status, 0);
+	size_t n = it[0].desc.nbytes;
+	/* Warm: a loads, so the connection to p1 is made. */
+	it[0].dst = arena ? ecx_consumer_alloc(c, n) : malloc(n);
+	assert_non_null(it[0].dst);
+	assert_int_equal(ecx_consumer_load(c, &it[0], 1), 0);
+	assert_true(tu_check("a", it[0].dst, n));
+	tu_stop(p1.ch.pid);
+	uint64_t t0 = now_ms();
+	assert_int_equal(ecx_consumer_load(c, &it[0], 1), ECX_ETIMEDOUT);
+	assert_true(now_ms() - t0 < 400 + 500);
+	void *was = it[0].dst;
+	if (arena)
+		ecx_consumer_free(c, it[0].dst);
+	else
+		free(it[0].dst);
+	it[1].dst = arena ? ecx_consumer_alloc(c, n) : malloc(n);
+	assert_non_null(it[1].dst);
+	if (arena)
+		assert_ptr_not_equal(it[1].dst, was); /* quarantined */
+	assert_int_equal(ecx_consumer_load(c, &it[1], 1), 0);
+	assert_true(tu_check("b", it[1].dst, n));
+	kill(p1.ch.pid, SIGCONT);
+	usleep(500000); /* p1 answers the expired pull, writing nothing */
+	assert_true(tu_check("b", it[1].dst, n));
+	/* p1 got the pull after its expiry: refused, not served. */
+	assert_int_equal(producer_stat(&p1, "served"), 1);
+	assert_int_equal(producer_stat(&p1, "failed"), 1);
+	/* The quarantine ended with p1's answer: the range is free again,
+	 * and a works from p1 once more (over a new connection). */
+	if (arena) {
+		ecx_consumer_free(c, it[1].dst);
+		it[0].dst = ecx_consumer_alloc(c, n);
+		assert_ptr_equal(it[0].dst, was);
+	} else {
+		free(it[1].dst);
+		it[0].dst = malloc(n);
+	}
+	assert_int_equal(ecx_consumer_load(c, &it[0], 1), 0);
+	assert_true(tu_check("a", it[0].dst, n));
+	if (arena)
+		ecx_consumer_free(c, it[0].dst);
+	else
+		free(it[0].dst);
+	ecx_consumer_destroy(c);
+	producer_stop(&p1);
+	producer_stop(&p2);
+}
+
+static void test_late_write_shm_arena(void **state)
+{
+	(void)state;
+	late_write("shm", true);
+}
+
+static void test_late_write_shm_caller(void **state)
+{
+	(void)state;
+	late_write("shm", false);
+}
+
+static void test_late_write_tcp_arena(void **state)
+{
+	(void)state;
+	late_write("tcp", true);
+}
+
+static void test_late_write_tcp_caller(void **state)
+{
+	(void)state;
+	late_write("tcp", false);
+}
+
 /* Four consumer processes at once, every byte checked by each. */
 static void test_four_consumers(void **state)
 {
@@ -696,6 +788,10 @@ int main(void)
 	    cmocka_unit_test(test_reused_address),
 	    cmocka_unit_test(test_producer_restart),
 	    cmocka_unit_test(test_token),
+	    cmocka_unit_test(test_late_write_shm_arena),
+	    cmocka_unit_test(test_late_write_shm_caller),
+	    cmocka_unit_test(test_late_write_tcp_arena),
+	    cmocka_unit_test(test_late_write_tcp_caller),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -273,6 +273,7 @@ static void test_pull_roundtrip(void **state)
 	items[1].region = 1;
 	items[1].addr = 1 << 30;
 	ecx_pull_req r = {.req = 42,
+	                  .expires_ms = 1764521000123ull,
 	                  .nregions = 2,
 	                  .regions = regs,
 	                  .nitems = 2,
@@ -284,6 +285,7 @@ static void test_pull_roundtrip(void **state)
 	char why[160];
 	assert_int_equal(ecx_pull_req_decode(s, strlen(s), &b, why, 160), 0);
 	assert_int_equal(b.req, 42);
+	assert_int_equal(b.expires_ms, 1764521000123ull);
 	assert_string_equal(b.token, "s3cret");
 	assert_int_equal(b.nregions, 2);
 	assert_int_equal(b.regions[0].rkey_len, sizeof(rkey));
@@ -468,11 +470,20 @@ static void test_zmsg(void **state)
 	assert_false(z.ok);
 	assert_int_equal(z.err, ECX_ENOTFOUND);
 	free(s);
-	s = ecx_zresp_encode_hello(w, 10, 99, 5);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull);
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_true(z.ok);
 	assert_int_equal(z.epoch, 99);
 	assert_int_equal(z.conn, 5);
+	assert_int_equal(z.now_ms, 1764521000123ull);
+	ecx_zresp_free(&z);
+	free(s);
+	/* A producer from before now_ms: no clock, so pulls carry no
+	 * expiry. */
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0);
+	assert_null(strstr(s, "now_ms"));
+	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
+	assert_int_equal(z.now_ms, 0);
 	assert_memory_equal(z.worker, w, 10);
 	ecx_zresp_free(&z);
 	free(s);
