@@ -377,7 +377,13 @@ ECX_API int ecx_load_test(ecx_load *l);
 
 /* ecx_load_wait blocks until the load ends or the consumer's timeout from
  * its start passes (its items then fail with ECX_ETIMEDOUT), frees the load,
- * and returns 0 when every item loaded, else the first item's error. */
+ * and returns 0 when every item loaded, else the first item's error.
+ * A load is final: once this returns, with any status, no byte of its
+ * destinations is written again (producers write nothing of a pull past
+ * its expiry; receive-arena buffers a late producer could still reach are
+ * kept out of ecx_consumer_alloc until it answers). Returns within the
+ * timeout + 100 ms; docs/protocol.md has the contract and its one window
+ * for caller memory. */
 ECX_API int ecx_load_wait(ecx_load *l);
 
 /* ecx_consumer_load is start then wait. */
