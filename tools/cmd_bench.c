@@ -4,7 +4,6 @@
 
 #include "gen.h"
 #include "proc.h"
-#include "registry/server.h"
 #include "safetensors.h"
 #include "stats.h"
 
@@ -81,101 +80,113 @@ static int bench_registry(void)
 		return tool_fail("bench", EXIT_FAIL, "%s", why);
 	snprintf(url, sizeof(url), "http://127.0.0.1:%u",
 	         ecx_registry_port(reg));
-	ecx_store *s = ecx_registry_store(reg);
+	/* Published through a client, as producers publish to a registry
+	 * of their own (the time is not measured). */
+	ecx_client_params o = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
+	                                     ECX_CLIENT_PARAM_TIMEOUT,
+	                       .registry = url,
+	                       .timeout_ms = 5000};
+	ecx_client *c;
+	if (ecx_client_create(&o, &c, why, sizeof(why)) != 0)
+		return tool_fail("bench", EXIT_FAIL, "%s", why);
 	enum { NIDS = 4096 };
 	static char ids[NIDS][80];
+	static ecx_item entries[NIDS];
 	for (int i = 0; i < NIDS; i++) {
 		snprintf(ids[i], sizeof(ids[i]), "%016x%016x%016x%016x", i,
 		         i * 7, i * 13, i * 31);
-		ecx_entry e;
-		memset(&e, 0, sizeof(e));
+		ecx_item *e = &entries[i];
+		memset(e, 0, sizeof(*e));
+		e->id = ids[i];
 		uint64_t dims[2] = {gen_qwen_tokens((size_t)i), 3584};
-		ecx_tensor_set(&e.desc, ECX_DTYPE_BFLOAT16, 2, dims);
-		snprintf(e.producer_zmq, sizeof(e.producer_zmq),
+		ecx_tensor_set(&e->desc, ECX_DTYPE_BFLOAT16, 2, dims);
+		snprintf(e->producer, sizeof(e->producer),
 		         "tcp://10.0.0.%d:5555", i % 8);
-		s->ops->put(s, ids[i], &e, why, sizeof(why));
+		if (ecx_client_publish(c, e) != 0)
+			return tool_fail("bench", EXIT_FAIL, "publish: %s",
+			                 ecx_last_error());
 	}
 	int iters = quick ? 300 : 5000;
-	ecx_regclient_opts o = {.urls = url, .timeout_ms = 5000};
-	ecx_regclient *c;
-	ecx_regclient_create(&o, &c, why, sizeof(why));
 	samples keep = {0}, fresh = {0}, batch = {0};
 	/* Warm up the connection and the caches. */
 	for (int i = 0; i < 50; i++) {
-		ecx_lookup_item it = {.id = ids[i]};
-		ecx_regclient_lookup(c, &it, 1, why, sizeof(why));
+		ecx_item it = {.id = ids[i]};
+		ecx_client_lookup(c, &it, 1);
 	}
-	uint64_t t0 = ecx_now_ns();
+	uint64_t t0 = tool_now_ns();
 	for (int i = 0; i < iters; i++) {
-		ecx_lookup_item it = {.id = ids[i % NIDS]};
-		uint64_t a = ecx_now_ns();
-		if (ecx_regclient_lookup(c, &it, 1, why, sizeof(why)) != 0 ||
-		    !it.found)
-			return tool_fail("bench", EXIT_FAIL, "lookup: %s", why);
-		samples_add(&keep, ecx_now_ns() - a);
+		ecx_item it = {.id = ids[i % NIDS]};
+		uint64_t a = tool_now_ns();
+		if (ecx_client_lookup(c, &it, 1) != 0 || it.status != 0)
+			return tool_fail("bench", EXIT_FAIL, "lookup: %s",
+			                 ecx_last_error());
+		samples_add(&keep, tool_now_ns() - a);
 	}
-	double keep_s = (double)(ecx_now_ns() - t0) / 1e9;
-	long conns = ecx_regclient_connects(c);
-	t0 = ecx_now_ns();
+	double keep_s = (double)(tool_now_ns() - t0) / 1e9;
+	long conns = ecx_client_connections(c);
+	t0 = tool_now_ns();
 	for (int i = 0; i < iters; i++) {
-		ecx_regclient *one;
-		ecx_lookup_item it = {.id = ids[i % NIDS]};
-		uint64_t a = ecx_now_ns();
-		ecx_regclient_create(&o, &one, why, sizeof(why));
-		int rc = ecx_regclient_lookup(one, &it, 1, why, sizeof(why));
-		ecx_regclient_destroy(one);
+		ecx_client *one;
+		ecx_item it = {.id = ids[i % NIDS]};
+		uint64_t a = tool_now_ns();
+		int rc = ecx_client_create(&o, &one, why, sizeof(why));
+		if (rc == 0)
+			rc = ecx_client_lookup(one, &it, 1);
+		ecx_client_destroy(one);
 		if (rc != 0)
-			return tool_fail("bench", EXIT_FAIL, "lookup: %s", why);
-		samples_add(&fresh, ecx_now_ns() - a);
+			return tool_fail("bench", EXIT_FAIL, "lookup: %s",
+			                 ecx_last_error());
+		samples_add(&fresh, tool_now_ns() - a);
 	}
-	double fresh_s = (double)(ecx_now_ns() - t0) / 1e9;
+	double fresh_s = (double)(tool_now_ns() - t0) / 1e9;
 	int biters = quick ? 30 : 300;
-	ecx_lookup_item *its = calloc(256, sizeof(*its));
-	t0 = ecx_now_ns();
+	ecx_item *its = calloc(256, sizeof(*its));
+	if (its == NULL)
+		return tool_fail("bench", EXIT_FAIL, "out of memory");
+	t0 = tool_now_ns();
 	for (int i = 0; i < biters; i++) {
 		for (int k = 0; k < 256; k++)
 			its[k].id = ids[(i * 256 + k) % NIDS];
-		uint64_t a = ecx_now_ns();
-		if (ecx_regclient_lookup(c, its, 256, why, sizeof(why)) != 0)
-			return tool_fail("bench", EXIT_FAIL, "lookup: %s", why);
-		samples_add(&batch, ecx_now_ns() - a);
+		uint64_t a = tool_now_ns();
+		if (ecx_client_lookup(c, its, 256) != 0)
+			return tool_fail("bench", EXIT_FAIL, "lookup: %s",
+			                 ecx_last_error());
+		samples_add(&batch, tool_now_ns() - a);
 	}
-	double batch_s = (double)(ecx_now_ns() - t0) / 1e9;
+	double batch_s = (double)(tool_now_ns() - t0) / 1e9;
 	/* The same batches against Redis (MGET), when one is given. */
 	samples rbatch = {0};
 	double rbatch_s = 0;
 	if (redis_url != NULL) {
-		ecx_regclient_opts ro = {.urls = redis_url, .timeout_ms = 5000};
-		ecx_regclient *rc;
-		if (ecx_regclient_create(&ro, &rc, why, sizeof(why)) != 0)
+		ecx_client_params ro = {.field_mask =
+		                            ECX_CLIENT_PARAM_REGISTRY |
+		                            ECX_CLIENT_PARAM_TIMEOUT,
+		                        .registry = redis_url,
+		                        .timeout_ms = 5000};
+		ecx_client *rc;
+		if (ecx_client_create(&ro, &rc, why, sizeof(why)) != 0)
 			return tool_fail("bench", EXIT_USAGE, "%s", why);
-		for (int i = 0; i < NIDS; i++) {
-			ecx_lookup_item it = {.id = ids[i]};
-			ecx_entry e;
-			s->ops->get(s, ids[i], &e, why, sizeof(why));
-			(void)it;
-			if (ecx_regclient_put(rc, ids[i], &e, why, sizeof(why)))
-				return tool_fail("bench", EXIT_FAIL, "%s", why);
-		}
-		t0 = ecx_now_ns();
+		for (int i = 0; i < NIDS; i++)
+			if (ecx_client_publish(rc, &entries[i]) != 0)
+				return tool_fail("bench", EXIT_FAIL, "%s",
+				                 ecx_last_error());
+		t0 = tool_now_ns();
 		for (int i = 0; i < biters; i++) {
 			for (int k = 0; k < 256; k++)
 				its[k].id = ids[(i * 256 + k) % NIDS];
-			uint64_t a = ecx_now_ns();
-			if (ecx_regclient_lookup(rc, its, 256, why,
-			                         sizeof(why)) != 0)
+			uint64_t a = tool_now_ns();
+			if (ecx_client_lookup(rc, its, 256) != 0)
 				return tool_fail("bench", EXIT_FAIL,
-				                 "redis: %s", why);
-			samples_add(&rbatch, ecx_now_ns() - a);
+				                 "redis: %s", ecx_last_error());
+			samples_add(&rbatch, tool_now_ns() - a);
 		}
-		rbatch_s = (double)(ecx_now_ns() - t0) / 1e9;
+		rbatch_s = (double)(tool_now_ns() - t0) / 1e9;
 		for (int i = 0; i < NIDS; i++)
-			ecx_regclient_delete(rc, ids[i], NULL, why,
-			                     sizeof(why));
-		ecx_regclient_destroy(rc);
+			ecx_client_remove(rc, ids[i], NULL);
+		ecx_client_destroy(rc);
 	}
 	free(its);
-	ecx_regclient_destroy(c);
+	ecx_client_destroy(c);
 	ecx_registry_destroy(reg);
 
 	double k50 = (double)samples_pct(&keep, 50) / 1e3,
@@ -249,9 +260,9 @@ static double memcpy_gbps(size_t bytes)
 	samples s = {0};
 	int iters = quick ? 10 : 50;
 	for (int i = 0; i < iters; i++) {
-		uint64_t t0 = ecx_now_ns();
+		uint64_t t0 = tool_now_ns();
 		memcpy(b, a, bytes);
-		samples_add(&s, ecx_now_ns() - t0);
+		samples_add(&s, tool_now_ns() - t0);
 		a[i % bytes] = (char)i; /* keep the copy from being elided */
 	}
 	double g = (double)bytes / (double)samples_pct(&s, 50);
@@ -314,7 +325,7 @@ static double tcp_gbps(size_t bytes)
 	memset(buf, 3, bytes);
 	samples s = {0};
 	for (int i = 0; i < iters + 2; i++) {
-		uint64_t t0 = ecx_now_ns();
+		uint64_t t0 = tool_now_ns();
 		size_t sent = 0;
 		while (sent < bytes) {
 			ssize_t n = send(c, buf + sent, bytes - sent, 0);
@@ -326,7 +337,7 @@ static double tcp_gbps(size_t bytes)
 		if (recv(c, &ack, 1, MSG_WAITALL) != 1)
 			break;
 		if (i >= 2)
-			samples_add(&s, ecx_now_ns() - t0);
+			samples_add(&s, tool_now_ns() - t0);
 	}
 	pthread_join(t, NULL);
 	double g = (double)bytes / (double)samples_pct(&s, 50);
@@ -449,9 +460,9 @@ static int bench_transfer_one(const char *transport, bool user,
 			int iters = quick ? 5 : (s == 2 ? 20 : 50);
 			samples lat = {0};
 			for (int k = 0; k < iters + 2; k++) {
-				uint64_t t0 = ecx_now_ns();
+				uint64_t t0 = tool_now_ns();
 				int e = ecx_consumer_load(c, it, (size_t)nb);
-				uint64_t dt = ecx_now_ns() - t0;
+				uint64_t dt = tool_now_ns() - t0;
 				if (e != 0) {
 					rc = tool_fail("bench", EXIT_FAIL,
 					               "load: %s",
@@ -572,18 +583,18 @@ static int bench_file(void)
 		for (int i = 0; i < iters; i++) {
 			snprintf(path, sizeof(path), "%s/%s-%d.safetensors",
 			         dir, sizes[s].name, i);
-			uint64_t t0 = ecx_now_ns();
+			uint64_t t0 = tool_now_ns();
 			st_save(path, &d, buf, why, sizeof(why));
-			samples_add(&sv, ecx_now_ns() - t0);
+			samples_add(&sv, tool_now_ns() - t0);
 		}
 		for (int i = 0; i < iters; i++) {
 			snprintf(path, sizeof(path), "%s/%s-%d.safetensors",
 			         dir, sizes[s].name, i);
 			void *back = NULL;
 			ecx_tensor_desc bd;
-			uint64_t t0 = ecx_now_ns();
+			uint64_t t0 = tool_now_ns();
 			int rc = st_load(path, &bd, &back, why, sizeof(why));
-			samples_add(&ld, ecx_now_ns() - t0);
+			samples_add(&ld, tool_now_ns() - t0);
 			if (rc != 0 ||
 			    !gen_check(sizes[s].name, back, bd.nbytes))
 				return tool_fail("bench", EXIT_FAIL,

@@ -4,7 +4,6 @@
 #include "tool.h"
 
 #include "gen.h"
-#include "registry/server.h"
 #include "safetensors.h"
 #include "stats.h"
 
@@ -66,67 +65,74 @@ static void report(const result *r, bool json, const char *what)
 	}
 }
 
-/* Every id the registry lists, page by page. */
-static char **list_ids(ecx_regclient *rc, size_t *n)
+typedef struct idlist {
+	char **ids;
+	size_t n, cap;
+} idlist;
+
+static int keep_id(void *arg, const ecx_item *it)
 {
-	char after[ECX_ID_MAX + 1] = "", why[256];
-	char **ids = NULL;
-	size_t cap = 0;
-	*n = 0;
+	idlist *l = arg;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 256;
+		char **v = realloc(l->ids, cap * sizeof(*v));
+		if (v == NULL)
+			return ECX_ENOMEM;
+		l->ids = v;
+		l->cap = cap;
+	}
+	l->ids[l->n] = strdup(it->id);
+	if (l->ids[l->n] == NULL)
+		return ECX_ENOMEM;
+	l->n++;
+	return 0;
+}
+
+/* Every id the registry lists, page by page; NULL (reported) on failure. */
+static char **list_ids(ecx_client *c, size_t *n)
+{
+	char after[ECX_ID_MAX + 1] = "", next[ECX_ID_MAX + 1];
+	idlist l = {0};
 	for (;;) {
-		char path[ECX_ID_MAX + 64];
-		snprintf(path, sizeof(path), "/ec/list?limit=1000%s%s",
-		         after[0] ? "&after=" : "", after);
-		long status;
-		char *body;
-		size_t len;
-		if (ecx_regclient_get_raw(rc, path, &status, &body, &len, why,
-		                          sizeof(why)) != 0) {
-			tool_fail("consume", EXIT_FAIL, "%s", why);
+		int rc = ecx_client_list(c, after, 1000, keep_id, &l, next,
+		                         sizeof(next), NULL);
+		if (rc != 0) {
+			tool_fail("consume", EXIT_FAIL, "%s",
+			          rc == ECX_ENOMEM ? "out of memory"
+			                           : ecx_last_error());
+			for (size_t i = 0; i < l.n; i++)
+				free(l.ids[i]);
+			free(l.ids);
+			*n = 0;
 			return NULL;
 		}
-		cJSON *o = cJSON_ParseWithLength(body, len);
-		free(body);
-		const cJSON *items =
-		    cJSON_GetObjectItemCaseSensitive(o, "items");
-		const cJSON *next = cJSON_GetObjectItemCaseSensitive(o, "next");
-		const cJSON *x;
-		cJSON_ArrayForEach (x, items) {
-			const cJSON *id =
-			    cJSON_GetObjectItemCaseSensitive(x, "id");
-			if (!cJSON_IsString(id))
-				continue;
-			if (*n == cap) {
-				cap = cap ? cap * 2 : 256;
-				ids = realloc(ids, cap * sizeof(*ids));
-			}
-			ids[(*n)++] = strdup(id->valuestring);
-		}
-		bool more = cJSON_IsString(next);
-		if (more)
-			ecx_strlcpy(after, next->valuestring, sizeof(after));
-		cJSON_Delete(o);
-		if (!more)
+		if (next[0] == '\0')
 			break;
+		tool_strlcpy(after, next, sizeof(after));
 	}
-	return ids;
+	*n = l.n;
+	return l.ids;
 }
 
 static int consume_registry(const char *url, const tool_common *t,
                             const char *transport, size_t batch, bool verify,
                             result *r)
 {
-	ecx_regclient_opts ro = {.urls = url,
-	                         .token = t->token,
-	                         .connect_timeout_ms = t->timeout_ms,
-	                         .timeout_ms = t->timeout_ms};
-	ecx_regclient *rc;
+	ecx_client_params p = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
+	                                     ECX_CLIENT_PARAM_TOKEN |
+	                                     ECX_CLIENT_PARAM_TIMEOUT |
+	                                     ECX_CLIENT_PARAM_CONNECT_TIMEOUT,
+	                       .registry = url,
+	                       .token = t->token,
+	                       .timeout_ms = t->timeout_ms,
+	                       .connect_timeout_ms = t->timeout_ms};
+	ecx_client *rc;
 	char why[256];
-	if (ecx_regclient_create(&ro, &rc, why, sizeof(why)) != 0)
+	if (ecx_client_create(&p, &rc, why, sizeof(why)) != 0)
 		return tool_fail("consume", EXIT_USAGE, "%s", why);
 	size_t n;
 	char **ids = list_ids(rc, &n);
-	ecx_regclient_destroy(rc);
+	ecx_client_destroy(rc);
 	if (ids == NULL && n == 0)
 		return EXIT_FAIL;
 	ecx_consumer_params cp = {
@@ -155,9 +161,9 @@ static int consume_registry(const char *url, const tool_common *t,
 			    it[k].status == 0
 			        ? ecx_consumer_alloc(cons, it[k].desc.nbytes)
 			        : NULL;
-		uint64_t t0 = ecx_now_ns();
+		uint64_t t0 = tool_now_ns();
 		ecx_consumer_load(cons, it, m);
-		uint64_t dt = ecx_now_ns() - t0;
+		uint64_t dt = tool_now_ns() - t0;
 		r->ns += dt;
 		samples_add(&r->batch, dt);
 		for (size_t k = 0; k < m; k++) {
@@ -224,7 +230,7 @@ static int consume_files(const char *dir, size_t batch, bool verify, result *r)
 		void *bufs[256];
 		ecx_tensor_desc ds[256];
 		int rcs[256];
-		uint64_t t0 = ecx_now_ns();
+		uint64_t t0 = tool_now_ns();
 		for (size_t k = 0; k < m && k < 256; k++) {
 			char path[4096], why[256];
 			/* vLLM's layout:
@@ -236,7 +242,7 @@ static int consume_files(const char *dir, size_t batch, bool verify, result *r)
 			rcs[k] =
 			    st_load(path, &ds[k], &bufs[k], why, sizeof(why));
 		}
-		uint64_t dt = ecx_now_ns() - t0;
+		uint64_t dt = tool_now_ns() - t0;
 		r->ns += dt;
 		samples_add(&r->batch, dt);
 		for (size_t k = 0; k < m && k < 256; k++) {

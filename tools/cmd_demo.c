@@ -86,7 +86,7 @@ static double save_files(const char *dir, size_t count)
 		}
 		snprintf(id, sizeof(id), "qwen-%zu", i);
 		gen_fill(id, buf, d.nbytes);
-		uint64_t t0 = ecx_now_ns();
+		uint64_t t0 = tool_now_ns();
 		snprintf(path, sizeof(path), "%s/%s", dir, id);
 		mkdir(path, 0700);
 		snprintf(path, sizeof(path), "%s/%s/encoder_cache.safetensors",
@@ -96,7 +96,7 @@ static double save_files(const char *dir, size_t count)
 			tool_fail("demo", EXIT_FAIL, "%s", why);
 			return -1;
 		}
-		t += ecx_now_ns() - t0;
+		t += tool_now_ns() - t0;
 	}
 	free(buf);
 	return (double)t / 1e9;
@@ -225,7 +225,7 @@ int cmd_demo(int argc, char **argv)
 	const cJSON *r = cJSON_GetObjectItemCaseSensitive(served, "registry");
 	if (!cJSON_IsString(r))
 		goto out;
-	ecx_strlcpy(regurl, r->valuestring, sizeof(regurl));
+	tool_strlcpy(regurl, r->valuestring, sizeof(regurl));
 	fprintf(
 	    stderr, "ecx demo: producer ready at %s, registry %s\n",
 	    cJSON_GetObjectItemCaseSensitive(served, "producer")->valuestring,

@@ -90,7 +90,7 @@ int cmd_get(int argc, char **argv)
 		                 rc == ECX_EINVAL ? EXIT_USAGE : EXIT_FAIL,
 		                 "%s", why);
 	ecx_item it = {.id = id};
-	uint64_t t0 = ecx_now_ns();
+	uint64_t t0 = tool_now_ns();
 	rc = ecx_consumer_lookup(cons, &it, 1);
 	if (rc != 0 && it.status != 0) {
 		ecx_consumer_destroy(cons);
@@ -107,7 +107,7 @@ int cmd_get(int argc, char **argv)
 		return tool_fail("get", EXIT_FAIL, "out of memory");
 	}
 	rc = ecx_consumer_load(cons, &it, 1);
-	uint64_t took = ecx_now_ns() - t0;
+	uint64_t took = tool_now_ns() - t0;
 	ecx_consumer_destroy(cons);
 	if (rc != 0) {
 		free(it.dst);

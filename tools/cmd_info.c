@@ -1,8 +1,6 @@
 /* cmd_info.c - `ecx info` and `ecx ls`: read a registry. */
 #include "tool.h"
 
-#include "registry/server.h"
-
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +9,9 @@ static const char info_help[] =
     "usage: ecx info [--json] [--token T] [--timeout MS] REGISTRY ID\n"
     "\n"
     "Prints the registry entry of one item: dtype, shape, size and the\n"
-    "producer that holds it. REGISTRY is http://HOST:PORT, or several\n"
-    "separated by commas (the first that has the id answers).\n"
+    "producer that holds it. REGISTRY is http://HOST:PORT or\n"
+    "redis://HOST:PORT[/DB], or several separated by commas (the first\n"
+    "that has the id answers).\n"
     "\n"
     "Options:\n"
     "  --json           print the entry as the registry's JSON\n"
@@ -26,7 +25,9 @@ static const char ls_help[] =
     "usage: ecx ls [--json] [--limit N] [--token T] [--timeout MS] REGISTRY\n"
     "\n"
     "Lists a registry's entries, sorted by id, fetching pages of --limit\n"
-    "(at most 1000) until all are shown.\n"
+    "(at most 1000) until all are shown. REGISTRY is http://HOST:PORT or\n"
+    "redis://HOST:PORT[/DB] (what producers publish there); of a\n"
+    "comma-separated list, the first is listed.\n"
     "\n"
     "Options:\n"
     "  --json           one JSON object per line (id and entry)\n"
@@ -69,16 +70,20 @@ static int read_args(const char *cmd, const char *help, int argc, char **argv,
 	return -1;
 }
 
-static ecx_regclient *open_client(const char *cmd, const char *urls,
-                                  const tool_common *t, int *rc)
+static ecx_client *open_client(const char *cmd, const char *urls,
+                               const tool_common *t, int *rc)
 {
-	ecx_regclient_opts o = {.urls = urls,
-	                        .token = t->token,
-	                        .connect_timeout_ms = t->timeout_ms,
-	                        .timeout_ms = t->timeout_ms};
-	ecx_regclient *c = NULL;
+	ecx_client_params p = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
+	                                     ECX_CLIENT_PARAM_TOKEN |
+	                                     ECX_CLIENT_PARAM_TIMEOUT |
+	                                     ECX_CLIENT_PARAM_CONNECT_TIMEOUT,
+	                       .registry = urls,
+	                       .token = t->token,
+	                       .timeout_ms = t->timeout_ms,
+	                       .connect_timeout_ms = t->timeout_ms};
+	ecx_client *c = NULL;
 	char why[256];
-	if (ecx_regclient_create(&o, &c, why, sizeof(why)) != 0)
+	if (ecx_client_create(&p, &c, why, sizeof(why)) != 0)
 		*rc = tool_fail(cmd, EXIT_USAGE, "%s", why);
 	return c;
 }
@@ -106,32 +111,75 @@ int cmd_info(int argc, char **argv)
 	char why[256];
 	if (ecx_id_check(id, why, sizeof(why)) != 0)
 		return tool_fail("info", EXIT_USAGE, "%s", why);
-	ecx_regclient *c = open_client("info", argv[optind], &t, &rc);
+	ecx_client *c = open_client("info", argv[optind], &t, &rc);
 	if (c == NULL)
 		return rc;
-	ecx_lookup_item it = {.id = id};
-	rc = ecx_regclient_lookup(c, &it, 1, why, sizeof(why));
-	ecx_regclient_destroy(c);
-	if (rc != 0 && !it.found)
-		return tool_fail("info", EXIT_FAIL, "%s", why);
-	if (!it.found)
+	ecx_item it = {.id = id, .status = ECX_ENOTFOUND};
+	rc = ecx_client_lookup(c, &it, 1);
+	ecx_client_destroy(c);
+	if (rc != 0 && it.status != 0)
+		return tool_fail("info", EXIT_FAIL, "%s", ecx_last_error());
+	if (it.status != 0)
 		return tool_fail("info", EXIT_NOTFOUND, "%s: unknown mm_hash",
 		                 id);
 	if (t.json) {
-		char *s = ecx_entry_encode(&it.entry);
+		char *s = ecx_item_to_json(&it);
 		printf("%s\n", s != NULL ? s : "{}");
-		free(s);
+		ecx_free(s);
 		return EXIT_OK;
 	}
 	char b[32];
 	printf("id:        %s\ndtype:     %s\nshape:     ", id,
-	       ecx_dtype_name(it.entry.desc.dtype));
-	print_shape(&it.entry.desc);
+	       ecx_dtype_name(it.desc.dtype));
+	print_shape(&it.desc);
 	printf("\nnbytes:    %llu (%s)\nproducer:  %s\n",
-	       (unsigned long long)it.entry.desc.nbytes,
-	       tool_bytes(it.entry.desc.nbytes, b, sizeof(b)),
-	       it.entry.producer_zmq);
+	       (unsigned long long)it.desc.nbytes,
+	       tool_bytes(it.desc.nbytes, b, sizeof(b)), it.producer);
 	return EXIT_OK;
+}
+
+/* One page of a listing, kept until the page has come in whole: nothing
+ * is printed for a request that fails. */
+typedef struct ls_page {
+	ecx_item *rows;
+	char (*ids)[ECX_ID_MAX + 1];
+	size_t n, cap;
+} ls_page;
+
+static int ls_keep(void *arg, const ecx_item *it)
+{
+	ls_page *p = arg;
+	if (p->n == p->cap)
+		return ECX_EPROTO; /* more rows than the page holds */
+	p->rows[p->n] = *it;
+	tool_strlcpy(p->ids[p->n], it->id, sizeof(p->ids[0]));
+	p->rows[p->n].id = p->ids[p->n];
+	p->n++;
+	return 0;
+}
+
+static void ls_print(const ecx_item *it, bool json)
+{
+	if (json) {
+		/* The registry's entry with the id last, as GET /ec/list
+		 * gives it (ids need no JSON escaping). */
+		char *s = ecx_item_to_json(it);
+		size_t l = s != NULL ? strlen(s) : 0;
+		if (l > 0 && s[l - 1] == '}')
+			printf("%.*s,\"id\":\"%s\"}\n", (int)(l - 1), s,
+			       it->id);
+		ecx_free(s);
+		return;
+	}
+	char shape[64] = "";
+	size_t off = 0;
+	for (uint32_t i = 0; i < it->desc.ndim && off < sizeof(shape); i++)
+		off += (size_t)snprintf(shape + off, sizeof(shape) - off,
+		                        "%s%llu", i ? "x" : "",
+		                        (unsigned long long)it->desc.shape[i]);
+	printf("%-66s %-10s %-14s %10llu  %s\n", it->id,
+	       ecx_dtype_name(it->desc.dtype), shape,
+	       (unsigned long long)it->desc.nbytes, it->producer);
 }
 
 int cmd_ls(int argc, char **argv)
@@ -145,81 +193,56 @@ int cmd_ls(int argc, char **argv)
 		fputs(ls_help, stderr);
 		return EXIT_USAGE;
 	}
-	ecx_regclient *c = open_client("ls", argv[optind], &t, &rc);
+	/* Of a list, the first registry: it is where a producer publishes. */
+	const char *urls = argv[optind];
+	char first[ECX_ADDR_MAX];
+	size_t fl = strcspn(urls, ",");
+	if (fl >= sizeof(first))
+		return tool_fail("ls", EXIT_USAGE, "registry URL too long");
+	memcpy(first, urls, fl);
+	first[fl] = '\0';
+	ecx_client *c = open_client("ls", first, &t, &rc);
 	if (c == NULL)
 		return rc;
+	ls_page page = {.rows = calloc((size_t)limit, sizeof(ecx_item)),
+	                .ids = calloc((size_t)limit, sizeof(*page.ids)),
+	                .cap = (size_t)limit};
+	if (page.rows == NULL || page.ids == NULL) {
+		free(page.rows);
+		free(page.ids);
+		ecx_client_destroy(c);
+		return tool_fail("ls", EXIT_FAIL, "out of memory");
+	}
 	char after[ECX_ID_MAX + 1] = "";
-	char why[256];
 	size_t shown = 0;
 	uint64_t bytes = 0;
+	bool header = false;
 	rc = EXIT_OK;
-	if (!t.json)
-		printf("%-66s %-10s %-14s %10s  %s\n", "ID", "DTYPE", "SHAPE",
-		       "BYTES", "PRODUCER");
 	for (;;) {
-		char path[ECX_ID_MAX + 64];
-		snprintf(path, sizeof(path), "/ec/list?limit=%d%s%s", limit,
-		         after[0] ? "&after=" : "", after);
-		long status = 0;
-		char *body = NULL;
-		size_t len = 0;
-		if (ecx_regclient_get_raw(c, path, &status, &body, &len, why,
-		                          sizeof(why)) != 0) {
-			rc = tool_fail("ls", EXIT_FAIL, "%s", why);
+		char next[ECX_ID_MAX + 1];
+		page.n = 0;
+		if (ecx_client_list(c, after, (size_t)limit, ls_keep, &page,
+		                    next, sizeof(next), NULL) != 0) {
+			rc = tool_fail("ls", EXIT_FAIL, "%s", ecx_last_error());
 			break;
 		}
-		cJSON *o = cJSON_ParseWithLength(body, len);
-		const cJSON *items =
-		    cJSON_GetObjectItemCaseSensitive(o, "items");
-		const cJSON *next = cJSON_GetObjectItemCaseSensitive(o, "next");
-		if (status != 200 || !cJSON_IsArray(items)) {
-			const cJSON *d =
-			    cJSON_GetObjectItemCaseSensitive(o, "detail");
-			rc = tool_fail("ls", EXIT_FAIL,
-			               "registry answered %ld: %s", status,
-			               cJSON_IsString(d) ? d->valuestring
-			                                 : "not a listing");
-			cJSON_Delete(o);
-			free(body);
-			break;
+		if (!t.json && !header) {
+			printf("%-66s %-10s %-14s %10s  %s\n", "ID", "DTYPE",
+			       "SHAPE", "BYTES", "PRODUCER");
+			header = true;
 		}
-		const cJSON *x;
-		cJSON_ArrayForEach (x, items) {
-			ecx_entry e;
-			const cJSON *id =
-			    cJSON_GetObjectItemCaseSensitive(x, "id");
-			if (!cJSON_IsString(id) ||
-			    ecx_entry_from_json(x, &e, why, sizeof(why)) != 0)
-				continue;
+		for (size_t i = 0; i < page.n; i++) {
+			ls_print(&page.rows[i], t.json);
 			shown++;
-			bytes += e.desc.nbytes;
-			if (t.json) {
-				char *s = cJSON_PrintUnformatted(x);
-				printf("%s\n", s);
-				free(s);
-				continue;
-			}
-			char shape[64] = "";
-			size_t off = 0;
-			for (uint32_t i = 0; i < e.desc.ndim; i++)
-				off += (size_t)snprintf(
-				    shape + off, sizeof(shape) - off, "%s%llu",
-				    i ? "x" : "",
-				    (unsigned long long)e.desc.shape[i]);
-			printf("%-66s %-10s %-14s %10llu  %s\n",
-			       id->valuestring, ecx_dtype_name(e.desc.dtype),
-			       shape, (unsigned long long)e.desc.nbytes,
-			       e.producer_zmq);
+			bytes += page.rows[i].desc.nbytes;
 		}
-		bool more = cJSON_IsString(next);
-		if (more)
-			ecx_strlcpy(after, next->valuestring, sizeof(after));
-		cJSON_Delete(o);
-		free(body);
-		if (!more)
+		if (next[0] == '\0')
 			break;
+		tool_strlcpy(after, next, sizeof(after));
 	}
-	ecx_regclient_destroy(c);
+	free(page.rows);
+	free(page.ids);
+	ecx_client_destroy(c);
 	if (rc == EXIT_OK && !t.json) {
 		char b[32];
 		printf("%zu entries, %s\n", shown,

@@ -3,7 +3,6 @@
 
 #include "gen.h"
 #include "npy.h"
-#include "wire/wire.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -97,9 +96,9 @@ static void progress(size_t done, size_t total, uint64_t bytes)
 static bool serve_put(ecx_producer *prod, const char *id,
                       const ecx_tensor_desc *d, const void *data)
 {
-	uint64_t t0 = ecx_now_ns();
+	uint64_t t0 = tool_now_ns();
 	int rc = ecx_producer_put(prod, id, d, data);
-	put_ns += ecx_now_ns() - t0;
+	put_ns += tool_now_ns() - t0;
 	if (rc != 0)
 		tool_fail("serve", EXIT_FAIL, "%s", ecx_last_error());
 	return rc == 0;
@@ -118,7 +117,7 @@ static int serve_files(ecx_producer *prod, int n, char **files,
 			path = eq + 1;
 		} else {
 			const char *base = strrchr(path, '/');
-			ecx_strlcpy(id, base ? base + 1 : path, sizeof(id));
+			tool_strlcpy(id, base ? base + 1 : path, sizeof(id));
 			char *dot = strrchr(id, '.');
 			if (dot != NULL && dot != id)
 				*dot = '\0';
@@ -151,11 +150,11 @@ static int serve_files(ecx_producer *prod, int n, char **files,
 			if (f == NULL || data == NULL ||
 			    fread(data, 1, d.nbytes, f) != d.nbytes ||
 			    fgetc(f) != EOF)
-				rc =
-				    ecx_why(why, sizeof(why), ECX_ESIZE,
-				            "%s is not %llu bytes (its --shape "
-				            "and --dtype)",
-				            path, (unsigned long long)d.nbytes);
+				rc = tool_why(
+				    why, sizeof(why), ECX_ESIZE,
+				    "%s is not %llu bytes (its --shape "
+				    "and --dtype)",
+				    path, (unsigned long long)d.nbytes);
 			if (f != NULL)
 				fclose(f);
 		}
@@ -372,7 +371,7 @@ int cmd_serve(int argc, char **argv)
 	char reg[ECX_ADDR_MAX + 32];
 	const char *addr = ecx_producer_address(prod);
 	if (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY) {
-		ecx_strlcpy(reg, p->registry, sizeof(reg));
+		tool_strlcpy(reg, p->registry, sizeof(reg));
 	} else {
 		/* The advertised host of producer_zmq, with the registry port.
 		 */

@@ -97,7 +97,7 @@ bool tool_parse_size(const char *s, uint64_t *out)
 	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
 		if (strcmp(end, units[i].suffix) == 0) {
 			v *= units[i].mult;
-			if (v >= (double)ECX_JSON_INT_MAX)
+			if (v >= (double)TOOL_JSON_INT_MAX)
 				return false;
 			*out = (uint64_t)v;
 			return true;
@@ -181,8 +181,11 @@ int main(int argc, char **argv)
 	 * library's warnings (a registry it will retry, ...) to themselves;
 	 * the daemons log them. ECX_LOG overrides both. */
 	bool daemon = strcmp(cmd, "registry") == 0 || strcmp(cmd, "serve") == 0;
-	if (getenv("ECX_LOG") == NULL)
-		ecx_log_set_level(daemon ? ECX_LOG_WARN : ECX_LOG_ERROR);
+	/* The library reads ECX_LOG once, at its first message. */
+	if (getenv("ECX_LOG") == NULL) {
+		setenv("ECX_LOG", daemon ? "warn" : "error", 1);
+		tool_log_defaulted = true;
+	}
 	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
 		if (strcmp(cmd, cmds[i].name) == 0)
 			return cmds[i].fn(argc - 1, argv + 1);

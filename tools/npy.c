@@ -1,6 +1,8 @@
 /* npy.c - reading and writing .npy files (format version 1.0 and 2.0). */
 #include "npy.h"
 
+#include "tool.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,8 +32,8 @@ int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
 		if (npy_types[i].dt == d->dtype)
 			descr = npy_types[i].descr;
 	if (descr == NULL)
-		return ecx_why(why, whylen, ECX_EDTYPE,
-		               "no .npy form for dtype");
+		return tool_why(why, whylen, ECX_EDTYPE,
+		                "no .npy form for dtype");
 	char shape[256] = "";
 	size_t off = 0;
 	for (uint32_t i = 0; i < d->ndim; i++)
@@ -64,14 +66,14 @@ int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
 	                         (unsigned char)(hlen >> 8)};
 	FILE *f = fopen(path, "wb");
 	if (f == NULL)
-		return ecx_why(why, whylen, ECX_EIO, "cannot write %s: %m",
-		               path);
+		return tool_why(why, whylen, ECX_EIO, "cannot write %s: %m",
+		                path);
 	bool ok = fwrite(pre, 1, 10, f) == 10 &&
 	          fwrite(hdr, 1, hlen, f) == hlen &&
 	          fwrite(data, 1, d->nbytes, f) == d->nbytes;
 	ok = fclose(f) == 0 && ok;
 	if (!ok)
-		return ecx_why(why, whylen, ECX_EIO, "cannot write %s", path);
+		return tool_why(why, whylen, ECX_EIO, "cannot write %s", path);
 	return 0;
 }
 
@@ -94,51 +96,52 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 {
 	FILE *f = fopen(path, "rb");
 	if (f == NULL)
-		return ecx_why(why, whylen, ECX_EIO, "cannot open %s: %m",
-		               path);
+		return tool_why(why, whylen, ECX_EIO, "cannot open %s: %m",
+		                path);
 	unsigned char pre[12];
 	int rc = 0;
 	char *hdr = NULL;
 	void *buf = NULL;
 	if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
-		rc = ecx_why(why, whylen, ECX_EPROTO, "%s is not a .npy file",
-		             path);
+		rc = tool_why(why, whylen, ECX_EPROTO, "%s is not a .npy file",
+		              path);
 		goto out;
 	}
 	size_t hlen = pre[8] | (size_t)pre[9] << 8;
 	if (pre[6] >= 2) {
 		if (fread(pre + 10, 1, 2, f) != 2) {
-			rc = ecx_why(why, whylen, ECX_EPROTO,
-			             "%s: short header", path);
+			rc = tool_why(why, whylen, ECX_EPROTO,
+			              "%s: short header", path);
 			goto out;
 		}
 		hlen |= (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
 	}
 	if (hlen > 65536) {
-		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: header too long",
-		             path);
+		rc = tool_why(why, whylen, ECX_EPROTO, "%s: header too long",
+		              path);
 		goto out;
 	}
 	hdr = calloc(1, hlen + 1);
 	if (hdr == NULL || fread(hdr, 1, hlen, f) != hlen) {
-		rc = ecx_why(why, whylen, ECX_EPROTO, "%s: short header", path);
+		rc =
+		    tool_why(why, whylen, ECX_EPROTO, "%s: short header", path);
 		goto out;
 	}
 	const char *descr = hdr_value(hdr, "descr");
 	const char *fo = hdr_value(hdr, "fortran_order");
 	const char *shape = hdr_value(hdr, "shape");
 	if (descr == NULL || fo == NULL || shape == NULL || *shape != '(') {
-		rc = ecx_why(why, whylen, ECX_EPROTO,
-		             "%s: header lacks descr, "
-		             "fortran_order or shape",
-		             path);
+		rc = tool_why(why, whylen, ECX_EPROTO,
+		              "%s: header lacks descr, "
+		              "fortran_order or shape",
+		              path);
 		goto out;
 	}
 	if (strncmp(fo, "False", 5) != 0) {
-		rc = ecx_why(why, whylen, ECX_EUNSUPPORTED,
-		             "%s: Fortran order is not supported (save a "
-		             "C-contiguous array)",
-		             path);
+		rc = tool_why(why, whylen, ECX_EUNSUPPORTED,
+		              "%s: Fortran order is not supported (save a "
+		              "C-contiguous array)",
+		              path);
 		goto out;
 	}
 	ecx_dtype dt = ECX_DTYPE_INVALID;
@@ -147,12 +150,12 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 		            strlen(npy_types[i].descr)) == 0)
 			dt = npy_types[i].dt;
 	if (dt == ECX_DTYPE_INVALID) {
-		rc =
-		    ecx_why(why, whylen, ECX_EDTYPE,
-		            "%s: dtype %.32s is not one ecx carries (use a "
-		            "little-endian float16/32/64, int8/16/32/64, uint8 "
-		            "or bool)",
-		            path, descr);
+		rc = tool_why(
+		    why, whylen, ECX_EDTYPE,
+		    "%s: dtype %.32s is not one ecx carries (use a "
+		    "little-endian float16/32/64, int8/16/32/64, uint8 "
+		    "or bool)",
+		    path, descr);
 		goto out;
 	}
 	uint64_t dims[ECX_MAX_DIMS];
@@ -166,8 +169,8 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 		char *end;
 		unsigned long long v = strtoull(p, &end, 10);
 		if (end == p || nd == ECX_MAX_DIMS) {
-			rc = ecx_why(why, whylen, ECX_EPROTO, "%s: bad shape",
-			             path);
+			rc = tool_why(why, whylen, ECX_EPROTO, "%s: bad shape",
+			              path);
 			goto out;
 		}
 		dims[nd++] = v;
@@ -175,13 +178,13 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	}
 	rc = ecx_tensor_set(d, dt, nd, dims);
 	if (rc != 0) {
-		ecx_why(why, whylen, rc, "%s: shape too large", path);
+		tool_why(why, whylen, rc, "%s: shape too large", path);
 		goto out;
 	}
 	buf = malloc(d->nbytes ? d->nbytes : 1);
 	if (buf == NULL || fread(buf, 1, d->nbytes, f) != d->nbytes) {
-		rc = ecx_why(why, whylen, ECX_EPROTO,
-		             "%s: data shorter than its shape says", path);
+		rc = tool_why(why, whylen, ECX_EPROTO,
+		              "%s: data shorter than its shape says", path);
 		goto out;
 	}
 	*data = buf;

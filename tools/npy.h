@@ -6,7 +6,7 @@
 #ifndef ECX_TOOL_NPY_H
 #define ECX_TOOL_NPY_H
 
-#include "core/core.h"
+#include <ecx/ecx.h>
 
 #include <stdio.h>
 

@@ -1,9 +1,12 @@
 /* proc.c - child processes of the ecx command. */
 #include "proc.h"
 
+#include "tool.h"
+
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -33,8 +36,26 @@ bool proc_start(proc *p, char *const args[])
 	sigemptyset(&none);
 	posix_spawnattr_setsigmask(&at, &none);
 	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
-	int rc =
-	    posix_spawn(&p->pid, "/proc/self/exe", &fa, &at, argv, environ);
+	/* Without the ECX_LOG main chose for this command: the child picks
+	 * its own default. */
+	size_t ne = 0;
+	while (environ[ne] != NULL)
+		ne++;
+	char **envp = calloc(ne + 1, sizeof(*envp));
+	if (envp == NULL) {
+		posix_spawn_file_actions_destroy(&fa);
+		posix_spawnattr_destroy(&at);
+		close(fds[0]);
+		close(fds[1]);
+		return false;
+	}
+	size_t k = 0;
+	for (size_t i = 0; i < ne; i++)
+		if (!tool_log_defaulted ||
+		    strncmp(environ[i], "ECX_LOG=", 8) != 0)
+			envp[k++] = environ[i];
+	int rc = posix_spawn(&p->pid, "/proc/self/exe", &fa, &at, argv, envp);
+	free(envp);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&at);
 	close(fds[1]);

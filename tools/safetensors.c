@@ -2,6 +2,8 @@
  * an 8-byte little-endian header length, a JSON header, the raw bytes. */
 #include "safetensors.h"
 
+#include "tool.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,13 +53,13 @@ int st_save(const char *path, const ecx_tensor_desc *d, const void *data,
 		le[i] = (unsigned char)(hl >> (8 * i));
 	FILE *f = fopen(path, "wb");
 	if (f == NULL)
-		return ecx_why(why, whylen, ECX_EIO, "cannot write %s: %m",
-		               path);
+		return tool_why(why, whylen, ECX_EIO, "cannot write %s: %m",
+		                path);
 	bool ok = fwrite(le, 1, 8, f) == 8 &&
 	          fwrite(hdr, 1, (size_t)n, f) == (size_t)n &&
 	          fwrite(data, 1, d->nbytes, f) == d->nbytes;
 	ok = fclose(f) == 0 && ok;
-	return ok ? 0 : ecx_why(why, whylen, ECX_EIO, "cannot write %s", path);
+	return ok ? 0 : tool_why(why, whylen, ECX_EIO, "cannot write %s", path);
 }
 
 int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
@@ -65,8 +67,8 @@ int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
 {
 	FILE *f = fopen(path, "rb");
 	if (f == NULL)
-		return ecx_why(why, whylen, ECX_EIO, "cannot open %s: %m",
-		               path);
+		return tool_why(why, whylen, ECX_EIO, "cannot open %s: %m",
+		                path);
 	unsigned char le[8];
 	int rc = ECX_EPROTO;
 	char *hdr = NULL;
@@ -108,8 +110,8 @@ int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	rc = 0;
 out:
 	if (rc != 0)
-		ecx_why(why, whylen, rc,
-		        "%s is not a readable safetensors file", path);
+		tool_why(why, whylen, rc,
+		         "%s is not a readable safetensors file", path);
 	cJSON_Delete(o);
 	free(buf);
 	free(hdr);

@@ -4,7 +4,7 @@
 #ifndef ECX_TOOL_SAFETENSORS_H
 #define ECX_TOOL_SAFETENSORS_H
 
-#include "core/core.h"
+#include <ecx/ecx.h>
 
 /* Writes the tensor to path as a safetensors file with one tensor named
  * "ec_cache" (as the example connector names it). */

@@ -2,9 +2,11 @@
 #ifndef ECX_TOOL_H
 #define ECX_TOOL_H
 
-#include "core/core.h"
+#include <ecx/ecx.h>
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* Exit codes, documented in docs/cli.md and every --help. */
@@ -70,5 +72,27 @@ int tool_wait_signal(void);
 
 /* Formats a byte count for people ("7.0 MiB"). */
 const char *tool_bytes(uint64_t n, char *buf, size_t len);
+
+/* The command uses the library's public API only (ecx.h); these small
+ * helpers are its own (util.c). */
+
+/* Largest integer that a JSON peer reading numbers as doubles gets exactly
+ * (sizes the command accepts stay below it). */
+#define TOOL_JSON_INT_MAX ((uint64_t)1 << 53)
+
+/* Monotonic time in nanoseconds. */
+uint64_t tool_now_ns(void);
+
+/* Copies at most n-1 bytes of src and terminates; returns strlen(src). */
+size_t tool_strlcpy(char *dst, const char *src, size_t n);
+
+/* Formats a one-line reason into why (when why is not NULL and whylen > 0)
+ * and returns err. */
+int tool_why(char *why, size_t whylen, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* True when main set ECX_LOG for this process (the user had not): child
+ * processes of the command then start without it, as before. */
+extern bool tool_log_defaulted;
 
 #endif /* ECX_TOOL_H */

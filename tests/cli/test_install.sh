@@ -52,5 +52,19 @@ check "libecx.a links (dependencies from Requires.private)" \
 check "and runs without libecx.so" "$tmp/use-a"
 check "only ecx_ symbols are exported" \
 	sh -c "! nm -D --defined-only '$libdir/libecx.so' | awk '{print \$3}' | grep -v '^ecx_' | grep -v '^_'"
+# The public registry client and the entry codecs are exported.
+for sym in ecx_client_create ecx_client_destroy ecx_client_lookup \
+	ecx_client_publish ecx_client_remove ecx_client_list \
+	ecx_client_health ecx_client_connections ecx_item_to_json \
+	ecx_item_from_json ecx_free; do
+	check "exports $sym" \
+		sh -c "nm -D --defined-only '$libdir/libecx.so' | awk '{print \$3}' | grep -qx '$sym'"
+done
+# The command links the shared library and finds the installed one by
+# itself (its RPATH is $ORIGIN/../LIBDIR), not the build tree's.
+found=$(ldd "$tmp/p/bin/ecx" | awk '$1 == "libecx.so.0" {print $3}')
+check "bin/ecx links the installed libecx.so.0" \
+	test "$(readlink -f "$found")" = "$(readlink -f "$libdir/libecx.so.0")"
+check "and runs from the install" sh -c "'$tmp/p/bin/ecx' version | grep -q '^ecx '"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
