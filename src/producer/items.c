@@ -169,7 +169,10 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 		            old->desc.nbytes == desc->nbytes &&
 		            memcmp(old->desc.shape, desc->shape,
 		                   desc->ndim * sizeof(uint64_t)) == 0;
-		if (same && old->ready) {
+		/* Read under the lock: once it is released, old may be
+		 * evicted and freed by another thread. */
+		bool ready = old->ready;
+		if (same && ready) {
 			prod_lru_unlink(p, old);
 			prod_lru_push(p, old);
 		}
@@ -180,7 +183,7 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 			    "put %s: held with another dtype or "
 			    "shape; remove it first",
 			    id);
-		if (!old->ready)
+		if (!ready)
 			return ecx_set_error(ECX_EBUSY,
 			                     "put %s: another put of it is in "
 			                     "progress",

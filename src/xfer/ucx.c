@@ -383,8 +383,14 @@ void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, int timeout_ms)
 {
 	if (ep == NULL)
 		return;
+	/* UCX defines a forced close only for endpoints made with peer
+	 * error handling (ucp.h); the others close in flush mode, which the
+	 * wait below bounds. */
 	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-	                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
+	                         .flags =
+	                             u->err_mode == UCP_ERR_HANDLING_MODE_PEER
+	                                 ? UCP_EP_CLOSE_FLAG_FORCE
+	                                 : 0};
 	ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
 	ecx_ucx_wait(u, req, ecx_now_ns() + (uint64_t)timeout_ms * 1000000u);
 }

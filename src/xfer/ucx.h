@@ -86,8 +86,9 @@ int ecx_ucx_rkey_pack(ecx_ucx *u, ucp_mem_h memh, void **buf, size_t *len);
 int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
                       ucp_err_handler_cb_t on_error, void *arg, ucp_ep_h *ep,
                       char *why, size_t whylen);
-/* Closes an endpoint without waiting on the peer (flush is not attempted:
- * used on failed peers and at shutdown), bounded by timeout_ms. */
+/* Closes an endpoint, bounded by timeout_ms: forced (no flush) where the
+ * endpoint has peer error handling ("tcp"), in flush mode otherwise, as
+ * UCX requires. Used on failed peers and at shutdown. */
 void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, int timeout_ms);
 
 /* Waits for req (a status pointer from a *_nbx call) until deadline_ns on
