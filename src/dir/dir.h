@@ -13,7 +13,6 @@
 
 #include "dir/store.h"
 
-
 typedef struct ecx_regclient ecx_regclient;
 
 typedef struct ecx_regclient_opts {
@@ -67,6 +66,24 @@ int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
  * returned malloc'd in *body with its HTTP status. */
 int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
                           char **body, size_t *len, char *why, size_t whylen);
+
+/* Lists a page of the first registry: up to limit (1 to ECX_LIST_MAX) rows
+ * whose ids sort after `after` ("" for the first page), in id order, into
+ * rows (room for limit). Sets *nrows, next to the id to continue after (""
+ * when no entry follows the page) and *total to the registry's size. Over
+ * HTTP, one GET /ec/list; on Redis, the store's SCAN-based listing. Blocks
+ * for one request. */
+#define ECX_LIST_MAX 1000
+int ecx_regclient_list(ecx_regclient *c, const char *after, size_t limit,
+                       ecx_store_row *rows, size_t *nrows, char *next,
+                       size_t nextlen, uint64_t *total, char *why,
+                       size_t whylen);
+
+/* Asks the first registry whether it serves: GET /healthz over HTTP (sets
+ * *epoch to the registry's epoch), PING on Redis (*epoch = 0). Blocks for
+ * one request. */
+int ecx_regclient_health(ecx_regclient *c, uint64_t *epoch, char *why,
+                         size_t whylen);
 
 /* Connections opened so far, over all registries (tests prove reuse). */
 long ecx_regclient_connects(const ecx_regclient *c);

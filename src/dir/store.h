@@ -57,6 +57,10 @@ ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
                                   char *why, size_t whylen);
 bool ecx_store_is_redis_url(const char *url);
 
+/* PINGs the Redis behind s (connecting if needed): 0 when it answers.
+ * ECX_EINVAL for a store that is not Redis. */
+int ecx_store_redis_ping(ecx_store *s, char *why, size_t whylen);
+
 /* Writes n entries again (renewing their TTL, and restoring them if Redis
  * lost them) in one round trip (a pipeline). Does nothing for a store that
  * is not Redis. */

@@ -268,8 +268,14 @@ static int rs_scan(redis_store *r, idvec *out, char *why, size_t whylen)
 				out->v = v;
 				out->cap = cap;
 			}
-			out->v[out->n++] =
+			char *id =
 			    strdup(keys->element[i]->str + strlen(KEY_PREFIX));
+			if (id == NULL) {
+				freeReplyObject(rep);
+				return ecx_why(why, whylen, ECX_ENOMEM,
+				               "out of memory");
+			}
+			out->v[out->n++] = id;
 		}
 		freeReplyObject(rep);
 	} while (strcmp(cursor, "0") != 0);
@@ -283,11 +289,31 @@ static void idvec_free(idvec *v)
 	free(v->v);
 }
 
+/* Sorts the ids and drops repeats: SCAN may return a key more than once. */
+static void idvec_sort_unique(idvec *ids)
+{
+	qsort(ids->v, ids->n, sizeof(*ids->v), str_cmp);
+	size_t m = 0;
+	for (size_t i = 0; i < ids->n; i++) {
+		if (m > 0 && strcmp(ids->v[m - 1], ids->v[i]) == 0) {
+			free(ids->v[i]);
+			continue;
+		}
+		ids->v[m++] = ids->v[i];
+	}
+	ids->n = m;
+}
+
+/* A page is the ids after `after` in sorted order. Keys that expire between
+ * SCAN and MGET are skipped and the page is filled from the ids after them,
+ * so a short page always means the listing is complete. */
 static int rs_list(ecx_store *s, const char *after, size_t limit,
                    ecx_store_row *rows, size_t *nrows, size_t *total, char *why,
                    size_t whylen)
 {
 	redis_store *r = (redis_store *)s;
+	if (after == NULL)
+		after = "";
 	idvec ids = {0};
 	pthread_mutex_lock(&r->lock);
 	int rc = rs_connect(r, why, whylen);
@@ -298,28 +324,36 @@ static int rs_list(ecx_store *s, const char *after, size_t limit,
 		idvec_free(&ids);
 		return rc;
 	}
-	qsort(ids.v, ids.n, sizeof(*ids.v), str_cmp);
-	size_t first = 0;
-	while (first < ids.n && strcmp(ids.v[first], after) <= 0)
-		first++;
-	size_t n = ids.n - first < limit ? ids.n - first : limit;
-	ecx_lookup_item *it = calloc(n + 1, sizeof(*it));
+	idvec_sort_unique(&ids);
+	size_t next = 0;
+	while (next < ids.n && strcmp(ids.v[next], after) <= 0)
+		next++;
+	ecx_lookup_item *it = calloc(limit + 1, sizeof(*it));
 	if (it == NULL) {
 		idvec_free(&ids);
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	}
-	for (size_t i = 0; i < n; i++)
-		it[i].id = ids.v[first + i];
-	rc = rs_mget(s, it, n, why, whylen);
-	size_t m = 0;
-	for (size_t i = 0; rc == 0 && i < n; i++) {
-		if (!it[i].found)
-			continue; /* expired between SCAN and MGET */
-		ecx_strlcpy(rows[m].id, it[i].id, sizeof(rows[m].id));
-		rows[m++].entry = it[i].entry;
+	size_t m = 0, gone = 0;
+	while (rc == 0 && m < limit && next < ids.n) {
+		size_t want = limit - m;
+		size_t n = ids.n - next < want ? ids.n - next : want;
+		for (size_t i = 0; i < n; i++)
+			it[i].id = ids.v[next + i];
+		next += n;
+		rc = rs_mget(s, it, n, why, whylen);
+		for (size_t i = 0; rc == 0 && i < n; i++) {
+			if (!it[i].found) {
+				gone++; /* expired between SCAN and MGET */
+				continue;
+			}
+			ecx_strlcpy(rows[m].id, it[i].id, sizeof(rows[m].id));
+			rows[m++].entry = it[i].entry;
+		}
 	}
-	*nrows = m;
-	*total = ids.n;
+	if (rc == 0) {
+		*nrows = m;
+		*total = ids.n - gone;
+	}
 	free(it);
 	idvec_free(&ids);
 	return rc;
@@ -334,6 +368,7 @@ static size_t rs_count(ecx_store *s)
 	if (rs_connect(r, why, sizeof(why)) == 0)
 		rs_scan(r, &ids, why, sizeof(why));
 	pthread_mutex_unlock(&r->lock);
+	idvec_sort_unique(&ids);
 	size_t n = ids.n;
 	idvec_free(&ids);
 	return n;
@@ -397,6 +432,24 @@ int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
 			break;
 		}
 		freeReplyObject(rep);
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+int ecx_store_redis_ping(ecx_store *s, char *why, size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	if (s->ops != &redis_ops)
+		return ecx_why(why, whylen, ECX_EINVAL, "not a Redis store");
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	if (rc == 0) {
+		redisReply *rep = redisCommand(r->ctx, "PING");
+		if (rep == NULL || rep->type == REDIS_REPLY_ERROR)
+			rc = rs_fail(r, rep, why, whylen);
+		else
+			freeReplyObject(rep);
 	}
 	pthread_mutex_unlock(&r->lock);
 	return rc;

@@ -1,0 +1,242 @@
+/* api.c - the public registry client (ecx_client_*, ecx.h) over the
+ * directory layer's client, and the public entry JSON codecs. Failures are
+ * reported once, here, through the calling thread's last error. */
+#include "dir/dir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct ecx_client {
+	ecx_regclient *rc;
+};
+
+int ecx_client_create(const ecx_client_params *params, ecx_client **out,
+                      char *why, size_t whylen)
+{
+	char w[256] = "";
+	if (params == NULL || out == NULL ||
+	    !(params->field_mask & ECX_CLIENT_PARAM_REGISTRY) ||
+	    params->registry == NULL || params->registry[0] == '\0') {
+		ecx_why(why, whylen, ECX_EINVAL, "no registry URL given");
+		return ecx_set_error(ECX_EINVAL, "no registry URL given");
+	}
+	uint64_t m = params->field_mask;
+	ecx_regclient_opts o = {
+	    .urls = params->registry,
+	    .token = m & ECX_CLIENT_PARAM_TOKEN ? params->token : NULL,
+	    .timeout_ms = m & ECX_CLIENT_PARAM_TIMEOUT ? params->timeout_ms : 0,
+	    .connect_timeout_ms = m & ECX_CLIENT_PARAM_CONNECT_TIMEOUT
+	                              ? params->connect_timeout_ms
+	                              : 0,
+	    .ttl_s =
+	        m & ECX_CLIENT_PARAM_REGISTRY_TTL ? params->registry_ttl_s : 0};
+	if (o.timeout_ms < 0 || o.connect_timeout_ms < 0 || o.ttl_s < 0) {
+		ecx_why(why, whylen, ECX_EINVAL,
+		        "timeouts and the TTL cannot be negative");
+		return ecx_set_error(ECX_EINVAL,
+		                     "timeouts and the TTL cannot be negative");
+	}
+	ecx_client *c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+		return ecx_set_error(ECX_ENOMEM, "out of memory");
+	}
+	int rc = ecx_regclient_create(&o, &c->rc, w, sizeof(w));
+	if (rc != 0) {
+		free(c);
+		ecx_why(why, whylen, rc, "%s", w);
+		return ecx_set_error(rc, "%s", w);
+	}
+	*out = c;
+	return 0;
+}
+
+void ecx_client_destroy(ecx_client *c)
+{
+	if (c == NULL)
+		return;
+	ecx_regclient_destroy(c->rc);
+	free(c);
+}
+
+int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
+{
+	if (c == NULL || (items == NULL && n > 0))
+		return ecx_set_error(ECX_EINVAL, "no client or no items");
+	if (n == 0)
+		return 0;
+	ecx_lookup_item *li = calloc(n, sizeof(*li));
+	if (li == NULL)
+		return ecx_set_error(ECX_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		li[i].id = items[i].id != NULL ? items[i].id : "";
+	char why[256] = "";
+	int rc = ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
+	/* An id that breaks the rules fails the call before any request. */
+	if (rc != ECX_EID) {
+		for (size_t i = 0; i < n; i++) {
+			items[i].status = li[i].found ? 0 : ECX_ENOTFOUND;
+			if (!li[i].found)
+				continue;
+			items[i].desc = li[i].entry.desc;
+			ecx_strlcpy(items[i].producer, li[i].entry.producer_zmq,
+			            sizeof(items[i].producer));
+			items[i].epoch = li[i].entry.epoch;
+		}
+	}
+	free(li);
+	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
+}
+
+/* The registry entry of item, checked as a producer would publish it. */
+static int entry_of_item(const ecx_item *item, ecx_entry *e, char *why,
+                         size_t whylen)
+{
+	memset(e, 0, sizeof(*e));
+	if (item == NULL)
+		return ecx_why(why, whylen, ECX_EINVAL, "no item");
+	size_t pl = strnlen(item->producer, sizeof(item->producer));
+	if (pl == 0 || pl == sizeof(item->producer))
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "item's producer is empty or not terminated");
+	int rc = ecx_tensor_check(&item->desc, why, whylen);
+	if (rc != 0)
+		return rc;
+	e->desc = item->desc;
+	memcpy(e->producer_zmq, item->producer, pl + 1);
+	e->epoch = item->epoch;
+	return 0;
+}
+
+int ecx_client_publish(ecx_client *c, const ecx_item *item)
+{
+	char why[256] = "";
+	ecx_entry e;
+	if (c == NULL)
+		return ecx_set_error(ECX_EINVAL, "no client");
+	if (item == NULL || item->id == NULL)
+		return ecx_set_error(ECX_EID, "no id");
+	if (ecx_id_check(item->id, why, sizeof(why)) != 0)
+		return ecx_set_error(ECX_EID, "publish '%.80s': %s", item->id,
+		                     why);
+	int rc = entry_of_item(item, &e, why, sizeof(why));
+	if (rc == 0)
+		rc = ecx_regclient_put(c->rc, item->id, &e, why, sizeof(why));
+	return rc != 0 ? ecx_set_error(rc, "publish %s: %s", item->id, why) : 0;
+}
+
+int ecx_client_remove(ecx_client *c, const char *id, const char *producer)
+{
+	char why[256] = "";
+	if (c == NULL)
+		return ecx_set_error(ECX_EINVAL, "no client");
+	if (id == NULL)
+		return ecx_set_error(ECX_EID, "no id");
+	int rc = ecx_regclient_delete(c->rc, id, producer, why, sizeof(why));
+	return rc != 0 ? ecx_set_error(rc, "remove %s: %s", id, why) : 0;
+}
+
+int ecx_client_list(ecx_client *c, const char *after, size_t limit,
+                    ecx_list_fn fn, void *arg, char *next, size_t nextlen,
+                    uint64_t *total)
+{
+	if (c == NULL || fn == NULL || next == NULL || nextlen == 0)
+		return ecx_set_error(ECX_EINVAL,
+		                     "list needs a client, a callback and room "
+		                     "for the next id");
+	if (limit < 1 || limit > ECX_LIST_MAX)
+		return ecx_set_error(
+		    ECX_EINVAL, "a listing page is 1 to %d entries, not %zu",
+		    ECX_LIST_MAX, limit);
+	ecx_store_row *rows = calloc(limit, sizeof(*rows));
+	if (rows == NULL)
+		return ecx_set_error(ECX_ENOMEM, "out of memory");
+	char why[256] = "", nx[ECX_ID_MAX + 1] = "";
+	size_t n = 0;
+	uint64_t tot = 0;
+	int rc = ecx_regclient_list(c->rc, after, limit, rows, &n, nx,
+	                            sizeof(nx), &tot, why, sizeof(why));
+	if (rc != 0) {
+		free(rows);
+		return ecx_set_error(rc, "%s", why);
+	}
+	for (size_t i = 0; i < n; i++) {
+		ecx_item it = {.id = rows[i].id,
+		               .desc = rows[i].entry.desc,
+		               .epoch = rows[i].entry.epoch};
+		ecx_strlcpy(it.producer, rows[i].entry.producer_zmq,
+		            sizeof(it.producer));
+		rc = fn(arg, &it);
+		if (rc != 0) {
+			free(rows);
+			return rc;
+		}
+	}
+	free(rows);
+	if (strlen(nx) >= nextlen)
+		return ecx_set_error(ECX_EINVAL,
+		                     "next id needs %zu bytes, %zu given",
+		                     strlen(nx) + 1, nextlen);
+	ecx_strlcpy(next, nx, nextlen);
+	if (total != NULL)
+		*total = tot;
+	return 0;
+}
+
+int ecx_client_health(ecx_client *c, uint64_t *epoch)
+{
+	if (c == NULL)
+		return ecx_set_error(ECX_EINVAL, "no client");
+	char why[256] = "";
+	uint64_t e = 0;
+	int rc = ecx_regclient_health(c->rc, &e, why, sizeof(why));
+	if (rc != 0)
+		return ecx_set_error(rc, "%s", why);
+	if (epoch != NULL)
+		*epoch = e;
+	return 0;
+}
+
+long ecx_client_connections(const ecx_client *c)
+{
+	return c != NULL ? ecx_regclient_connects(c->rc) : 0;
+}
+
+char *ecx_item_to_json(const ecx_item *item)
+{
+	char why[256] = "";
+	ecx_entry e;
+	int rc = entry_of_item(item, &e, why, sizeof(why));
+	if (rc != 0) {
+		ecx_set_error(rc, "%s", why);
+		return NULL;
+	}
+	char *s = ecx_entry_encode(&e);
+	if (s == NULL)
+		ecx_set_error(ECX_ENOMEM, "out of memory");
+	return s;
+}
+
+int ecx_item_from_json(const char *json, size_t len, ecx_item *item, char *why,
+                       size_t whylen)
+{
+	char w[256] = "";
+	ecx_entry e;
+	if (json == NULL || item == NULL) {
+		ecx_why(why, whylen, ECX_EINVAL, "no entry or no item");
+		return ecx_set_error(ECX_EINVAL, "no entry or no item");
+	}
+	if (ecx_entry_decode(json, len, &e, w, sizeof(w)) != 0) {
+		ecx_why(why, whylen, ECX_EPROTO, "%s", w);
+		return ecx_set_error(ECX_EPROTO, "%s", w);
+	}
+	item->desc = e.desc;
+	ecx_strlcpy(item->producer, e.producer_zmq, sizeof(item->producer));
+	item->epoch = e.epoch;
+	return 0;
+}
+
+void ecx_free(void *p)
+{
+	free(p);
+}

@@ -1,0 +1,460 @@
+/*
+ * The public registry client (ecx_client_*, ecx.h) against real servers:
+ * an HTTP registry on a free port of 127.0.0.1, and a redis-server on a
+ * free port in a temporary folder, both started and stopped here. Only the
+ * public header is used.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <ecx/ecx.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static pid_t redis_pid;
+static char redis_url[64];
+static char redis_dir[] = "/tmp/ecx-client-redis-XXXXXX";
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	socklen_t sl = sizeof(sa);
+	getsockname(fd, (struct sockaddr *)&sa, &sl);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+static ecx_client *client(const char *url, const char *token)
+{
+	ecx_client_params p = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
+	                                     ECX_CLIENT_PARAM_TOKEN |
+	                                     ECX_CLIENT_PARAM_TIMEOUT,
+	                       .registry = url,
+	                       .token = token,
+	                       .timeout_ms = 2000};
+	ecx_client *c = NULL;
+	char why[200] = "";
+	if (ecx_client_create(&p, &c, why, sizeof(why)) != 0)
+		fail_msg("client %s: %s", url, why);
+	return c;
+}
+
+static int redis_start(void **state)
+{
+	(void)state;
+	if (mkdtemp(redis_dir) == NULL)
+		return -1;
+	char port[16];
+	snprintf(port, sizeof(port), "%d", free_port());
+	char *argv[] = {"/usr/bin/redis-server",
+	                "--port",
+	                port,
+	                "--bind",
+	                "127.0.0.1",
+	                "--save",
+	                "",
+	                "--appendonly",
+	                "no",
+	                "--dir",
+	                redis_dir,
+	                "--logfile",
+	                "",
+	                NULL};
+	extern char **environ;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+	int rc = posix_spawn(&redis_pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (rc != 0)
+		return -1;
+	snprintf(redis_url, sizeof(redis_url), "redis://127.0.0.1:%s", port);
+	/* Ready when it answers a PING (which also tests health on Redis). */
+	ecx_client *c = client(redis_url, NULL);
+	for (int i = 0; i < 100; i++) {
+		uint64_t epoch = 1;
+		if (ecx_client_health(c, &epoch) == 0 && epoch == 0) {
+			ecx_client_destroy(c);
+			return 0;
+		}
+		usleep(50000);
+	}
+	ecx_client_destroy(c);
+	return -1;
+}
+
+static int redis_stop(void **state)
+{
+	(void)state;
+	kill(redis_pid, SIGTERM);
+	waitpid(redis_pid, NULL, 0);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", redis_dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+static ecx_registry *start(const char *token, char *url, size_t urllen)
+{
+	ecx_registry_params p = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
+	                                       ECX_REGISTRY_PARAM_PORT |
+	                                       ECX_REGISTRY_PARAM_TOKEN,
+	                         .bind_host = "127.0.0.1",
+	                         .port = 0,
+	                         .token = token};
+	ecx_registry *r = NULL;
+	char why[200];
+	if (ecx_registry_create(&p, &r, why, sizeof(why)) != 0)
+		fail_msg("registry: %s", why);
+	snprintf(url, urllen, "http://127.0.0.1:%u", ecx_registry_port(r));
+	return r;
+}
+
+static ecx_item item(const char *id, uint64_t rows, const char *producer)
+{
+	ecx_item it;
+	memset(&it, 0, sizeof(it));
+	it.id = id;
+	uint64_t shape[2] = {rows, 16};
+	assert_int_equal(ecx_tensor_set(&it.desc, ECX_DTYPE_BFLOAT16, 2, shape),
+	                 0);
+	snprintf(it.producer, sizeof(it.producer), "%s", producer);
+	it.epoch = 77;
+	return it;
+}
+
+static void test_create_errors(void **state)
+{
+	(void)state;
+	ecx_client *c = NULL;
+	char why[200] = "";
+	ecx_client_params p = {.field_mask = ECX_CLIENT_PARAM_REGISTRY,
+	                       .registry = "ftp://127.0.0.1:1"};
+	assert_int_equal(ecx_client_create(&p, &c, why, sizeof(why)),
+	                 ECX_EINVAL);
+	assert_null(c);
+	assert_non_null(strstr(why, "ftp://127.0.0.1:1"));
+	assert_non_null(strstr(ecx_last_error(), "ftp://"));
+	p.field_mask = 0;
+	assert_int_equal(ecx_client_create(&p, &c, why, sizeof(why)),
+	                 ECX_EINVAL);
+	assert_int_equal(ecx_client_create(NULL, &c, NULL, 0), ECX_EINVAL);
+	ecx_client_destroy(NULL);
+}
+
+static void test_lookup_publish_remove(void **state)
+{
+	(void)state;
+	char url[64];
+	ecx_registry *r = start(NULL, url, sizeof(url));
+	ecx_client *c = client(url, NULL);
+	uint64_t epoch = 0;
+	assert_int_equal(ecx_client_health(c, &epoch), 0);
+	assert_true(epoch != 0);
+
+	ecx_item a = item("cl-a", 3, "tcp://10.0.0.1:5555");
+	ecx_item b = item("cl-b", 5, "tcp://10.0.0.2:5555");
+	assert_int_equal(ecx_client_publish(c, &a), 0);
+	assert_int_equal(ecx_client_publish(c, &b), 0);
+
+	ecx_item q[3] = {{.id = "cl-b"}, {.id = "cl-missing"}, {.id = "cl-a"}};
+	assert_int_equal(ecx_client_lookup(c, q, 3), 0);
+	assert_int_equal(q[0].status, 0);
+	assert_int_equal(q[1].status, ECX_ENOTFOUND);
+	assert_int_equal(q[2].status, 0);
+	assert_int_equal(q[0].desc.nbytes, 5 * 16 * 2);
+	assert_int_equal(q[0].desc.dtype, ECX_DTYPE_BFLOAT16);
+	assert_string_equal(q[0].producer, "tcp://10.0.0.2:5555");
+	assert_int_equal(q[2].epoch, 77);
+	assert_int_equal(q[2].desc.shape[0], 3);
+	/* One id alone takes the GET route. */
+	ecx_item one = {.id = "cl-a"};
+	assert_int_equal(ecx_client_lookup(c, &one, 1), 0);
+	assert_int_equal(one.status, 0);
+	assert_string_equal(one.producer, "tcp://10.0.0.1:5555");
+
+	/* A bad id or a bad descriptor is refused before any request. */
+	ecx_item bad = item("no/slash", 1, "tcp://h:1");
+	assert_int_equal(ecx_client_publish(c, &bad), ECX_EID);
+	assert_non_null(strstr(ecx_last_error(), "no/slash"));
+	bad = item("cl-c", 1, "tcp://h:1");
+	bad.desc.nbytes++;
+	assert_int_equal(ecx_client_publish(c, &bad), ECX_ESIZE);
+	bad = item("cl-c", 1, "");
+	assert_int_equal(ecx_client_publish(c, &bad), ECX_EINVAL);
+	ecx_item badq = {.id = "a b"};
+	assert_int_equal(ecx_client_lookup(c, &badq, 1), ECX_EID);
+
+	/* Removal conditional on the producer. */
+	assert_int_equal(ecx_client_remove(c, "cl-a", "tcp://other:1"),
+	                 ECX_ENOTFOUND);
+	assert_int_equal(ecx_client_remove(c, "cl-a", "tcp://10.0.0.1:5555"),
+	                 0);
+	assert_int_equal(ecx_client_remove(c, "cl-a", NULL), ECX_ENOTFOUND);
+	assert_int_equal(ecx_client_remove(c, "cl-b", NULL), 0);
+	one = (ecx_item){.id = "cl-a"};
+	assert_int_equal(ecx_client_lookup(c, &one, 1), 0);
+	assert_int_equal(one.status, ECX_ENOTFOUND);
+
+	/* All of it over one persistent connection. */
+	assert_int_equal(ecx_client_connections(c), 1);
+	ecx_client_destroy(c);
+	ecx_registry_destroy(r);
+}
+
+static void test_token(void **state)
+{
+	(void)state;
+	char url[64];
+	ecx_registry *r = start("s3cret", url, sizeof(url));
+	ecx_client *anon = client(url, NULL);
+	ecx_client *auth = client(url, "s3cret");
+	ecx_item a = item("tok-a", 1, "tcp://h:1");
+	assert_int_equal(ecx_client_publish(anon, &a), ECX_EAUTH);
+	assert_non_null(strstr(ecx_last_error(), "401"));
+	assert_int_equal(ecx_client_publish(auth, &a), 0);
+	ecx_item q = {.id = "tok-a"};
+	assert_int_equal(ecx_client_lookup(anon, &q, 1), 0);
+	assert_int_equal(q.status, 0);
+	ecx_client_destroy(anon);
+	ecx_client_destroy(auth);
+	ecx_registry_destroy(r);
+}
+
+static void test_down(void **state)
+{
+	(void)state;
+	char url[64];
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", free_port());
+	ecx_client *c = client(url, NULL);
+	uint64_t epoch = 5;
+	assert_int_equal(ecx_client_health(c, &epoch), ECX_ECONNECT);
+	assert_int_equal(epoch, 5); /* outputs are written only on success */
+	assert_non_null(strstr(ecx_last_error(), url));
+	char next[ECX_ID_MAX + 1];
+	int calls = 0;
+	assert_int_equal(ecx_client_list(c, NULL, 10, NULL, &calls, next,
+	                                 sizeof(next), NULL),
+	                 ECX_EINVAL);
+	ecx_client_destroy(c);
+}
+
+typedef struct seen {
+	char ids[64][ECX_ID_MAX + 1];
+	uint64_t bytes[64];
+	size_t n;
+	int stop_at; /* return 42 at this call (1-based); 0: never */
+} seen;
+
+static int collect(void *arg, const ecx_item *it)
+{
+	seen *s = arg;
+	if (s->n == 64)
+		return -1;
+	snprintf(s->ids[s->n], sizeof(s->ids[0]), "%s", it->id);
+	s->bytes[s->n] = it->desc.nbytes;
+	s->n++;
+	assert_int_equal(it->epoch, 77);
+	assert_string_equal(it->producer, "tcp://10.1.1.1:7000");
+	return s->stop_at != 0 && (int)s->n == s->stop_at ? 42 : 0;
+}
+
+/* Lists everything in pages of `page`, checking order, count and the
+ * continuation; returns the number of pages. */
+static int list_all(ecx_client *c, size_t page, seen *s, size_t expect)
+{
+	char after[ECX_ID_MAX + 1] = "", next[ECX_ID_MAX + 1];
+	int pages = 0;
+	memset(s, 0, sizeof(*s));
+	for (;;) {
+		uint64_t total = 0;
+		size_t before = s->n;
+		assert_int_equal(ecx_client_list(c, after, page, collect, s,
+		                                 next, sizeof(next), &total),
+		                 0);
+		pages++;
+		assert_int_equal(total, expect);
+		assert_true(s->n - before <= page);
+		if (next[0] == '\0')
+			break;
+		/* A page that says more follows is full and ends at next. */
+		assert_int_equal(s->n - before, page);
+		assert_string_equal(next, s->ids[s->n - 1]);
+		snprintf(after, sizeof(after), "%s", next);
+		assert_true(pages < 100);
+	}
+	assert_int_equal(s->n, expect);
+	for (size_t i = 1; i < s->n; i++)
+		assert_true(strcmp(s->ids[i - 1], s->ids[i]) < 0);
+	return pages;
+}
+
+static void check_listing(const char *url)
+{
+	ecx_client *c = client(url, NULL);
+	enum { N = 20 };
+	/* Published out of order; ids with '+', ':' and '@', which a query
+	 * string must carry escaped. */
+	for (int k = 0; k < N; k++) {
+		int i = (k * 7) % N;
+		char id[64];
+		snprintf(id, sizeof(id), "ls+%02d:x@y", i);
+		ecx_item it = item(id, (uint64_t)i + 1, "tcp://10.1.1.1:7000");
+		assert_int_equal(ecx_client_publish(c, &it), 0);
+	}
+	seen *s = malloc(sizeof(*s));
+	assert_non_null(s);
+	/* 7 + 7 + 6 */
+	assert_int_equal(list_all(c, 7, s, N), 3);
+	for (int i = 0; i < N; i++) {
+		char id[64];
+		snprintf(id, sizeof(id), "ls+%02d:x@y", i);
+		assert_string_equal(s->ids[i], id);
+		assert_int_equal(s->bytes[i], ((uint64_t)i + 1) * 16 * 2);
+	}
+	/* Pages that end exactly at the end say the listing is complete. */
+	assert_int_equal(list_all(c, 5, s, N), 4);
+	assert_int_equal(list_all(c, 1000, s, N), 1);
+	assert_int_equal(list_all(c, 1, s, N), N);
+
+	/* After the last id: nothing, complete. */
+	char next[ECX_ID_MAX + 1] = "x";
+	uint64_t total = 0;
+	memset(s, 0, sizeof(*s));
+	assert_int_equal(ecx_client_list(c, "ls+99", 10, collect, s, next,
+	                                 sizeof(next), &total),
+	                 0);
+	assert_int_equal(s->n, 0);
+	assert_string_equal(next, "");
+	assert_int_equal(total, N);
+
+	/* The callback stops the listing and its value comes back. */
+	memset(s, 0, sizeof(*s));
+	s->stop_at = 3;
+	strcpy(next, "unchanged");
+	assert_int_equal(
+	    ecx_client_list(c, NULL, 10, collect, s, next, sizeof(next), NULL),
+	    42);
+	assert_int_equal(s->n, 3);
+	assert_string_equal(next, "unchanged");
+
+	/* Bad pages. */
+	memset(s, 0, sizeof(*s));
+	assert_int_equal(
+	    ecx_client_list(c, NULL, 0, collect, s, next, sizeof(next), NULL),
+	    ECX_EINVAL);
+	assert_int_equal(ecx_client_list(c, NULL, 1001, collect, s, next,
+	                                 sizeof(next), NULL),
+	                 ECX_EINVAL);
+	assert_int_equal(
+	    ecx_client_list(c, "a/b", 10, collect, s, next, sizeof(next), NULL),
+	    ECX_EID);
+	assert_int_equal(s->n, 0);
+
+	for (int i = 0; i < N; i++) {
+		char id[64];
+		snprintf(id, sizeof(id), "ls+%02d:x@y", i);
+		assert_int_equal(ecx_client_remove(c, id, NULL), 0);
+	}
+	assert_int_equal(list_all(c, 10, s, 0), 1);
+	free(s);
+	ecx_client_destroy(c);
+}
+
+static void test_list_http(void **state)
+{
+	(void)state;
+	char url[64];
+	ecx_registry *r = start(NULL, url, sizeof(url));
+	check_listing(url);
+	ecx_registry_destroy(r);
+}
+
+static void test_list_redis(void **state)
+{
+	(void)state;
+	check_listing(redis_url);
+}
+
+static void test_lookup_redis(void **state)
+{
+	(void)state;
+	ecx_client *c = client(redis_url, NULL);
+	ecx_item a = item("rd-a", 4, "tcp://10.0.0.9:1");
+	assert_int_equal(ecx_client_publish(c, &a), 0);
+	ecx_item q[2] = {{.id = "rd-a"}, {.id = "rd-none"}};
+	assert_int_equal(ecx_client_lookup(c, q, 2), 0);
+	assert_int_equal(q[0].status, 0);
+	assert_int_equal(q[1].status, ECX_ENOTFOUND);
+	assert_string_equal(q[0].producer, "tcp://10.0.0.9:1");
+	assert_int_equal(ecx_client_remove(c, "rd-a", "tcp://other:1"),
+	                 ECX_ENOTFOUND);
+	assert_int_equal(ecx_client_remove(c, "rd-a", "tcp://10.0.0.9:1"), 0);
+	ecx_client_destroy(c);
+}
+
+static void test_json(void **state)
+{
+	(void)state;
+	ecx_item a = item("js-a", 2, "tcp://10.0.0.3:9");
+	char *s = ecx_item_to_json(&a);
+	assert_non_null(s);
+	assert_non_null(strstr(s, "\"producer_zmq\":\"tcp://10.0.0.3:9\""));
+	assert_non_null(strstr(s, "\"dtype\":\"bfloat16\""));
+	ecx_item b;
+	memset(&b, 0, sizeof(b));
+	b.id = "kept";
+	char why[200] = "";
+	assert_int_equal(ecx_item_from_json(s, strlen(s), &b, why, sizeof(why)),
+	                 0);
+	assert_string_equal(b.id, "kept");
+	assert_memory_equal(&b.desc, &a.desc, sizeof(a.desc));
+	assert_string_equal(b.producer, a.producer);
+	assert_int_equal(b.epoch, 77);
+	ecx_free(s);
+
+	const char *junk = "{\"nbytes\": 3}";
+	assert_int_equal(
+	    ecx_item_from_json(junk, strlen(junk), &b, why, sizeof(why)),
+	    ECX_EPROTO);
+	assert_true(why[0] != '\0');
+	/* Not NUL-terminated: only len bytes are read. */
+	char cut[8] = {'{', '}', 'x', 'x', 'x', 'x', 'x', 'x'};
+	assert_int_equal(ecx_item_from_json(cut, 2, &b, NULL, 0), ECX_EPROTO);
+
+	ecx_item bad = a;
+	bad.desc.nbytes = 1;
+	assert_null(ecx_item_to_json(&bad));
+	assert_true(ecx_last_error()[0] != '\0');
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_create_errors),
+	    cmocka_unit_test(test_lookup_publish_remove),
+	    cmocka_unit_test(test_token),
+	    cmocka_unit_test(test_down),
+	    cmocka_unit_test(test_list_http),
+	    cmocka_unit_test(test_json),
+	    cmocka_unit_test(test_lookup_redis),
+	    cmocka_unit_test(test_list_redis),
+	};
+	return cmocka_run_group_tests(tests, redis_start, redis_stop);
+}
