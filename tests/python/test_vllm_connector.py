@@ -1,7 +1,9 @@
-"""ECXConnector driven as vLLM drives it: a producer connector in another
-process saves encoder outputs; a consumer's scheduler instance finds them,
-its metadata is pickled to worker instances (two tensor-parallel ranks),
-which load them. Uses vLLM when it is installed, the stand-in otherwise."""
+"""ECXConnector's synchronous flow (what an older vLLM gets, and
+async_load: false), driven as vLLM drives it: a producer connector in
+another process saves encoder outputs; a consumer's scheduler instance
+finds them, its metadata is pickled to worker instances (two
+tensor-parallel ranks), which load them. Uses vLLM when it is installed,
+the stand-in otherwise. test_vllm_steps.py drives today's flow."""
 import os
 import pickle
 import subprocess
@@ -80,6 +82,7 @@ def producer():
 
 
 def consumer_config(url, **extra):
+    extra.setdefault("async_load", False)
     return VllmConfig(ec_transfer_config=ECTransferConfig(
         ec_connector="ECXConnector", ec_connector_module_path="ecx.vllm",
         ec_role="ec_consumer", ec_buffer_device="cpu",
@@ -182,8 +185,9 @@ def test_has_cache_item_is_cheap_and_persistent(producer):
         assert not sched.has_cache_item("f" * 64)
     per_call = (time.monotonic() - t0) / 400
     assert per_call < 0.01  # a bound, not a benchmark: see bench/
-    # One persistent lookup handle, reused.
-    assert sched._lookup.stats()["lookups"] == 401
+    # One persistent registry connection, reused.
+    assert sched._client.connections == 1
+    assert sched.stats()["lookups"] == 401
     sched.shutdown()
 
 
