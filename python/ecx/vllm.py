@@ -31,6 +31,7 @@ import logging
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -345,7 +346,8 @@ class ECXConnector(ECConnectorBase):
         self._consumer: Optional[ecx.Consumer] = None
         self._want: dict[str, ECXLoadSpec] = {}   # pulls started
         self._held: dict[str, tuple] = {}         # id -> (attempt, tensor)
-        self._inflight: list = []                 # (Load, specs)
+        self._inflight: list = []                 # (Future, specs)
+        self._pool: Optional[ThreadPoolExecutor] = None
         self._failed_new: dict = {}
         self._seen_meta = None
         if role == ECConnectorRole.SCHEDULER and self.is_consumer:
@@ -433,18 +435,21 @@ class ECXConnector(ECConnectorBase):
         if not meta.starts:
             return
         cons = self._ensure_consumer()
-        specs = list(meta.starts)
-        for s in specs:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4,
+                                            thread_name_prefix="ecx-pull")
+        # One pull per producer, each from a thread of the pool: the first
+        # pull from a producer waits for its handshake (up to timeout_ms
+        # where it is gone), which must not hold up the step or the others.
+        groups: dict = {}
+        for s in meta.starts:
             self._want[s.mm_hash] = s
-        try:
-            load = cons.load_start(
-                [(s.item(), self._new_tensor(cons, s)) for s in specs])
-        except (ecx.EcxError, ValueError) as e:
-            for s in specs:
-                self._fail(s, f"could not start the pull: {e}")
-            return
-        self._stats.add("pulls_started", len(specs))
-        self._inflight.append((load, specs))
+            groups.setdefault(s.producer_zmq, []).append(s)
+        for specs in groups.values():
+            pairs = [(s.item(), self._new_tensor(cons, s)) for s in specs]
+            fut = self._pool.submit(_pull, cons, pairs)
+            self._inflight.append((fut, specs))
+            self._stats.add("pulls_started")
 
     def _fail(self, spec, why):
         if self._want.get(spec.mm_hash) is spec:
@@ -452,7 +457,17 @@ class ECXConnector(ECConnectorBase):
         self._failed_new[(spec.mm_hash, spec.attempt)] = str(why)
         self._stats.add("items_failed")
 
-    def _settle(self, load, specs) -> None:
+    def _settle(self, fut, specs) -> None:
+        try:
+            load = fut.result()
+        except Exception as e:  # noqa: BLE001 - reported, never raised
+            for s in specs:
+                if self._want.get(s.mm_hash) is s:
+                    self._fail(s, f"could not start the pull: {e}")
+            logger.warning("ECXConnector: pull of %d items from %s could "
+                           "not start: %s", len(specs),
+                           specs[0].producer_zmq, e)
+            return
         for s, t, e in zip(specs, load.tensors, load.errors):
             if self._want.get(s.mm_hash) is not s:
                 continue  # released, or pulled again, meanwhile
@@ -469,20 +484,25 @@ class ECXConnector(ECConnectorBase):
     def _poll(self) -> None:
         """Settles the pulls that have ended; never blocks."""
         still = []
-        for load, specs in self._inflight:
-            if load.test():
-                self._settle(load, specs)
+        for fut, specs in self._inflight:
+            if fut.done():
+                self._settle(fut, specs)
             else:
-                still.append((load, specs))
+                still.append((fut, specs))
         self._inflight = still
 
     def _wait_for(self, h) -> None:
-        """Waits for the pull that brings h (bounded by timeout_ms)."""
-        for k, (load, specs) in enumerate(self._inflight):
+        """Waits for the pull that brings h (bounded: a handshake and a
+        load, each within timeout_ms)."""
+        for k, (fut, specs) in enumerate(self._inflight):
             if any(s.mm_hash == h for s in specs):
-                load.wait()
-                self._settle(load, specs)
-                del self._inflight[k]
+                try:
+                    fut.result(timeout=2 * self._cfg.timeout_ms / 1000 + 1)
+                except Exception:  # noqa: BLE001 - settled below
+                    pass
+                if fut.done():
+                    self._settle(fut, specs)
+                    del self._inflight[k]
                 return
 
     def start_load_caches(self, encoder_cache: dict, **kwargs: Any) -> None:
@@ -784,8 +804,9 @@ class ECXConnector(ECConnectorBase):
             logger.info("ECXConnector %s: %s",
                         "scheduler" if self._role == ECConnectorRole.SCHEDULER
                         else f"worker rank {self._rank}", self._stats.line())
-        for load, _ in self._inflight:
-            load.wait()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # pulls end within timeouts
+            self._pool = None
         self._inflight = []
         self._held.clear()
         with self._lock:
@@ -793,6 +814,14 @@ class ECXConnector(ECConnectorBase):
                 if h is not None:
                     h.close()
             self._producer = self._consumer = self._client = None
+
+
+def _pull(cons, pairs):
+    """Starts a load and waits for its end (in a pool thread; ctypes lets
+    the GIL go while libecx waits)."""
+    load = cons.load_start(pairs)
+    load.wait()
+    return load
 
 
 def _rank(vllm_config) -> int:
