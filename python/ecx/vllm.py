@@ -31,7 +31,7 @@ import logging
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -346,7 +346,8 @@ class ECXConnector(ECConnectorBase):
         self._consumer: Optional[ecx.Consumer] = None
         self._want: dict[str, ECXLoadSpec] = {}   # pulls started
         self._held: dict[str, tuple] = {}         # id -> (attempt, tensor)
-        self._inflight: list = []                 # (Future, specs)
+        self._inflight: list = []   # (Load or Future of a Load, specs)
+        self._connected: set = set()  # producers pulled from, no handshake
         self._pool: Optional[ThreadPoolExecutor] = None
         self._failed_new: dict = {}
         self._seen_meta = None
@@ -438,18 +439,26 @@ class ECXConnector(ECConnectorBase):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=4,
                                             thread_name_prefix="ecx-pull")
-        # One pull per producer, each from a thread of the pool: the first
-        # pull from a producer waits for its handshake (up to timeout_ms
-        # where it is gone), which must not hold up the step or the others.
+        # One pull per producer. The first pull from a producer waits for
+        # its handshake (up to timeout_ms where it is gone), which must not
+        # hold up the step or the other producers: it starts from a thread
+        # of the pool. Pulls from producers already connected start here
+        # and return at once; they are polled, never waited for.
         groups: dict = {}
         for s in meta.starts:
             self._want[s.mm_hash] = s
             groups.setdefault(s.producer_zmq, []).append(s)
-        for specs in groups.values():
+        for producer, specs in groups.items():
             pairs = [(s.item(), self._new_tensor(cons, s)) for s in specs]
-            fut = self._pool.submit(_pull, cons, pairs)
-            self._inflight.append((fut, specs))
             self._stats.add("pulls_started")
+            if producer in self._connected:
+                try:
+                    self._inflight.append((cons.load_start(pairs), specs))
+                except (ecx.EcxError, ValueError) as e:
+                    self._inflight.append((_failed_future(e), specs))
+            else:
+                self._inflight.append(
+                    (self._pool.submit(_pull, cons, pairs), specs))
 
     def _fail(self, spec, why):
         if self._want.get(spec.mm_hash) is spec:
@@ -457,10 +466,11 @@ class ECXConnector(ECConnectorBase):
         self._failed_new[(spec.mm_hash, spec.attempt)] = str(why)
         self._stats.add("items_failed")
 
-    def _settle(self, fut, specs) -> None:
+    def _settle(self, pull, specs) -> None:
         try:
-            load = fut.result()
+            load = pull if isinstance(pull, ecx.Load) else pull.result()
         except Exception as e:  # noqa: BLE001 - reported, never raised
+            self._connected.discard(specs[0].producer_zmq)
             for s in specs:
                 if self._want.get(s.mm_hash) is s:
                     self._fail(s, f"could not start the pull: {e}")
@@ -472,11 +482,16 @@ class ECXConnector(ECConnectorBase):
             if self._want.get(s.mm_hash) is not s:
                 continue  # released, or pulled again, meanwhile
             if e is None:
+                self._connected.add(s.producer_zmq)
                 del self._want[s.mm_hash]
                 self._held[s.mm_hash] = (s.attempt, t)
                 self._stats.add("items_loaded")
                 self._stats.add("bytes_loaded", s.nbytes)
             else:
+                if e.name not in ("ENOTFOUND", "ESIZE"):
+                    # Its connection is suspect: the next pull from it
+                    # starts from the pool again.
+                    self._connected.discard(s.producer_zmq)
                 self._fail(s, e)
                 logger.warning("ECXConnector: pull of %s from %s failed: "
                                "%s", s.mm_hash, s.producer_zmq, e)
@@ -484,25 +499,30 @@ class ECXConnector(ECConnectorBase):
     def _poll(self) -> None:
         """Settles the pulls that have ended; never blocks."""
         still = []
-        for fut, specs in self._inflight:
-            if fut.done():
-                self._settle(fut, specs)
+        for pull, specs in self._inflight:
+            if pull.test() if isinstance(pull, ecx.Load) else pull.done():
+                self._settle(pull, specs)
             else:
-                still.append((fut, specs))
+                still.append((pull, specs))
         self._inflight = still
 
     def _wait_for(self, h) -> None:
         """Waits for the pull that brings h (bounded: a handshake and a
         load, each within timeout_ms)."""
-        for k, (fut, specs) in enumerate(self._inflight):
+        for k, (pull, specs) in enumerate(self._inflight):
             if any(s.mm_hash == h for s in specs):
-                try:
-                    fut.result(timeout=2 * self._cfg.timeout_ms / 1000 + 1)
-                except Exception:  # noqa: BLE001 - settled below
-                    pass
-                if fut.done():
-                    self._settle(fut, specs)
-                    del self._inflight[k]
+                if isinstance(pull, ecx.Load):
+                    pull.wait()
+                else:
+                    try:
+                        pull.result(
+                            timeout=2 * self._cfg.timeout_ms / 1000 + 1)
+                    except Exception:  # noqa: BLE001 - settled below
+                        pass
+                    if not pull.done():
+                        return
+                self._settle(pull, specs)
+                del self._inflight[k]
                 return
 
     def start_load_caches(self, encoder_cache: dict, **kwargs: Any) -> None:
@@ -807,6 +827,9 @@ class ECXConnector(ECConnectorBase):
         if self._pool is not None:
             self._pool.shutdown(wait=True)  # pulls end within timeouts
             self._pool = None
+        for pull, _ in self._inflight:
+            if isinstance(pull, ecx.Load):
+                pull.wait()
         self._inflight = []
         self._held.clear()
         with self._lock:
@@ -814,6 +837,12 @@ class ECXConnector(ECConnectorBase):
                 if h is not None:
                     h.close()
             self._producer = self._consumer = self._client = None
+
+
+def _failed_future(e):
+    f = Future()
+    f.set_exception(e)
+    return f
 
 
 def _pull(cons, pairs):
