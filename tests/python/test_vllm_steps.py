@@ -325,3 +325,28 @@ def test_registry_down_means_local_encoding(registry):
     assert eng.scheduled == {"r": 1}
     assert sched.stats()["lookup_errors"] == 1
     shutdown(sched, workers)
+
+
+def test_ec_both_instances_share_through_a_registry(registry):
+    """Two ec_both instances: what one encodes, the other loads."""
+    reg = registry()
+
+    def both():
+        return VllmConfig(ec_transfer_config=ECTransferConfig(
+            ec_connector="ECXConnector", ec_role="ec_both",
+            ec_buffer_device="cpu",
+            ec_connector_extra_config={"registry": reg.url, "token": "tok",
+                                       "bind_host": "127.0.0.1",
+                                       "capacity_bytes": "16MiB",
+                                       "recv_capacity_bytes": "16MiB"}))
+    a_worker = ECXConnector(both(), ECConnectorRole.WORKER)
+    h = mm_hash("both-0")
+    a_worker.save_caches({h: expected(h)}, h)
+    sched = ECXConnector(both(), ECConnectorRole.SCHEDULER)
+    b_worker = ECXConnector(both(), ECConnectorRole.WORKER)
+    eng = Engine(sched, [b_worker])
+    eng.add(Request("r", [h, mm_hash("both-1")]))
+    eng.run(5)
+    assert eng.scheduled and eng.workers[0][1][h] is not None
+    assert eng.waiting == [] and not eng.unavailable
+    shutdown(sched, [b_worker, a_worker])
