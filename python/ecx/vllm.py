@@ -530,16 +530,20 @@ class ECXConnector(ECConnectorBase):
             return
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, ECXConnectorMetadata)
+        if metadata.ready and metadata is not self._seen_meta:
+            # The hand-over comes before the step's releases: an item one
+            # request lets go of may be the one another starts using.
+            self._hand_over(encoder_cache, metadata.ready)
         self._process_metadata(metadata)
         if metadata.loads:
             self._load_now(encoder_cache, metadata.loads)
-        if not metadata.ready:
-            self._poll()
-            return
+        self._poll()
+
+    def _hand_over(self, encoder_cache: dict, ready: list) -> None:
         t0 = time.perf_counter()
         device = self._device()
         self._poll()
-        for h in metadata.ready:
+        for h in ready:
             if h in encoder_cache:
                 continue
             held = self._held.get(h)
@@ -555,7 +559,7 @@ class ECXConnector(ECConnectorBase):
             t = held[1]
             encoder_cache[h] = t if device.type == "cpu" else \
                 t.to(device, non_blocking=True)
-        self._stats.add("items_handed_over", len(metadata.ready))
+        self._stats.add("items_handed_over", len(ready))
         self._stats.add("step_wait_s", time.perf_counter() - t0)
 
     def _load_now(self, encoder_cache: dict, loads: list) -> None:
@@ -747,6 +751,16 @@ class ECXConnector(ECConnectorBase):
             it = self._items.get(mm_hash)
             if it is not None and it.state == _READY:
                 self._step_ready.append(mm_hash)
+                # It is this request's now too, whichever request brought
+                # it: it stays on the workers until both let go.
+                rid = request.request_id
+                st = self._reqs.get(rid)
+                if st is None:
+                    st = self._reqs[rid] = _RequestState(
+                        [], self._cfg.load_timeout_s)
+                if mm_hash not in st.items:
+                    st.items.append(mm_hash)
+                it.requests.add(rid)
         elif mm_hash in self._pending_specs:  # only its own hits
             self._loads[mm_hash] = request.get_num_encoder_embeds(index)
 

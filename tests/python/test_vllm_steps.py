@@ -350,3 +350,29 @@ def test_ec_both_instances_share_through_a_registry(registry):
     assert eng.scheduled and eng.workers[0][1][h] is not None
     assert eng.waiting == [] and not eng.unavailable
     shutdown(sched, [b_worker, a_worker])
+
+
+def test_an_item_two_requests_share_stays_until_both_let_go(registry,
+                                                             producers):
+    reg = registry()
+    h = mm_hash("shared-0")
+    producers(reg.url, [h])
+    sched, workers = connectors(reg.url)
+    eng = Engine(sched, workers)
+    a, b = Request("a", [h]), Request("b", [h])
+    eng.add(a)
+    eng.run(5)
+    assert "a" in eng.scheduled
+    lookups = sched.stats()["lookups"]
+    # b finds it held already: schedulable at once, no lookup, no pull.
+    assert sched.ensure_cache_available(b, 0)
+    assert sched.stats()["lookups"] == lookups
+    eng.finish(a)  # a lets go in the step b is scheduled in
+    eng.add(b)
+    eng.step()  # the Engine checks b's item is in every rank's cache
+    assert eng.scheduled["b"] == eng.steps
+    assert all(w._held for w in workers)
+    eng.finish(b)
+    eng.step()
+    assert all(not w._held for w in workers) and not sched._items
+    shutdown(sched, workers)
