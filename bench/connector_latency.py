@@ -191,7 +191,8 @@ def main():
                 copy.append((t7 - t6) / BATCH)
         med = statistics.median
         nbytes = shape[0] * shape[1] * 2
-        print(f"{name:>6} | {med(ready) * 1e3:>15.2f} {med(look) * 1e6:>10.2f} "
+        print(f"{name:>6} | {med(ready) * 1e3:>15.2f} "
+              f"{med(look) * 1e6:>10.2f} "
               f"{med(hand) * 1e6:>11.1f} | {med(olook) * 1e6:>15.1f} "
               f"{med(oload) * 1e6:>11.1f} {nbytes / med(oload) / 1e9:>6.2f} "
               f"| {med(ref) * 1e6:>10.1f} {med(copy) * 1e6:>8.1f}")

@@ -67,7 +67,8 @@ SCRIPT = textwrap.dedent("""
     worker.bind_connector_metadata(meta)
     cache = {{}}
     worker.start_load_caches(cache)
-    assert torch.equal(cache["old-1"], t) and torch.equal(cache["old-2"], t + 1)
+    assert torch.equal(cache["old-1"], t)
+    assert torch.equal(cache["old-2"], t + 1)
 
     # An item gone between the step's lookup and its load: it raises.
     hits, meta = step()
