@@ -1,7 +1,15 @@
 #!/usr/bin/python3
-"""Per-item latency of ECXConnector.has_cache_item and start_load_caches for
-64 KiB, 1 MiB and 7 MiB items, measured through the connector as vLLM
-drives it, with the producer connector in another process.
+"""Latency of ECXConnector as vLLM drives it, for 64 KiB, 1 MiB and 7 MiB
+items, the producer connector in another process, both flows in one run:
+
+- today's flow (vLLM with ensure_cache_available): the time from a
+  request's first ensure_cache_available to the step in which it is
+  schedulable (lookup, background pulls, the workers' report back, all
+  8 items of the request), has_cache_item per item (answered from memory),
+  and what the step then waits in start_load_caches per item (the hand-over);
+- the synchronous flow (older vLLM, or async_load false): has_cache_item
+  per item (a registry lookup each) and start_load_caches per item (the
+  load itself, inside the step).
 
     PYTHONPATH=python ECX_LIBRARY=build/libecx.so bench/connector_latency.py
 
@@ -28,6 +36,7 @@ except ImportError:
 from vllm.config import ECTransferConfig, VllmConfig  # noqa: E402
 from vllm.distributed.ec_transfer.ec_connector.base import (  # noqa: E402
     ECConnectorRole)
+from vllm.v1.outputs import ECConnectorOutput  # noqa: E402
 
 from ecx.vllm import ECXConnector  # noqa: E402
 
@@ -55,12 +64,79 @@ sys.stdin.read()
 
 
 class Req:
-    def __init__(self, hashes, tokens):
+    def __init__(self, rid, hashes, tokens):
+        self.request_id = rid
         self.mm_features = [type("F", (), {"identifier": h})() for h in hashes]
         self.tokens = tokens
 
     def get_num_encoder_embeds(self, i):
         return self.tokens
+
+
+def config(url, async_load):
+    return VllmConfig(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECXConnector", ec_role="ec_consumer",
+        ec_buffer_device="cpu",
+        ec_connector_extra_config={"remote_registry_url": url,
+                                   "recv_capacity_bytes": "256MiB",
+                                   "async_load": async_load}))
+
+
+def worker_step(sched, worker, cache):
+    """The rest of a step after scheduling: metadata to the worker, its
+    hand-over, its report back. Returns the seconds start_load_caches
+    took."""
+    meta = pickle.loads(pickle.dumps(sched.build_connector_meta(None)))
+    worker.bind_connector_metadata(meta)
+    t0 = time.perf_counter()
+    worker.start_load_caches(cache)
+    t1 = time.perf_counter()
+    wm = pickle.loads(pickle.dumps(worker.build_connector_worker_meta()))
+    worker.clear_connector_metadata()
+    if wm is not None:
+        sched.update_connector_output(
+            ECConnectorOutput(ec_connector_worker_meta=wm))
+    return t1 - t0
+
+
+def new_flow_round(sched, worker, rid, hashes, tokens):
+    """(seconds to schedulable, has_cache_item seconds per item, seconds
+    start_load_caches took per item) for one request of len(hashes)."""
+    req = Req(rid, hashes, tokens)
+    cache = {}
+    t0 = time.perf_counter()
+    while not sched.ensure_cache_available(req, 0):
+        worker_step(sched, worker, cache)  # a step that schedules nothing
+        if time.perf_counter() - t0 > 30:
+            raise RuntimeError("not schedulable within 30 s")
+    t1 = time.perf_counter()
+    hits = [sched.has_cache_item(h) for h in hashes]
+    t2 = time.perf_counter()
+    assert all(hits)
+    for i in range(len(hashes)):
+        sched.update_state_after_alloc(req, i)
+    wait = worker_step(sched, worker, cache)
+    assert len(cache) == len(hashes)
+    # The request ends: its items go back.
+    for i in range(len(hashes)):
+        sched.update_state_after_free(req, i)
+    sched.request_finished(req)
+    cache.clear()
+    worker_step(sched, worker, cache)
+    return t1 - t0, (t2 - t1) / len(hashes), wait / len(hashes)
+
+
+def old_flow_round(sched, worker, hashes, tokens):
+    t0 = time.perf_counter()
+    hits = [sched.has_cache_item(h) for h in hashes]
+    t1 = time.perf_counter()
+    assert all(hits)
+    for i in range(len(hashes)):
+        sched.update_state_after_alloc(Req("old", hashes, tokens), i)
+    cache = {}
+    wait = worker_step(sched, worker, cache)
+    assert len(cache) == len(hashes)
+    return (t1 - t0) / len(hashes), wait / len(hashes)
 
 
 def main():
@@ -73,36 +149,26 @@ def main():
     while line.startswith("["):
         line = prod.stdout.readline()
     url = "http://127.0.0.1:%d" % int(line.split()[1])
-    cfg = VllmConfig(ec_transfer_config=ECTransferConfig(
-        ec_connector="ECXConnector", ec_role="ec_consumer",
-        ec_buffer_device="cpu",
-        ec_connector_extra_config={"remote_registry_url": url}))
-    sched = ECXConnector(cfg, ECConnectorRole.SCHEDULER)
-    worker = ECXConnector(cfg, ECConnectorRole.WORKER)
+    sched = ECXConnector(config(url, True), ECConnectorRole.SCHEDULER)
+    worker = ECXConnector(config(url, True), ECConnectorRole.WORKER)
+    old_sched = ECXConnector(config(url, False), ECConnectorRole.SCHEDULER)
+    old_worker = ECXConnector(config(url, False), ECConnectorRole.WORKER)
     print(f"ECXConnector, producer in another process, {ROUNDS} rounds, "
-          f"batches of {BATCH} items (bfloat16), medians (us per item)")
-    print(f"{'item':>6} {'has_cache_item':>15} {'reference lookup':>17} "
-          f"{'start_load_caches':>18} {'torch copy':>11} {'GB/s':>6}")
+          f"requests of {BATCH} items (bfloat16), medians")
+    print(f"{'':>6} | {'today: ensure->':>15} {'has_cache':>10} "
+          f"{'start_load':>11} | {'sync: has_cache':>15} {'start_load':>11} "
+          f"{'GB/s':>6} | {'reference':>10} {'torch':>8}")
+    print(f"{'item':>6} | {'schedulable ms':>15} {'us/item':>10} "
+          f"{'us/item':>11} | {'us/item':>15} {'us/item':>11} "
+          f"{'':>6} | {'lookup us':>10} {'copy us':>8}")
     for name, shape in SIZES.items():
         hashes = [f"{name}-{i}" for i in range(BATCH)]
-        look, ref, load, copy = [], [], [], []
+        ready, look, hand, olook, oload, ref, copy = ([] for _ in range(7))
         src = torch.randn(shape).to(torch.bfloat16)
         for r in range(ROUNDS + 2):
-            t0 = time.perf_counter()
-            hits = [sched.has_cache_item(h) for h in hashes]
-            t1 = time.perf_counter()
-            assert all(hits)
-            for i in range(len(hashes)):
-                sched.update_state_after_alloc(Req(hashes, shape[0]), i)
-            meta = pickle.loads(pickle.dumps(
-                sched.build_connector_meta(None)))
-            worker.bind_connector_metadata(meta)
-            cache = {}
-            t2 = time.perf_counter()
-            worker.start_load_caches(cache)
-            t3 = time.perf_counter()
-            worker.clear_connector_metadata()
-            assert len(cache) == BATCH
+            a, b, c = new_flow_round(sched, worker, f"{name}-{r}", hashes,
+                                     shape[0])
+            d, e = old_flow_round(old_sched, old_worker, hashes, shape[0])
             # The reference's has_cache_item: a new connection per call.
             t4 = time.perf_counter()
             for h in hashes:
@@ -112,21 +178,26 @@ def main():
             dst = [torch.empty(shape, dtype=torch.bfloat16)
                    for _ in range(BATCH)]
             t6 = time.perf_counter()
-            for d in dst:
-                d.copy_(src)
+            for x in dst:
+                x.copy_(src)
             t7 = time.perf_counter()
             if r >= 2:
-                look.append((t1 - t0) / BATCH)
-                load.append((t3 - t2) / BATCH)
+                ready.append(a)
+                look.append(b)
+                hand.append(c)
+                olook.append(d)
+                oload.append(e)
                 ref.append((t5 - t4) / BATCH)
                 copy.append((t7 - t6) / BATCH)
-        us = lambda v: statistics.median(v) * 1e6  # noqa: E731
+        med = statistics.median
         nbytes = shape[0] * shape[1] * 2
-        print(f"{name:>6} {us(look):>15.1f} {us(ref):>17.1f} "
-              f"{us(load):>18.1f} {us(copy):>11.1f} "
-              f"{nbytes / statistics.median(load) / 1e9:>6.2f}")
-    worker.shutdown()
-    sched.shutdown()
+        print(f"{name:>6} | {med(ready) * 1e3:>15.2f} "
+              f"{med(look) * 1e6:>10.2f} "
+              f"{med(hand) * 1e6:>11.1f} | {med(olook) * 1e6:>15.1f} "
+              f"{med(oload) * 1e6:>11.1f} {nbytes / med(oload) / 1e9:>6.2f} "
+              f"| {med(ref) * 1e6:>10.1f} {med(copy) * 1e6:>8.1f}")
+    for c in (worker, sched, old_worker, old_sched):
+        c.shutdown()
     prod.stdin.close()
     prod.wait(10)
 

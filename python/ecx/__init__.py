@@ -1,19 +1,26 @@
 """ecx: encoder-cache exchange, a ctypes binding over libecx.
 
 Producer keeps tensors and serves them; Consumer looks them up and loads
-them, many at once, into tensors or arrays of its own. Tensors are torch
-tensors (CPU) or numpy arrays; dtype (bfloat16 included, for torch) and
-shape travel with every item. C errors become EcxError (or a subclass) with
-the C error's name and its one-line detail.
+them, many at once, into tensors or arrays of its own; Client talks to
+registries only (lookups, listings, publishing), with no data plane.
+Tensors are torch tensors (CPU) or numpy arrays; dtype (bfloat16 included,
+for torch) and shape travel with every item. C errors become EcxError (or a
+subclass) with the C error's name and its one-line detail.
+
+A token not given (None) is read from the ECX_TOKEN environment variable,
+as the command line does; token="" means none. ../../docs/python.md is the
+guide.
 """
 import ctypes
 import ctypes.util
 import os
+import threading
 import weakref
 
 __version__ = "0.1.0"
-__all__ = ["Producer", "Consumer", "Item", "EcxError", "NotFound",
-           "Timeout", "load_library", "DTYPES", "__version__"]
+__all__ = ["Producer", "Consumer", "Client", "Item", "Load", "Found",
+           "EcxError", "NotFound", "Timeout", "load_library", "DTYPES",
+           "__version__"]
 
 # ---- the library ---------------------------------------------------------
 
@@ -158,6 +165,59 @@ _consumer_destroy = _fn("ecx_consumer_destroy", None, _P)
 _consumer_alloc = _fn("ecx_consumer_alloc", ctypes.c_void_p, _P,
                       ctypes.c_size_t)
 _consumer_free = _fn("ecx_consumer_free", None, _P, ctypes.c_void_p)
+_consumer_load_start = _fn("ecx_consumer_load_start", ctypes.c_int, _P,
+                           ctypes.POINTER(_Item), ctypes.c_size_t,
+                           ctypes.POINTER(_P))
+_load_test = _fn("ecx_load_test", ctypes.c_int, _P)
+_load_wait = _fn("ecx_load_wait", ctypes.c_int, _P)
+
+
+class _ClientParams(ctypes.Structure):
+    _fields_ = [("field_mask", ctypes.c_uint64),
+                ("registry", ctypes.c_char_p), ("token", ctypes.c_char_p),
+                ("timeout_ms", ctypes.c_int),
+                ("connect_timeout_ms", ctypes.c_int),
+                ("registry_ttl_s", ctypes.c_int)]
+
+
+_LIST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
+                            ctypes.POINTER(_Item))
+
+
+def _client_fns():
+    """The registry client's functions, or None with a libecx built
+    before them (the rest of the binding works without)."""
+    if not hasattr(_lib, "ecx_client_create"):
+        return None
+    f = {}
+    f["create"] = _fn("ecx_client_create", ctypes.c_int,
+                      ctypes.POINTER(_ClientParams), ctypes.POINTER(_P),
+                      ctypes.c_char_p, ctypes.c_size_t)
+    f["destroy"] = _fn("ecx_client_destroy", None, _P)
+    f["lookup"] = _fn("ecx_client_lookup", ctypes.c_int, _P,
+                      ctypes.POINTER(_Item), ctypes.c_size_t)
+    f["publish"] = _fn("ecx_client_publish", ctypes.c_int, _P,
+                       ctypes.POINTER(_Item))
+    f["remove"] = _fn("ecx_client_remove", ctypes.c_int, _P,
+                      ctypes.c_char_p, ctypes.c_char_p)
+    f["list"] = _fn("ecx_client_list", ctypes.c_int, _P, ctypes.c_char_p,
+                    ctypes.c_size_t, _LIST_FN, ctypes.c_void_p,
+                    ctypes.c_char_p, ctypes.c_size_t,
+                    ctypes.POINTER(ctypes.c_uint64))
+    f["health"] = _fn("ecx_client_health", ctypes.c_int, _P,
+                      ctypes.POINTER(ctypes.c_uint64))
+    f["connections"] = _fn("ecx_client_connections", ctypes.c_long, _P)
+    f["to_json"] = _fn("ecx_item_to_json", ctypes.c_void_p,
+                       ctypes.POINTER(_Item))
+    f["from_json"] = _fn("ecx_item_from_json", ctypes.c_int,
+                         ctypes.c_char_p, ctypes.c_size_t,
+                         ctypes.POINTER(_Item), ctypes.c_char_p,
+                         ctypes.c_size_t)
+    f["free"] = _fn("ecx_free", None, ctypes.c_void_p)
+    return f
+
+
+_client = _client_fns()
 
 # ---- errors ----------------------------------------------------------------
 
@@ -192,6 +252,13 @@ def _error(code, detail=None):
 
 def _b(s):
     return s.encode() if isinstance(s, str) else s
+
+
+def _token(token):
+    """token, or ECX_TOKEN when token is None; "" means none."""
+    if token is None:
+        token = os.environ.get("ECX_TOKEN") or None
+    return token or None
 
 
 # ---- tensors ---------------------------------------------------------------
@@ -263,6 +330,95 @@ class Item:
         return torch.empty(self.shape, dtype=getattr(torch, self.dtype),
                            device=device)
 
+    def to_json(self):
+        """The registry entry of this item, as the registry stores it
+        ({"nbytes", "shape", "dtype", "producer_zmq", "ecx_epoch"})."""
+        fns = _need_client()
+        a = _Item()
+        _fill(a, self, _b(self.id))
+        ptr = fns["to_json"](ctypes.byref(a))
+        if not ptr:
+            raise ValueError(f"{self.id}: no registry entry for this item "
+                             f"(bad descriptor?)")
+        try:
+            return ctypes.string_at(ptr).decode()
+        finally:
+            fns["free"](ptr)
+
+    @classmethod
+    def from_json(cls, id, text):
+        """The Item a registry entry (JSON text or bytes) describes."""
+        fns = _need_client()
+        data = _b(text)
+        a = _Item()
+        why = ctypes.create_string_buffer(256)
+        rc = fns["from_json"](data, len(data), ctypes.byref(a), why, 256)
+        if rc != 0:
+            raise _error(rc, why.value.decode())
+        return _item_of(id, a)
+
+
+class Found(list):
+    """What lookup returns: a list with an Item, or None, for each id asked,
+    in order; .ids are those ids (so a load of a None can name it)."""
+
+    def __init__(self, ids, items):
+        super().__init__(items)
+        self.ids = list(ids)
+
+    def missing(self):
+        """The ids that were not found."""
+        return [i for i, it in zip(self.ids, self) if it is None]
+
+
+def _item_of(id, a):
+    d = a.desc
+    return Item(id, _DTYPE_NAMES[d.dtype],
+                tuple(d.shape[k] for k in range(d.ndim)), d.nbytes,
+                a.producer.decode(), a.epoch)
+
+
+def _fill(a, item, idb):
+    """Fills the C item a from an Item (id bytes kept alive by the
+    caller)."""
+    a.id = idb
+    a.desc = _desc(item.dtype, item.shape)
+    a.producer = _b(item.producer)
+    a.epoch = item.epoch
+
+
+def _lookup_array(ids):
+    """A C item array for ids, and the id bytes it points at."""
+    arr = (_Item * len(ids))()
+    keep = [_b(i) for i in ids]
+    for a, i in zip(arr, keep):
+        a.id = i
+    return arr, keep
+
+
+def _found(ids, arr):
+    return Found(ids, [_item_of(i, a) if a.status == 0 else None
+                       for i, a in zip(ids, arr)])
+
+
+def _check_items(items, ids=None):
+    """Raises NotFound for a None among items (what lookup gives for an id
+    it did not find), naming the id when lookup's answer says it."""
+    ids = ids if ids is not None else getattr(items, "ids", None)
+    for k, it in enumerate(items):
+        if it is None:
+            name = repr(ids[k]) if ids is not None and k < len(ids) \
+                else f"at position {k}"
+            raise NotFound(-5, f"item {name} was not found by lookup "
+                           f"(None in place of an Item): nothing to load")
+
+
+def _need_client():
+    if _client is None:
+        raise EcxError(-17, f"the libecx at {LIBRARY_PATH} has no registry "
+                       f"client (ecx_client_*): build a newer libecx")
+    return _client
+
 
 # ---- roles -----------------------------------------------------------------
 
@@ -272,7 +428,10 @@ class Producer:
 
     registry_port: embedded registry port (default 9018; 0 picks one; None
     for none, with `registry` given). registry: a remote registry URL to
-    publish to instead.
+    publish to instead. token: None reads ECX_TOKEN.
+
+    The arena (capacity_bytes) is mapped and touched here, so construction
+    takes as long as populating it (seconds for GiBs); puts never do.
     """
 
     def __init__(self, capacity_bytes=None, bind_host=None,
@@ -292,6 +451,7 @@ class Producer:
             p.registry, m = _b(registry), m | 32
         elif registry_port is not None:
             p.registry_port, m = int(registry_port), m | 16
+        token = _token(token)
         if token:
             p.token, m = _b(token), m | 64
         if transport is not None:
@@ -300,6 +460,10 @@ class Producer:
             p.timeout_ms, m = int(timeout_ms), m | 256
         p.field_mask = m
         self._keep = p
+        self._h = None
+        # put and remove through this object are serialized, so put can
+        # tell a new item from one already held (see put).
+        self._lock = threading.Lock()
         h = _P()
         why = ctypes.create_string_buffer(256)
         rc = _producer_create(ctypes.byref(p), ctypes.byref(h), why, 256)
@@ -308,16 +472,37 @@ class Producer:
         self._h = h
 
     def put(self, id, tensor):
-        """Copies the tensor into the arena and publishes it under id."""
+        """Copies the tensor into the arena and publishes it under id.
+
+        Returns True when the item was stored, False when id was already
+        held with the same dtype and shape: ids are content hashes, so the
+        bytes held are kept as they are and the tensor given is NOT copied
+        (put("a", zeros(4)) then put("a", ones(4)) leaves the zeros). To
+        replace an item, remove(id) first. The same id with another dtype or
+        shape raises EcxError EINVAL.
+        """
         name, shape, nbytes, ptr, keep = _describe(tensor)
         d = _desc(name, shape)
-        rc = _producer_put(self._handle(), _b(id), ctypes.byref(d), ptr)
+        h = self._handle()
+        s = _ProducerStats()
+        with self._lock:
+            # libecx's put does not say whether it stored; the count of
+            # items plus evictions grows by one exactly when it did.
+            _producer_stats(h, ctypes.byref(s))
+            before = s.items + s.evictions
+            rc = _producer_put(h, _b(id), ctypes.byref(d), ptr)
+            _producer_stats(h, ctypes.byref(s))
+            after = s.items + s.evictions
         del keep
         if rc != 0:
             raise _error(rc)
+        return after > before
 
     def remove(self, id):
-        rc = _producer_remove(self._handle(), _b(id))
+        """Unpublishes id and frees its space once no pull reads it;
+        NotFound when it is not held."""
+        with self._lock:
+            rc = _producer_remove(self._handle(), _b(id))
         if rc != 0:
             raise _error(rc)
 
@@ -358,9 +543,9 @@ class Producer:
 class Consumer:
     """Looks items up and loads them (ecx_consumer).
 
-    registry: one URL or several (a list, or comma-separated).
-    recv_capacity: the receive arena ecx_consumer_alloc uses; the binding
-    loads into your tensors, so it defaults to 0 here.
+    registry: one URL or several (a list, or comma-separated). token: None
+    reads ECX_TOKEN. recv_capacity: the receive arena (arena_tensor, and
+    load/load_start when given Items); 0 (the default here) for none.
     """
 
     def __init__(self, registry, token=None, timeout_ms=5000,
@@ -374,6 +559,7 @@ class Consumer:
         p.registry = _b(registry)
         p.timeout_ms = int(timeout_ms)
         p.recv_capacity = int(recv_capacity)
+        token = _token(token)
         if token:
             p.token, p.field_mask = _b(token), p.field_mask | 2
         if transport is not None:
@@ -384,6 +570,8 @@ class Consumer:
         self._arena = recv_capacity > 0
         self._live = 0          # arena tensors alive
         self._closing = False
+        self._h = None
+        self._loads = weakref.WeakSet()  # loads in flight
         h = _P()
         why = ctypes.create_string_buffer(256)
         rc = _consumer_create(ctypes.byref(p), ctypes.byref(h), why, 256)
@@ -397,32 +585,18 @@ class Consumer:
         a registry could not be asked."""
         ids = [ids] if isinstance(ids, str) else list(ids)
         if not ids:
-            return []
-        arr = (_Item * len(ids))()
-        keep = [_b(i) for i in ids]
-        for a, i in zip(arr, keep):
-            a.id = i
+            return Found([], [])
+        arr, keep = _lookup_array(ids)
         rc = _consumer_lookup(self._handle(), arr, len(ids))
         if rc != 0:
             raise _error(rc)
-        out = []
-        for i, a in zip(ids, arr):
-            if a.status != 0:
-                out.append(None)
-                continue
-            d = a.desc
-            out.append(Item(i, _DTYPE_NAMES[d.dtype],
-                            tuple(d.shape[k] for k in range(d.ndim)),
-                            d.nbytes, a.producer.decode(), a.epoch))
-        return out
+        return _found(ids, arr)
 
-    def load_into(self, pairs):
-        """Loads each (Item, tensor) pair in one batched call (one pull per
-        producer). Returns a list with None for each item that loaded and an
-        EcxError for each that did not."""
-        pairs = list(pairs)
-        if not pairs:
-            return []
+    def _pairs_array(self, pairs):
+        """The C item array for (Item, tensor) pairs, and what must stay
+        alive while a load uses it."""
+        items = [it for it, _ in pairs]
+        _check_items(items, getattr(pairs, "ids", None))
         arr = (_Item * len(pairs))()
         keep = []
         for a, (item, t) in zip(arr, pairs):
@@ -430,19 +604,59 @@ class Consumer:
             if nbytes != item.nbytes:
                 raise ValueError(f"{item.id}: the tensor has {nbytes} "
                                  f"bytes, the item {item.nbytes}")
+            if k is not t:
+                raise ValueError(f"{item.id}: load into a contiguous "
+                                 f"tensor or array (this one would be "
+                                 f"copied, and the copy loaded)")
+            if getattr(getattr(t, "flags", None), "writeable", True) \
+                    is False:
+                raise ValueError(f"{item.id}: the array is read-only")
             keep.append(k)
             idb = _b(item.id)
             keep.append(idb)
-            a.id = idb
-            a.desc = _desc(item.dtype, item.shape)
-            a.producer = _b(item.producer)
-            a.epoch = item.epoch
+            _fill(a, item, idb)
             a.dst = ptr
-        _consumer_load(self._handle(), arr, len(pairs))
+        return arr, keep
+
+    @staticmethod
+    def _errors(arr, items):
         return [None if a.status == 0 else
                 _error(a.status, f"{item.id} from {item.producer}: "
                        f"{_strerror(a.status).decode()}")
-                for a, (item, _) in zip(arr, pairs)]
+                for a, item in zip(arr, items)]
+
+    def load_into(self, pairs):
+        """Loads each (Item, tensor) pair in one batched call (one pull per
+        producer). Returns a list with None for each item that loaded and an
+        EcxError for each that did not. A None in place of an Item (an id
+        lookup did not find) raises NotFound naming it."""
+        pairs = list(pairs)
+        if not pairs:
+            return []
+        arr, keep = self._pairs_array(pairs)
+        _consumer_load(self._handle(), arr, len(pairs))
+        del keep
+        return self._errors(arr, [it for it, _ in pairs])
+
+    def load_start(self, items):
+        """Starts loading, without waiting: items are Items (from lookup;
+        each gets a new tensor, in the receive arena while it has room) or
+        (Item, tensor) pairs. Returns a Load; its .test() says whether it
+        has ended, .wait() waits for it (bounded by the consumer's
+        timeout_ms from the start). The Load keeps the items and tensors
+        alive until it ends. A None in place of an Item raises NotFound
+        naming the id."""
+        items = list(items) if not isinstance(items, Found) else items
+        if all(isinstance(x, tuple) for x in items) and items:
+            pairs = [(it, t) for it, t in items]
+        else:
+            _check_items(items)
+            pairs = [(it, self._new_tensor(it)) for it in items]
+        return Load(self, pairs)
+
+    def _new_tensor(self, it):
+        t = self.arena_tensor(it) if self._arena else None
+        return t if t is not None else it.empty("cpu")
 
     def arena_tensor(self, item):
         """A torch tensor for item inside the receive arena (registered
@@ -474,12 +688,10 @@ class Consumer:
         """Loads Items (from lookup) into new torch tensors (in the receive
         arena while it has room); raises the first item's error if any
         failed."""
+        _check_items(items)
         items = list(items)
-        outs = []
-        for it in items:
-            t = self.arena_tensor(it) if self._arena else None
-            outs.append(t if t is not None else it.empty("cpu"))
-        errs = self.load_into(zip(items, outs))
+        outs = [self._new_tensor(it) for it in items]
+        errs = self.load_into(list(zip(items, outs)))
         for e in errs:
             if e is not None:
                 raise e
@@ -502,6 +714,8 @@ class Consumer:
         stays mapped, and goes when the last of them is freed."""
         if getattr(self, "_h", None) is None:
             return
+        for load in list(getattr(self, "_loads", ())):
+            load.wait()  # ecx_consumer_destroy needs none in flight
         if self._live > 0:
             self._closing = True
             return
@@ -510,6 +724,238 @@ class Consumer:
     def _destroy(self):
         _consumer_destroy(self._h)
         self._h = None
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Load:
+    """A load in flight (Consumer.load_start). .items and .tensors are what
+    it loads into; both, and the C items, stay alive here until it ends.
+    .test() returns True once it has ended (never blocks); .wait() blocks
+    until it ends, at most the consumer's timeout_ms from the start, and
+    returns .errors: None for each item that loaded, an EcxError for each
+    that did not (ETIMEDOUT for what was still missing at the deadline)."""
+
+    def __init__(self, consumer, pairs):
+        self.items = [it for it, _ in pairs]
+        self.tensors = [t for _, t in pairs]
+        self.errors = None
+        self._consumer = consumer
+        self._lock = threading.Lock()
+        self._h = None
+        self._arr, self._keep = consumer._pairs_array(pairs) if pairs \
+            else ((_Item * 0)(), [])
+        h = _P()
+        rc = _consumer_load_start(consumer._handle(), self._arr,
+                                  len(pairs), ctypes.byref(h))
+        if rc != 0:
+            raise _error(rc)
+        self._h = h
+        consumer._loads.add(self)
+
+    @property
+    def done(self):
+        return self._h is None
+
+    @property
+    def ok(self):
+        """True once it ended with every item loaded."""
+        return self.done and not any(self.errors or ())
+
+    def test(self):
+        """True when the load has ended (its per-item .errors are then
+        set), False while it runs. Never blocks."""
+        with self._lock:
+            if self._h is None:
+                return True
+            if _load_test(self._h) != 0:
+                return False
+            self._finish()
+            return True
+
+    def wait(self):
+        """Waits for the end (bounded by the consumer's timeout) and
+        returns .errors."""
+        with self._lock:
+            if self._h is not None:
+                self._finish()
+            return self.errors
+
+    def _finish(self):
+        _load_wait(self._h)  # frees the C load; returns at once when done
+        self._h = None
+        self.errors = Consumer._errors(self._arr, self.items)
+        self._keep = None
+        self._consumer._loads.discard(self)
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            self.wait()
+
+    def __repr__(self):
+        state = "running" if self._h is not None else (
+            f"{sum(e is None for e in self.errors)} of {len(self.items)} "
+            f"loaded")
+        return f"<ecx.Load of {len(self.items)} items, {state}>"
+
+
+class Client:
+    """A registry client (ecx_client): lookups, listings, publishing and
+    health of one or several registries, with no data plane (no UCX, no
+    threads, nothing connected until the first call). Each registry keeps
+    one persistent connection; one that fails is skipped for a back-off
+    (500 ms doubling to 10 s) instead of costing its timeout every call.
+
+    registry: one URL or several (a list, or comma-separated), each
+    http://HOST:PORT or redis://[:password@]HOST[:PORT][/DB]; anything else
+    raises EcxError EINVAL now. token: None reads ECX_TOKEN. Safe to share
+    between threads (calls are serialized).
+    """
+
+    def __init__(self, registry, token=None, timeout_ms=5000,
+                 connect_timeout_ms=None, registry_ttl_s=None):
+        self._h = None
+        fns = _need_client()
+        if not registry:
+            raise ValueError("a client needs a registry URL")
+        if not isinstance(registry, str):
+            registry = ",".join(registry)
+        p = _ClientParams()
+        p.field_mask = 1 | 4
+        p.registry = _b(registry)
+        p.timeout_ms = int(timeout_ms)
+        token = _token(token)
+        if token:
+            p.token, p.field_mask = _b(token), p.field_mask | 2
+        if connect_timeout_ms is not None:
+            p.connect_timeout_ms = int(connect_timeout_ms)
+            p.field_mask |= 8
+        if registry_ttl_s is not None:
+            p.registry_ttl_s = int(registry_ttl_s)
+            p.field_mask |= 16
+        self._keep = p
+        self._fns = fns
+        self._lock = threading.Lock()
+        self.registry = registry
+        self.last_total = None
+        h = _P()
+        why = ctypes.create_string_buffer(256)
+        rc = fns["create"](ctypes.byref(p), ctypes.byref(h), why, 256)
+        if rc != 0:
+            raise _error(rc, why.value.decode())
+        self._h = h
+
+    def _handle(self):
+        if self._h is None:
+            raise EcxError(-1, "the client is closed")
+        return self._h
+
+    def lookup(self, ids):
+        """Looks ids up, one round trip per registry (ids missing from one
+        are asked of the next): a Found list with an Item for each id found
+        and None for each missing. When a registry could not be asked it
+        raises EcxError whose .found holds what the others answered."""
+        ids = [ids] if isinstance(ids, str) else list(ids)
+        if not ids:
+            return Found([], [])
+        arr, keep = _lookup_array(ids)
+        with self._lock:
+            rc = self._fns["lookup"](self._handle(), arr, len(ids))
+            err = _error(rc) if rc != 0 else None
+        found = _found(ids, arr)
+        if err is not None:
+            err.found = found
+            raise err
+        return found
+
+    def publish(self, item):
+        """Writes item's entry (id, dtype, shape, producer, epoch) to the
+        first registry."""
+        idb = _b(item.id)
+        a = _Item()
+        _fill(a, item, idb)
+        with self._lock:
+            rc = self._fns["publish"](self._handle(), ctypes.byref(a))
+            if rc != 0:
+                raise _error(rc)
+
+    def remove(self, id, producer=None):
+        """Deletes id's entry from the first registry; with producer, only
+        if the entry is that producer's. NotFound when nothing was
+        removed."""
+        with self._lock:
+            rc = self._fns["remove"](self._handle(), _b(id),
+                                     _b(producer) if producer else None)
+            if rc != 0:
+                raise _error(rc)
+
+    def list(self, after="", limit=500):
+        """Yields every Item of the first registry whose id sorts after
+        `after`, in id order, asking `limit` (1 to 1000) at a time.
+        .last_total is the registry's count of entries as of the last
+        page."""
+        limit = int(limit)
+        if not 1 <= limit <= 1000:
+            raise ValueError("limit is 1 to 1000")
+        cursor = after or ""
+        while True:
+            page, cursor = self._list_page(cursor, limit)
+            yield from page
+            if not cursor:
+                return
+
+    def _list_page(self, after, limit):
+        page = []
+        failure = []
+
+        def one(arg, item):
+            try:
+                x = item.contents
+                page.append(_item_of(x.id.decode(), x))
+                return 0
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                failure.append(e)
+                return 1
+
+        cb = _LIST_FN(one)
+        nxt = ctypes.create_string_buffer(256)
+        total = ctypes.c_uint64()
+        with self._lock:
+            rc = self._fns["list"](self._handle(), _b(after), limit, cb,
+                                   None, nxt, 256, ctypes.byref(total))
+            err = _error(rc) if rc != 0 and not failure else None
+        if failure:
+            raise failure[0]
+        if err is not None:
+            raise err
+        self.last_total = total.value
+        return page, nxt.value.decode()
+
+    def health(self):
+        """Asks the first registry whether it serves; returns its epoch
+        (it changes at each start of an HTTP registry; 0 for Redis)."""
+        epoch = ctypes.c_uint64()
+        with self._lock:
+            rc = self._fns["health"](self._handle(), ctypes.byref(epoch))
+            if rc != 0:
+                raise _error(rc)
+        return epoch.value
+
+    @property
+    def connections(self):
+        """Connections opened so far, over all registries."""
+        return self._fns["connections"](self._handle())
+
+    def close(self):
+        if getattr(self, "_h", None) is not None:
+            self._fns["destroy"](self._h)
+            self._h = None
 
     __del__ = close
 

@@ -61,3 +61,43 @@ def serve():
     yield start
     for s in started:
         s.stop()
+
+
+class Registry:
+    """A standalone `ecx registry` process on 127.0.0.1, a free port."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen(
+            [ecx_bin(), "registry", "--bind", "127.0.0.1", "--port", "0",
+             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError("ecx registry did not start: " + line +
+                               self.proc.stderr.read())
+        self.url = line.split()[-1]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def registry():
+    started = []
+
+    def start(*args):
+        r = Registry(*args)
+        started.append(r)
+        return r
+
+    yield start
+    for r in started:
+        r.stop()

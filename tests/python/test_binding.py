@@ -1,5 +1,6 @@
 """The Python binding: round trips of every dtype, errors, statistics."""
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -144,3 +145,82 @@ def test_arena_tensors_and_their_lifetime(pair):
     assert torch.equal(x2, torch.arange(1000, dtype=torch.int32))
     del x2
     assert c._h is None
+
+
+def test_token_comes_from_ECX_TOKEN(monkeypatch):
+    monkeypatch.setenv("ECX_TOKEN", "s3cret")
+    p = ecx.Producer(capacity_bytes=1 << 20, bind_host="127.0.0.1",
+                     registry_port=0)  # token from the environment
+    url = f"http://127.0.0.1:{p.registry_port}"
+    assert p.put("tok", torch.arange(5))
+    with ecx.Consumer(url) as c:  # the same token, from the environment
+        assert torch.equal(c.load(c.lookup(["tok"]))[0], torch.arange(5))
+    with ecx.Consumer(url, token="") as c:  # "" means none: refused
+        it = c.lookup(["tok"])[0]
+        err = c.load_into([(it, it.empty())])[0]
+        assert isinstance(err, ecx.EcxError) and err.name == "EAUTH"
+    monkeypatch.delenv("ECX_TOKEN")
+    with ecx.Consumer(url) as c:
+        it = c.lookup(["tok"])[0]
+        assert c.load_into([(it, it.empty())])[0].name == "EAUTH"
+    p.close()
+
+
+def test_loading_what_lookup_did_not_find_names_it(pair):
+    p, c = pair
+    p.put("here", torch.ones(2))
+    found = c.lookup(["here", "missing-one"])
+    assert found.missing() == ["missing-one"]
+    with pytest.raises(ecx.NotFound, match="missing-one"):
+        c.load(found)
+    with pytest.raises(ecx.NotFound, match="missing-one"):
+        c.load_start(found)
+    with pytest.raises(ecx.NotFound, match="position 0"):
+        c.load([None])
+
+
+def test_put_of_an_id_already_held_keeps_the_first_bytes(pair):
+    p, c = pair
+    assert p.put("same-id", torch.zeros(4)) is True
+    assert p.put("same-id", torch.ones(4)) is False  # kept as it was
+    assert torch.equal(c.load(c.lookup(["same-id"]))[0], torch.zeros(4))
+    p.remove("same-id")
+    assert p.put("same-id", torch.ones(4)) is True  # replaced
+    assert torch.equal(c.load(c.lookup(["same-id"]))[0], torch.ones(4))
+    with pytest.raises(ecx.EcxError) as e:  # another shape: refused
+        p.put("same-id", torch.ones(5))
+    assert e.value.name == "EINVAL"
+
+
+def test_load_start_runs_in_the_background(pair):
+    p, _ = pair
+    sent = {f"bg-{i}": random_tensor(torch.float16, (64, 512), 40 + i)
+            for i in range(6)}
+    for k, t in sent.items():
+        p.put(k, t)
+    c = ecx.Consumer(f"http://127.0.0.1:{p.registry_port}",
+                     recv_capacity=1 << 20)
+    found = c.lookup(list(sent) + ["bg-gone"])
+    p.put("bg-gone", torch.ones(3))
+    found[-1] = c.lookup(["bg-gone"])[0]
+    p.remove("bg-gone")  # vanishes between lookup and load
+    load = c.load_start(found)
+    assert isinstance(load, ecx.Load)
+    deadline = time.monotonic() + 5
+    while not load.test():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert load.done and not load.ok
+    errs = load.wait()  # returns at once now, the same answer
+    assert errs[:6] == [None] * 6 and isinstance(errs[6], ecx.NotFound)
+    for it, t in zip(load.items[:6], load.tensors[:6]):
+        assert torch.equal(t.view(torch.uint8), sent[it.id].view(torch.uint8))
+    # Pairs: into tensors of the caller's.
+    outs = [it.empty() for it in found[:6]]
+    load2 = c.load_start(list(zip(found[:6], outs)))
+    assert load2.wait() == [None] * 6 and load2.ok
+    assert all(torch.equal(o, sent[it.id]) for it, o in zip(found, outs))
+    # close waits for a load still in flight
+    load3 = c.load_start(found[:2])
+    c.close()
+    assert load3.done and load3.ok

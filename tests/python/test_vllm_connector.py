@@ -1,7 +1,9 @@
-"""ECXConnector driven as vLLM drives it: a producer connector in another
-process saves encoder outputs; a consumer's scheduler instance finds them,
-its metadata is pickled to worker instances (two tensor-parallel ranks),
-which load them. Uses vLLM when it is installed, the stand-in otherwise."""
+"""ECXConnector's synchronous flow (what an older vLLM gets, and
+async_load: false), driven as vLLM drives it: a producer connector in
+another process saves encoder outputs; a consumer's scheduler instance
+finds them, its metadata is pickled to worker instances (two
+tensor-parallel ranks), which load them. Uses vLLM when it is installed,
+the stand-in otherwise. test_vllm_steps.py drives today's flow."""
 import os
 import pickle
 import subprocess
@@ -11,6 +13,8 @@ import time
 
 import pytest
 import torch
+
+import ecx
 
 try:
     import vllm.distributed.ec_transfer.ec_connector.base  # noqa: F401
@@ -80,6 +84,7 @@ def producer():
 
 
 def consumer_config(url, **extra):
+    extra.setdefault("async_load", False)
     return VllmConfig(ec_transfer_config=ECTransferConfig(
         ec_connector="ECXConnector", ec_connector_module_path="ecx.vllm",
         ec_role="ec_consumer", ec_buffer_device="cpu",
@@ -182,8 +187,9 @@ def test_has_cache_item_is_cheap_and_persistent(producer):
         assert not sched.has_cache_item("f" * 64)
     per_call = (time.monotonic() - t0) / 400
     assert per_call < 0.01  # a bound, not a benchmark: see bench/
-    # One persistent lookup handle, reused.
-    assert sched._lookup.stats()["lookups"] == 401
+    # One persistent registry connection, reused.
+    assert sched._client.connections == 1
+    assert sched.stats()["lookups"] == 401
     sched.shutdown()
 
 
@@ -211,3 +217,55 @@ def test_reference_keys_are_understood(producer, caplog):
     assert c2.has_cache_item(list(ITEMS)[0])
     c.shutdown()
     c2.shutdown()
+
+
+def test_sizes_take_units_and_default_from_ec_buffer_size():
+    from ecx.vllm import _Config, parse_size
+    assert parse_size("8GiB", "k") == 8 << 30
+    assert parse_size("1.5 MiB", "k") == 3 << 19
+    assert parse_size("2GB", "k") == 2 * 10 ** 9
+    assert parse_size("64K", "k") == 64 << 10  # as the command line reads K
+    assert parse_size(1e9, "k") == 10 ** 9 and parse_size(7, "k") == 7
+    for bad in ("8 parsecs", "-1", "", "GiB", True, [1], -5):
+        with pytest.raises(ValueError) as e:
+            parse_size(bad, "capacity_bytes")
+        assert "capacity_bytes" in str(e.value)
+    c = _Config({"capacity_bytes": "8GiB"}, buffer_size=1e9)
+    assert c.capacity_bytes == 8 << 30 and c.recv_capacity_bytes == 10 ** 9
+    c = _Config({}, buffer_size=2e8)
+    assert c.capacity_bytes == c.recv_capacity_bytes == 2 * 10 ** 8
+    with pytest.raises(ValueError, match="recv_capacity_bytes"):
+        _Config({"recv_capacity_bytes": "lots"})
+
+
+def test_a_registry_url_needs_its_scheme():
+    for url in ("10.0.0.2:9018", ["http://a:1", "b:2"], "tcp://x:1"):
+        with pytest.raises(ValueError, match="remote_registry_url") as e:
+            ECXConnector(consumer_config(url), ECConnectorRole.SCHEDULER)
+        assert "http://HOST:PORT" in str(e.value)
+    with pytest.raises(ValueError, match="'registry'"):
+        ECXConnector(VllmConfig(ec_transfer_config=ECTransferConfig(
+            ec_connector="ECXConnector", ec_role="ec_producer",
+            ec_connector_extra_config={"registry": "localhost:9018"})),
+            ECConnectorRole.WORKER)
+
+
+def test_producer_arena_is_made_at_construction(monkeypatch):
+    monkeypatch.setenv("ECX_TOKEN", "from-env")
+    cfg = VllmConfig(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECXConnector", ec_role="ec_producer",
+        ec_buffer_device="cpu", ec_buffer_size=3 << 20,
+        ec_connector_extra_config={"registry_http_port": 0,
+                                   "bind_host": "127.0.0.1"}))
+    w = ECXConnector(cfg, ECConnectorRole.WORKER)
+    assert w._producer is not None  # before any save_caches
+    assert w._producer.stats()["capacity"] == 3 << 20  # ec_buffer_size
+    w.save_caches({"x": torch.ones(4)}, "x")
+    url = f"http://127.0.0.1:{w._producer.registry_port}"
+    # The token came from ECX_TOKEN: a pull without it is refused.
+    with ecx.Consumer(url, token="") as c:
+        it = c.lookup(["x"])[0]
+        assert c.load_into([(it, it.empty())])[0].name == "EAUTH"
+    with ecx.Consumer(url) as c:
+        assert torch.equal(c.load(c.lookup(["x"]))[0], torch.ones(4))
+    w.shutdown()

@@ -1,4 +1,7 @@
-"""Stand-in for vllm/distributed/ec_transfer/ec_connector/base.py."""
+"""Stand-in for today's vllm/distributed/ec_transfer/ec_connector/base.py:
+every method of upstream's ECConnectorBase with its name, signature and
+default (test_vllm_conformance.py lists them), the bodies reduced to the
+defaults."""
 import enum
 from abc import ABC, abstractmethod
 from typing import Any, Optional
@@ -9,9 +12,18 @@ class ECConnectorRole(enum.Enum):
     WORKER = 1
 
 
-class ECConnectorMetadata:  # noqa: B903 - an empty base, as in vLLM
-    """Each connector defines a dataclass of its own, pickled into the
-    scheduler's output and sent to the workers."""
+class ECConnectorMetadata(ABC):  # noqa: B024 - an empty base, as in vLLM
+    """Scheduler -> workers; each connector defines a dataclass of its own,
+    pickled into the scheduler's output."""
+
+
+class ECConnectorWorkerMetadata(ABC):
+    """Workers -> scheduler; each rank's, merged with aggregate()."""
+
+    @abstractmethod
+    def aggregate(self, other: "ECConnectorWorkerMetadata"
+                  ) -> "ECConnectorWorkerMetadata":
+        pass
 
 
 class ECConnectorBase(ABC):
@@ -39,6 +51,9 @@ class ECConnectorBase(ABC):
     def is_consumer(self) -> bool:
         return self._is_consumer
 
+    def shutdown(self) -> None:
+        return None
+
     # ---- worker side ----
 
     def bind_connector_metadata(self, connector_metadata) -> None:
@@ -51,7 +66,7 @@ class ECConnectorBase(ABC):
         assert self._connector_metadata is not None
         return self._connector_metadata
 
-    def register_caches(self, ec_caches) -> None:
+    def register_caches(self, ec_caches):
         return
 
     @abstractmethod
@@ -65,11 +80,33 @@ class ECConnectorBase(ABC):
     def get_finished(self, finished_req_ids):
         return None, None
 
+    def build_connector_worker_meta(self):
+        return None
+
+    def get_ec_connector_stats(self):
+        return None
+
     # ---- scheduler side ----
 
     @abstractmethod
     def has_cache_item(self, identifier: str) -> bool:
         pass
+
+    def ensure_cache_available(self, request, num_computed_tokens: int
+                               ) -> bool:
+        return True
+
+    def start_save_caches(self, **kwargs: Any) -> None:
+        return
+
+    def start_worker_services(self) -> None:
+        return
+
+    def take_unavailable_requests(self) -> set:
+        return set()
+
+    def update_state_after_free(self, request, index: int):
+        return
 
     @abstractmethod
     def update_state_after_alloc(self, request, index: int):
@@ -82,8 +119,18 @@ class ECConnectorBase(ABC):
     def update_connector_output(self, connector_output):
         return
 
-    def request_finished(self, request) -> tuple[bool, Optional[dict[str, Any]]]:
+    def request_finished(self, request
+                         ) -> tuple[bool, Optional[dict[str, Any]]]:
         return False, None
 
-    def shutdown(self):
-        return
+    def has_pending_push_work(self) -> bool:
+        return False
+
+    @classmethod
+    def build_ec_connector_stats(cls, data=None):
+        return None
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                           per_engine_labelvalues):
+        return None

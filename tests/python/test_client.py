@@ -1,0 +1,102 @@
+"""ecx.Client against a real `ecx registry` process and a real producer."""
+import time
+
+import pytest
+import torch
+
+import ecx
+
+
+def item(i, producer="tcp://127.0.0.1:1"):
+    return ecx.Item(f"id-{i:03d}", "bfloat16", (i + 1, 8), (i + 1) * 16,
+                    producer, epoch=7)
+
+
+def test_publish_lookup_list_remove(registry):
+    r = registry()
+    with ecx.Client(r.url) as c:
+        epoch = c.health()
+        assert isinstance(epoch, int) and epoch > 0
+        for i in range(5):
+            c.publish(item(i))
+        found = c.lookup(["id-001", "nope", "id-004"])
+        assert found.ids == ["id-001", "nope", "id-004"]
+        assert found[1] is None and found.missing() == ["nope"]
+        a = found[0]
+        assert (a.id, a.dtype, a.shape, a.nbytes, a.producer, a.epoch) == \
+            ("id-001", "bfloat16", (2, 8), 32, "tcp://127.0.0.1:1", 7)
+        # Every page, in id order.
+        ids = [x.id for x in c.list(limit=2)]
+        assert ids == [f"id-{i:03d}" for i in range(5)]
+        assert c.last_total == 5
+        assert [x.id for x in c.list(after="id-002")] == ["id-003", "id-004"]
+        with pytest.raises(ValueError):
+            next(c.list(limit=0))
+        # Remove: only the named producer's entry.
+        with pytest.raises(ecx.NotFound):
+            c.remove("id-001", producer="tcp://10.0.0.9:5")
+        c.remove("id-001", producer="tcp://127.0.0.1:1")
+        c.remove("id-002")
+        with pytest.raises(ecx.NotFound):
+            c.remove("id-002")
+        assert c.lookup(["id-001", "id-002"]) == [None, None]
+        # One persistent connection for all of it.
+        assert c.connections == 1
+    assert c._h is None
+    with pytest.raises(ecx.EcxError):
+        c.lookup(["id-000"])
+
+
+def test_bad_url_fails_at_construction():
+    with pytest.raises(ecx.EcxError) as e:
+        ecx.Client("10.0.0.1:9018")
+    assert e.value.name == "EINVAL"
+    with pytest.raises(ValueError):
+        ecx.Client("")
+
+
+def test_items_a_client_finds_load_in_a_consumer(registry):
+    r = registry()
+    p = ecx.Producer(capacity_bytes=4 << 20, bind_host="127.0.0.1",
+                     registry=r.url, registry_port=None)
+    t = torch.randn(33, 17).to(torch.bfloat16)
+    assert p.put("shared", t)
+    c = ecx.Client([r.url])
+    it = c.lookup(["shared"])[0]
+    assert it.producer == p.address
+    # Items pickle across processes; here straight into a consumer.
+    with ecx.Consumer(r.url) as cons:
+        got = cons.load([it])[0]
+    assert torch.equal(got.view(torch.uint8), t.view(torch.uint8))
+    p.close()  # unpublishes
+    assert c.lookup(["shared"]) == [None]
+    c.close()
+
+
+def test_registry_down_is_an_error_with_what_others_found(registry):
+    r1, r2 = registry(), registry()
+    c = ecx.Client(f"{r1.url},{r2.url}", timeout_ms=1000,
+                   connect_timeout_ms=500)
+    c.publish(item(1))  # to the first registry
+    r2.stop()
+    t0 = time.monotonic()
+    with pytest.raises(ecx.EcxError) as e:
+        c.lookup(["id-001", "id-009"])  # id-009 is asked of r2 too
+    assert time.monotonic() - t0 < 2.0
+    assert e.value.found[0].id == "id-001" and e.value.found[1] is None
+    r1.stop()
+    with pytest.raises(ecx.EcxError):
+        c.health()
+    c.close()
+
+
+def test_registry_entry_json_round_trips():
+    a = item(3, "tcp://10.1.2.3:4567")
+    text = a.to_json()
+    assert '"producer_zmq"' in text and '"bfloat16"' in text
+    b = ecx.Item.from_json(a.id, text)
+    assert (b.dtype, b.shape, b.nbytes, b.producer, b.epoch) == \
+        (a.dtype, a.shape, a.nbytes, a.producer, a.epoch)
+    with pytest.raises(ecx.EcxError) as e:
+        ecx.Item.from_json("x", "{not json")
+    assert e.value.name == "EPROTO"

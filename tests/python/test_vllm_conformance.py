@@ -1,0 +1,111 @@
+"""ECXConnector against today's upstream EC connector base class.
+
+UPSTREAM lists every method of ECConnectorBase in vLLM's
+vllm/distributed/ec_transfer/ec_connector/base.py at commit
+75162ed0be3505bbdaa9f24849afbb03dd7d2568 (../../shared/reference/vllm/
+README.md): its name, kind and parameters, as facts. The stand-in in
+vllm_stub must carry exactly these, and ECXConnector must implement every
+abstract one and override the others with the same parameters."""
+import inspect
+import os
+import sys
+
+try:
+    import vllm.distributed.ec_transfer.ec_connector.base  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "vllm_stub"))
+
+from vllm.distributed.ec_transfer.ec_connector import base  # noqa: E402
+
+from ecx.vllm import ECXConnector, ECXWorkerMetadata  # noqa: E402
+
+P, A, C, M = "property", "abstract", "classmethod", "method"
+UPSTREAM = {
+    "__init__": (M, "self, vllm_config, role"),
+    "role": (P, ""),
+    "is_producer": (P, ""),
+    "is_consumer": (P, ""),
+    "shutdown": (M, "self"),
+    # worker side
+    "bind_connector_metadata": (M, "self, connector_metadata"),
+    "clear_connector_metadata": (M, "self"),
+    "_get_connector_metadata": (M, "self"),
+    "register_caches": (M, "self, ec_caches"),
+    "start_load_caches": (A, "self, encoder_cache, **kwargs"),
+    "save_caches": (A, "self, encoder_cache, mm_hash, **kwargs"),
+    "get_finished": (M, "self, finished_req_ids"),
+    "build_connector_worker_meta": (M, "self"),
+    "get_ec_connector_stats": (M, "self"),
+    # scheduler side
+    "has_cache_item": (A, "self, identifier"),
+    "ensure_cache_available": (M, "self, request, num_computed_tokens"),
+    "start_save_caches": (M, "self, **kwargs"),
+    "start_worker_services": (M, "self"),
+    "take_unavailable_requests": (M, "self"),
+    "update_state_after_free": (M, "self, request, index"),
+    "update_state_after_alloc": (A, "self, request, index"),
+    "build_connector_meta": (A, "self, scheduler_output"),
+    "update_connector_output": (M, "self, connector_output"),
+    "request_finished": (M, "self, request"),
+    "has_pending_push_work": (M, "self"),
+    "build_ec_connector_stats": (C, "data=None"),
+    "build_prom_metrics": (C, "vllm_config, metric_types, labelnames, "
+                              "per_engine_labelvalues"),
+}
+# Methods ECXConnector must provide itself (their defaults do not do).
+MUST_OVERRIDE = {n for n, (k, _) in UPSTREAM.items() if k == A} | {
+    "ensure_cache_available", "take_unavailable_requests",
+    "build_connector_worker_meta", "update_connector_output",
+    "update_state_after_free", "request_finished", "shutdown",
+    "get_ec_connector_stats", "build_ec_connector_stats"}
+
+
+def params(f):
+    out = []
+    for p in inspect.signature(f).parameters.values():
+        s = ("**" if p.kind == p.VAR_KEYWORD else
+             "*" if p.kind == p.VAR_POSITIONAL else "") + p.name
+        if p.default is not p.empty:
+            s += f"={p.default!r}"
+        out.append(s)
+    return ", ".join(out)
+
+
+def kind(cls, name):
+    raw = inspect.getattr_static(cls, name)
+    if isinstance(raw, property):
+        return P
+    if isinstance(raw, classmethod):
+        return C
+    return A if getattr(raw, "__isabstractmethod__", False) else M
+
+
+def own_members(cls):
+    return {n for n, v in vars(cls).items()
+            if (callable(v) or isinstance(v, (property, classmethod)))
+            and (not n.startswith("__") or n == "__init__")}
+
+
+def test_the_stand_in_is_upstream_s_base():
+    assert own_members(base.ECConnectorBase) == set(UPSTREAM)
+    for name, (k, ps) in UPSTREAM.items():
+        assert kind(base.ECConnectorBase, name) == k, name
+        if k != P:
+            assert params(getattr(base.ECConnectorBase, name)) == ps, name
+    assert [m for m in vars(base.ECConnectorWorkerMetadata)
+            if not m.startswith("_")] == ["aggregate"]
+    assert [r.name for r in base.ECConnectorRole] == ["SCHEDULER", "WORKER"]
+
+
+def test_ecx_connector_conforms():
+    assert not inspect.isabstract(ECXConnector)
+    for name, (k, ps) in UPSTREAM.items():
+        assert hasattr(ECXConnector, name), name
+        got = kind(ECXConnector, name)
+        assert got == (M if k == A else k), (name, got)
+        if k != P:
+            assert params(getattr(ECXConnector, name)) == ps, name
+    missing = {n for n in MUST_OVERRIDE if n not in vars(ECXConnector)}
+    assert not missing
+    assert issubclass(ECXWorkerMetadata, base.ECConnectorWorkerMetadata)
+    assert params(ECXWorkerMetadata.aggregate) == "self, other"
