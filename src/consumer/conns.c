@@ -170,9 +170,9 @@ pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
 		return found;
 	}
 	ecx_zresp z;
-	uint64_t sent_ms = ecx_wall_ms();
+	uint64_t sent_ms = ecx_now_ms();
 	*err = hello(c, address, &z, why, whylen);
-	uint64_t got_ms = ecx_wall_ms();
+	uint64_t got_ms = ecx_now_ms();
 	if (*err != 0) {
 		pthread_mutex_unlock(&c->conn_lock);
 		return NULL;
@@ -191,8 +191,8 @@ pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
 	pc->id = z.conn;
 	pc->c = c;
 	pc->has_clock = z.now_ms != 0;
-	pc->clock_off_ms =
-	    (int64_t)z.now_ms - (int64_t)((sent_ms + got_ms) / 2);
+	pc->hello_now_ms = z.now_ms;
+	pc->hello_mono_ms = (sent_ms + got_ms) / 2;
 	*err = ecx_ucx_ep_create(c->ucx, z.worker, z.worker_len, pconn_on_error,
 	                         pc, &pc->ep, why, whylen);
 	ecx_zresp_free(&z);

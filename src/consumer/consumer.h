@@ -40,9 +40,11 @@ typedef struct pconn {
 	uint64_t stale_epoch; /* an entry's epoch known not to be this one's */
 	ucp_ep_h ep;
 	bool failed;
-	/* The producer's wall clock minus ours, measured by the hello; pulls
-	 * carry their expiry in the producer's clock. */
-	int64_t clock_off_ms;
+	/* The producer's wall clock in the hello's answer, and our monotonic
+	 * clock at the midpoint of that round trip: a pull's expiry is the
+	 * former plus the monotonic time from then to the load's deadline, so
+	 * no wall-clock step after the hello moves it. */
+	uint64_t hello_now_ms, hello_mono_ms;
 	bool has_clock; /* false for a producer that sent no clock */
 	struct ecx_consumer *c;
 } pconn;

@@ -161,13 +161,11 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	if (p->pc->has_clock) {
 		/* The pull expires with this load, in the producer's clock;
 		 * a producer that gets to it later writes nothing. */
-		uint64_t now = ecx_now_ns();
-		uint64_t left_ms = l->deadline_ns > now
-		                       ? (l->deadline_ns - now) / 1000000u
-		                       : 0;
-		int64_t e = (int64_t)ecx_wall_ms() + p->pc->clock_off_ms +
-		            (int64_t)left_ms;
-		r.expires_ms = e > 0 ? (uint64_t)e : 1;
+		uint64_t dl_ms = l->deadline_ns / 1000000u;
+		uint64_t e = p->pc->hello_now_ms;
+		if (dl_ms > p->pc->hello_mono_ms)
+			e += dl_ms - p->pc->hello_mono_ms;
+		r.expires_ms = e;
 	}
 	r.regions = regs;
 	r.nregions = p->nregs;
@@ -287,7 +285,10 @@ static bool load_done(ecx_load *l)
 int ecx_load_test(ecx_load *l)
 {
 	ucp_worker_progress(ecx_ucx_worker(l->c->ucx));
-	return load_done(l) || ecx_now_ns() >= l->deadline_ns ? 0 : ECX_EBUSY;
+	return load_done(l) ||
+	               ecx_now_ns() >= l->deadline_ns + ECX_LOAD_GRACE_NS
+	           ? 0
+	           : ECX_EBUSY;
 }
 
 int ecx_load_wait(ecx_load *l)

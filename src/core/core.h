@@ -4,7 +4,8 @@
  * of the public API.
  *
  * May include: the public header and libc only. Never: another layer, or
- * any I/O beyond the log and reading this host's addresses.
+ * any I/O beyond the log, this host's addresses and
+ * /dev/urandom.
  */
 #ifndef ECX_CORE_H
 #define ECX_CORE_H

@@ -31,6 +31,8 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	c->addr_len = r->worker_len;
 	c->p = p;
 	c->born_ns = ecx_now_ns();
+	c->hello_wall_ms = ecx_wall_ms();
+	c->hello_mono_ms = c->born_ns / 1000000u;
 	pthread_mutex_lock(&p->lock);
 	if (p->nconns >= MAX_CONNS) {
 		pthread_mutex_unlock(&p->lock);
@@ -40,6 +42,7 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 		                              "too many consumer connections");
 	}
 	uint64_t id = c->id = ++p->next_conn;
+	uint64_t hello_wall = c->hello_wall_ms;
 	c->next = p->conns;
 	p->conns = c;
 	p->nconns++;
@@ -49,7 +52,7 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	size_t alen;
 	ecx_ucx_address(p->ucx, &waddr, &alen);
 	ecx_debug(MOD, "consumer connection %llu", (unsigned long long)id);
-	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id, ecx_wall_ms());
+	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id, hello_wall);
 }
 
 /* The reference's {"op":"pull",...}: answered in its reply shape. ecx

@@ -1,6 +1,6 @@
 /*
  * producer.h - the producer role's internal header: its state and what its
- * files share. The role is one object (ecx_producer) in four files:
+ * files share. The role is one object (ecx_producer) in five files:
  *   producer.c  lifecycle (create, destroy), stats
  *   items.c     the item table, LRU list, pins, put and remove, eviction
  *   publish.c   publishing to the embedded or a remote registry
@@ -60,9 +60,13 @@ typedef struct conn {
 	void *addr;  /* the consumer's worker address, from its hello */
 	size_t addr_len;
 	uint64_t born_ns; /* hellos that never pull are reaped */
-	bool failed;      /* the endpoint reported an error: close it */
-	bool closed;      /* its endpoint is closed; freed when jobs is 0 */
-	unsigned jobs;    /* active jobs on it */
+	/* The wall clock sent in the hello's answer, and the monotonic clock
+	 * then: a pull's expiry (in that wall clock) is turned into monotonic
+	 * time, so a later step of either wall clock changes nothing. */
+	uint64_t hello_wall_ms, hello_mono_ms;
+	bool failed;   /* the endpoint reported an error: close it */
+	bool closed;   /* its endpoint is closed; freed when jobs is 0 */
+	unsigned jobs; /* active jobs on it */
 	rkey_ent rk[RKEY_CACHE];
 	struct conn *next;
 	struct ecx_producer *p;

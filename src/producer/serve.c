@@ -232,6 +232,20 @@ static void rkeys_drop(conn *c)
 /* Starts job j: checks, pins, unpacks keys, posts the writes and a flush.
  * Called from the progress thread without the lock. Returns false when the
  * job was answered and released at once. */
+/* Whether job j's pull is past its expiry, judged on the monotonic clock:
+ * the expiry is in the wall clock this producer sent in the hello, turned
+ * into monotonic time by the pair recorded then. */
+static bool pull_expired(const job *j)
+{
+	const conn *c = j->c;
+	if (j->pr.expires_ms == 0)
+		return false;
+	if (j->pr.expires_ms <= c->hello_wall_ms)
+		return true;
+	return ecx_now_ms() >=
+	       c->hello_mono_ms + (j->pr.expires_ms - c->hello_wall_ms);
+}
+
 static bool job_start(ecx_producer *p, job *j)
 {
 	char why[200];
@@ -265,8 +279,7 @@ static bool job_start(ecx_producer *p, job *j)
 	}
 	/* A load is final: the consumer has given up on a pull past its
 	 * expiry, so not one byte of it is written. */
-	if (rc == 0 && j->pr.expires_ms != 0 &&
-	    ecx_wall_ms() >= j->pr.expires_ms) {
+	if (rc == 0 && j->pr.expires_ms != 0 && pull_expired(j)) {
 		rc = ECX_ETIMEDOUT;
 		snprintf(why, sizeof(why),
 		         "the pull expired before it started");
@@ -339,8 +352,7 @@ static bool job_start(ecx_producer *p, job *j)
 		}
 		/* Checked before each item: a producer stopped (or slow)
 		 * in the middle of a pull writes nothing after it expired. */
-		if (j->pr.expires_ms != 0 &&
-		    ecx_wall_ms() >= j->pr.expires_ms) {
+		if (j->pr.expires_ms != 0 && pull_expired(j)) {
 			j->status[i] = ECX_ETIMEDOUT;
 			continue;
 		}
