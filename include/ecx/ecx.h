@@ -413,7 +413,8 @@ ECX_API const char *ecx_consumer_last_error(void);
  * returns within the timeout). Accepts NULL. */
 ECX_API void ecx_consumer_destroy(ecx_consumer *c);
 
-/* ---- Registry client ------------------------------------------------------ */
+/* ---- Registry client ------------------------------------------------------
+ */
 
 /* Largest address (producer_zmq, registry URL) ecx keeps, with its NUL. */
 #define ECX_ADDR_MAX 256
@@ -448,8 +449,8 @@ typedef struct ecx_client_params {
 /* ecx_client_create checks the URLs and makes a client; nothing is
  * connected until the first request. ECX_EINVAL for a URL that is neither
  * http:// nor redis://, with the reason in why. Never blocks. */
-ECX_API int ecx_client_create(const ecx_client_params *params,
-                              ecx_client **out, char *why, size_t whylen);
+ECX_API int ecx_client_create(const ecx_client_params *params, ecx_client **out,
+                              char *why, size_t whylen);
 
 /* ecx_client_destroy closes the connections. Accepts NULL. */
 ECX_API void ecx_client_destroy(ecx_client *c);

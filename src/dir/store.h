@@ -1,7 +1,7 @@
 /*
  * store.h - where a registry keeps its entries, behind a small ops table:
- * memory (store_mem.c) and Redis (store_redis.c). All operations are safe to call
- * from many threads at once; none blocks longer than the store's own
+ * memory (store_mem.c) and Redis (store_redis.c). All operations are safe to
+ * call from many threads at once; none blocks longer than the store's own
  * timeout (memory: never). Part of dir/ (see dir.h for its rules).
  */
 #ifndef ECX_REGISTRY_STORE_H
