@@ -292,6 +292,8 @@ static void idvec_free(idvec *v)
 /* Sorts the ids and drops repeats: SCAN may return a key more than once. */
 static void idvec_sort_unique(idvec *ids)
 {
+	if (ids->n < 2)
+		return; /* qsort's pointer must not be NULL, even for 0 items */
 	qsort(ids->v, ids->n, sizeof(*ids->v), str_cmp);
 	size_t m = 0;
 	for (size_t i = 0; i < ids->n; i++) {
