@@ -149,7 +149,7 @@ static void roundtrip(const char *transport)
 	for (size_t i = 0; i < n; i++)
 		producer_put(&p, items[i].id, items[i].dtype, items[i].shape,
 		             "ok");
-	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, tu_ms(5000), NULL);
 	ecx_item it[8];
 	memset(it, 0, sizeof(it));
 	for (size_t i = 0; i < n; i++)
