@@ -67,7 +67,8 @@ ECX_API int ecx_version_number(void);
 	XX(EDTYPE, -15, "unknown dtype")              \
 	XX(EID, -16, "invalid id")                    \
 	XX(EUNSUPPORTED, -17, "not supported")        \
-	XX(EINTERNAL, -18, "internal error")
+	XX(EINTERNAL, -18, "internal error")          \
+	XX(ECORRUPT, -19, "bytes differ from the producer's hash")
 
 typedef enum ecx_err {
 #define ECX_ERR_ENUM(name, code, msg) ECX_##name = code,
@@ -227,6 +228,7 @@ enum {
 	ECX_PRODUCER_PARAM_TRANSPORT = 1u << 7,
 	ECX_PRODUCER_PARAM_TIMEOUT = 1u << 8,
 	ECX_PRODUCER_PARAM_REGISTRY_TTL = 1u << 9,
+	ECX_PRODUCER_PARAM_INTEGRITY = 1u << 10,
 };
 
 #define ECX_CAPACITY_DEFAULT ((uint64_t)1 << 30)
@@ -254,6 +256,9 @@ typedef struct ecx_producer_params {
 	                               renewing them (it renews every third of
 	                               it), so a producer that dies leaves
 	                               nothing behind; default 30, 0: never */
+	int integrity;              /* hash each item at put (xxh64) and send
+	                               the hash with every pull's answer, for
+	                               consumers that check; default false */
 } ecx_producer_params;
 
 /* ecx_producer_create maps and populates the arena (capacity bytes touched
@@ -325,6 +330,7 @@ enum {
 	ECX_CONSUMER_PARAM_TRANSPORT = 1u << 4,
 	ECX_CONSUMER_PARAM_BIND_HOST = 1u << 5,
 	ECX_CONSUMER_PARAM_REGCACHE_MAX = 1u << 6,
+	ECX_CONSUMER_PARAM_INTEGRITY = 1u << 7,
 };
 
 typedef struct ecx_consumer_params {
@@ -338,6 +344,11 @@ typedef struct ecx_consumer_params {
 	                           interface; default none */
 	unsigned regcache_max;  /* caller-memory registrations kept, default
 	                           64 */
+	int integrity;          /* check each loaded item against the xxh64
+	                           its producer computed at put: a mismatch
+	                           fails the item with ECX_ECORRUPT, and a
+	                           producer that sends no hash fails it with
+	                           ECX_EUNSUPPORTED; default false */
 } ecx_consumer_params;
 
 ECX_API int ecx_consumer_create(const ecx_consumer_params *params,

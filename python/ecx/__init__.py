@@ -19,8 +19,8 @@ import weakref
 
 __version__ = "0.1.0"
 __all__ = ["Producer", "Consumer", "Client", "Item", "Load", "Found",
-           "EcxError", "NotFound", "Timeout", "load_library", "DTYPES",
-           "__version__"]
+           "EcxError", "NotFound", "Timeout", "Corrupt", "load_library",
+           "DTYPES", "__version__"]
 
 # ---- the library ---------------------------------------------------------
 
@@ -100,7 +100,9 @@ class _ProducerParams(ctypes.Structure):
                 ("registry_port", ctypes.c_int),
                 ("registry", ctypes.c_char_p), ("token", ctypes.c_char_p),
                 ("transport", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int)]
+                ("timeout_ms", ctypes.c_int),
+                ("registry_ttl_s", ctypes.c_int),
+                ("integrity", ctypes.c_int)]
 
 
 class _ConsumerParams(ctypes.Structure):
@@ -110,7 +112,8 @@ class _ConsumerParams(ctypes.Structure):
                 ("recv_capacity", ctypes.c_uint64),
                 ("transport", ctypes.c_char_p),
                 ("bind_host", ctypes.c_char_p),
-                ("regcache_max", ctypes.c_uint)]
+                ("regcache_max", ctypes.c_uint),
+                ("integrity", ctypes.c_int)]
 
 
 _PRODUCER_STATS = ["items", "bytes_used", "capacity", "pinned", "evictions",
@@ -241,7 +244,12 @@ class Timeout(EcxError):
     """ETIMEDOUT: a peer did not answer within the timeout."""
 
 
-_ERRORS = {-5: NotFound, -7: Timeout}
+class Corrupt(EcxError):
+    """ECORRUPT: with integrity on, the loaded bytes differ from the
+    producer's hash of them."""
+
+
+_ERRORS = {-5: NotFound, -7: Timeout, -19: Corrupt}
 
 
 def _error(code, detail=None):
@@ -428,7 +436,8 @@ class Producer:
 
     registry_port: embedded registry port (default 9018; 0 picks one; None
     for none, with `registry` given). registry: a remote registry URL to
-    publish to instead. token: None reads ECX_TOKEN.
+    publish to instead. token: None reads ECX_TOKEN. integrity: hash
+    each item at put (xxh64) for consumers that check it.
 
     The arena (capacity_bytes) is mapped and touched here, so construction
     takes as long as populating it (seconds for GiBs); puts never do.
@@ -436,7 +445,8 @@ class Producer:
 
     def __init__(self, capacity_bytes=None, bind_host=None,
                  advertise_host=None, zmq_port=None, registry_port=9018,
-                 registry=None, token=None, transport=None, timeout_ms=None):
+                 registry=None, token=None, transport=None, timeout_ms=None,
+                 integrity=False):
         p = _ProducerParams()
         m = 0
         if capacity_bytes is not None:
@@ -458,6 +468,8 @@ class Producer:
             p.transport, m = _b(transport), m | 128
         if timeout_ms is not None:
             p.timeout_ms, m = int(timeout_ms), m | 256
+        if integrity:
+            p.integrity, m = 1, m | 1024
         p.field_mask = m
         self._keep = p
         self._h = None
@@ -546,10 +558,13 @@ class Consumer:
     registry: one URL or several (a list, or comma-separated). token: None
     reads ECX_TOKEN. recv_capacity: the receive arena (arena_tensor, and
     load/load_start when given Items); 0 (the default here) for none.
+    integrity: check every loaded item against its producer's hash (a
+    mismatch is Corrupt; a producer without integrity fails the item).
     """
 
     def __init__(self, registry, token=None, timeout_ms=5000,
-                 recv_capacity=0, transport=None, bind_host=None):
+                 recv_capacity=0, transport=None, bind_host=None,
+                 integrity=False):
         if not registry:
             raise ValueError("a consumer needs a registry URL")
         if not isinstance(registry, str):
@@ -566,6 +581,8 @@ class Consumer:
             p.transport, p.field_mask = _b(transport), p.field_mask | 16
         if bind_host is not None:
             p.bind_host, p.field_mask = _b(bind_host), p.field_mask | 32
+        if integrity:
+            p.integrity, p.field_mask = 1, p.field_mask | 128
         self._keep = p
         self._arena = recv_capacity > 0
         self._live = 0          # arena tensors alive

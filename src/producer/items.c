@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #define MOD "producer"
 
@@ -221,9 +222,13 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 
 	if (desc->nbytes > 0)
 		memcpy((char *)p->base + off, src, desc->nbytes);
+	/* Hashed from the arena, after the copy: what pulls will send. */
+	uint64_t xxh =
+	    p->integrity ? XXH64((char *)p->base + off, desc->nbytes, 0) : 0;
 	rc = prod_publish(p, id, desc, why, sizeof(why));
 	pthread_mutex_lock(&p->lock);
 	if (rc == 0) {
+		it->xxh = xxh;
 		it->ready = true;
 	} else {
 		prod_item_unlink(p, it);

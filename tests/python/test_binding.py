@@ -224,3 +224,23 @@ def test_load_start_runs_in_the_background(pair):
     load3 = c.load_start(found[:2])
     c.close()
     assert load3.done and load3.ok
+
+
+def test_integrity_checks_against_the_producers_hash(pair):
+    plain, _ = pair
+    sent = random_tensor(torch.bfloat16, (256, 3584), 77)
+    with ecx.Producer(capacity_bytes=16 << 20, bind_host="127.0.0.1",
+                      registry_port=0, integrity=True) as p:
+        p.put("int-a", sent)
+        url = f"http://127.0.0.1:{p.registry_port}"
+        with ecx.Consumer(url, integrity=True) as c:
+            (got,) = c.load(c.lookup(["int-a"]))
+            assert torch.equal(got, sent)
+    # A checking consumer refuses bytes that come with no hash.
+    plain.put("int-plain", torch.ones(16))
+    with ecx.Consumer(f"http://127.0.0.1:{plain.registry_port}",
+                      integrity=True) as c:
+        items = c.lookup(["int-plain"])
+        errs = c.load_into([(it, it.empty()) for it in items])
+        assert isinstance(errs[0], ecx.EcxError)
+        assert errs[0].name == "EUNSUPPORTED"
