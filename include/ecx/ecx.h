@@ -282,6 +282,28 @@ ECX_API int ecx_producer_create(const ecx_producer_params *params,
 ECX_API int ecx_producer_put(ecx_producer *p, const char *id,
                              const ecx_tensor_desc *desc, const void *src);
 
+/* ecx_producer_reserve is put in two steps, for callers that write the
+ * bytes themselves (a GPU copy straight into the arena, no staging copy):
+ * it takes room for id as put does and sets *dst to it; the caller writes
+ * desc->nbytes bytes there, then calls ecx_producer_commit, which publishes
+ * id (and hashes it, with integrity on), or ecx_producer_cancel, which
+ * gives the room back. Until then id is invisible to lookups and pulls,
+ * cannot be evicted, and a put or reserve of it fails with ECX_EBUSY: a
+ * reservation never committed nor cancelled keeps its room for good. When
+ * id is already held with the same descriptor, reserve returns 0 with *dst
+ * NULL: nothing to write, nothing to commit (as put keeps the first bytes).
+ * Errors as put. commit and cancel belong to the caller that reserved:
+ * ECX_ENOTFOUND when id is not reserved; a commit whose publish fails
+ * frees the room, as a failed put does. */
+ECX_API int ecx_producer_reserve(ecx_producer *p, const char *id,
+                                 const ecx_tensor_desc *desc, void **dst);
+ECX_API int ecx_producer_commit(ecx_producer *p, const char *id);
+ECX_API int ecx_producer_cancel(ecx_producer *p, const char *id);
+
+/* The arena's address and size (*capacity), e.g. to page-lock it for
+ * device copies (cudaHostRegister). Valid until ecx_producer_destroy. */
+ECX_API void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity);
+
 /* ecx_producer_remove unpublishes id and frees its space once no pull reads
  * it. ECX_ENOTFOUND if not held. */
 ECX_API int ecx_producer_remove(ecx_producer *p, const char *id);
@@ -404,6 +426,11 @@ ECX_API int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n);
  * has no room (ecx_last_error says so). ecx_consumer_free gives it back. */
 ECX_API void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes);
 ECX_API void ecx_consumer_free(ecx_consumer *c, void *ptr);
+
+/* The receive arena's address and size (*capacity), e.g. to page-lock it
+ * for device copies (cudaHostRegister); NULL and 0 without one. Valid
+ * until ecx_consumer_destroy. */
+ECX_API void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity);
 
 typedef struct ecx_consumer_stats {
 	uint64_t lookups;       /* ids looked up */

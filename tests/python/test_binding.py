@@ -244,3 +244,31 @@ def test_integrity_checks_against_the_producers_hash(pair):
         errs = c.load_into([(it, it.empty()) for it in items])
         assert isinstance(errs[0], ecx.EcxError)
         assert errs[0].name == "EUNSUPPORTED"
+
+
+def test_reserve_fill_commit(pair):
+    p, c = pair
+    want = random_tensor(torch.float16, (64, 128), 91)
+    dst = p.reserve("rsv-a", "float16", (64, 128))
+    assert dst is not None and dst.dtype == torch.float16
+    base, size = p.arena()
+    assert base <= dst.data_ptr() < base + size  # in the arena itself
+    assert c.lookup(["rsv-a"]) == [None]  # invisible until committed
+    dst.copy_(want)
+    p.commit("rsv-a")
+    (got,) = c.load(c.lookup(["rsv-a"]))
+    assert torch.equal(got, want)
+    # Held already: nothing to fill, and put says it kept the first.
+    assert p.reserve("rsv-a", "float16", (64, 128)) is None
+    assert p.put("rsv-a", torch.zeros(64, 128, dtype=torch.float16)) is False
+    # A cancelled reservation leaves nothing behind.
+    assert p.reserve("rsv-b", "int32", (10,)) is not None
+    p.cancel("rsv-b")
+    with pytest.raises(ecx.NotFound):
+        p.commit("rsv-b")
+    assert c.lookup(["rsv-b"]) == [None]
+    # put of a non-contiguous tensor goes through the same copy.
+    t = random_tensor(torch.float32, (32, 16), 92).t()
+    assert p.put("rsv-t", t) is True
+    (got,) = c.load(c.lookup(["rsv-t"]))
+    assert torch.equal(got, t)
