@@ -115,12 +115,17 @@ int cmd_get(int argc, char **argv)
 	}
 	rc = ecx_consumer_load(cons, &it, 1);
 	uint64_t took = tool_now_ns() - t0;
+	/* "1 of 1 items failed; first: WHY": the why is what to print. */
+	const char *detail = strstr(ecx_last_error(), "first: ");
+	char msg[512];
+	snprintf(msg, sizeof(msg), "%s",
+	         detail != NULL ? detail + 7 : ecx_strerror(it.status));
 	ecx_consumer_destroy(cons);
 	if (rc != 0) {
 		free(it.dst);
 		return tool_fail(
 		    "get", rc == ECX_ENOTFOUND ? EXIT_NOTFOUND : EXIT_FAIL,
-		    "%s from %s: %s", id, it.producer, ecx_strerror(it.status));
+		    "%s from %s: %s", id, it.producer, msg);
 	}
 	if (verify && !gen_check(id, it.dst, it.desc.nbytes)) {
 		free(it.dst);

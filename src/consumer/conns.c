@@ -128,7 +128,7 @@ static int hello(ecx_consumer *c, const char *address, ecx_zresp *out,
 
 void cons_pconn_close(ecx_consumer *c, pconn *pc)
 {
-	ecx_ucx_ep_close(c->ucx, pc->ep, 100);
+	ecx_ucx_ep_close(c->ucx, pc->ep, pc->transport, 100);
 	free(pc);
 }
 
@@ -199,8 +199,12 @@ pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
 	pc->has_clock = z.now_ms != 0;
 	pc->hello_now_ms = z.now_ms;
 	pc->hello_mono_ms = (sent_ms + got_ms) / 2;
-	*err = ecx_ucx_ep_create(c->ucx, z.worker, z.worker_len, pconn_on_error,
-	                         pc, &pc->ep, why, whylen);
+	/* A producer from before transports were agreed: what it does. */
+	pc->transport = z.transport != 0                           ? z.transport
+	                : ecx_ucx_transports(c->ucx) == ECX_TR_TCP ? ECX_TR_TCP
+	                                                           : ECX_TR_SHM;
+	*err = ecx_ucx_ep_create(c->ucx, z.worker, z.worker_len, pc->transport,
+	                         pconn_on_error, pc, &pc->ep, why, whylen);
 	ecx_zresp_free(&z);
 	if (*err != 0) {
 		free(pc);

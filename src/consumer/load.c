@@ -265,13 +265,17 @@ int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 		pull *p = l->pulls[k];
 		ecx_item *first = &items[p->idx[0]];
 		int err = 0;
-		char why[256];
+		char why[400];
 		p->pc = cons_pconn_get(c, first->producer, first->epoch, &err,
 		                       why, sizeof(why));
 		pthread_mutex_lock(&c->lock);
 		p->req = ++c->next_req;
 		if (p->pc == NULL) {
 			ecx_warn(MOD, "%s", why);
+			if (l->why_err == 0) {
+				snprintf(l->why, sizeof(l->why), "%s", why);
+				l->why_err = err;
+			}
 			cons_pull_fail(p, err);
 		}
 		pthread_mutex_unlock(&c->lock);
@@ -396,15 +400,18 @@ int ecx_load_wait(ecx_load *l)
 	c->st.failed += bad;
 	c->st.bytes += bytes;
 	pthread_mutex_unlock(&c->lock);
+	char why[sizeof(l->why)];
+	snprintf(why, sizeof(why), "%s",
+	         l->why_err == first ? l->why : ecx_strerror(first));
 	free(l->pulls);
 	free(l->xxh);
 	free(l->has_xxh);
 	free(l);
 	if (first != 0)
-		return ecx_set_error(
-		    first, "%llu of %llu items failed; first: %s",
-		    (unsigned long long)bad, (unsigned long long)(ok + bad),
-		    ecx_strerror(first));
+		return ecx_set_error(first,
+		                     "%llu of %llu items failed; first: %s",
+		                     (unsigned long long)bad,
+		                     (unsigned long long)(ok + bad), why);
 	return 0;
 }
 

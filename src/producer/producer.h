@@ -65,9 +65,10 @@ typedef struct conn {
 	 * then: a pull's expiry (in that wall clock) is turned into monotonic
 	 * time, so a later step of either wall clock changes nothing. */
 	uint64_t hello_wall_ms, hello_mono_ms;
-	bool failed;   /* the endpoint reported an error: close it */
-	bool closed;   /* its endpoint is closed; freed when jobs is 0 */
-	unsigned jobs; /* active jobs on it */
+	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, agreed in the hello */
+	bool failed;        /* the endpoint reported an error: close it */
+	bool closed;        /* its endpoint is closed; freed when jobs is 0 */
+	unsigned jobs;      /* active jobs on it */
 	rkey_ent rk[RKEY_CACHE];
 	struct conn *next;
 	struct ecx_producer *p;
@@ -103,7 +104,8 @@ struct ecx_producer {
 	size_t nbuckets, nitems;
 	item *lru_head, *lru_tail;
 	/* identity */
-	char address[ECX_ADDR_MAX]; /* producer_zmq */
+	char address[ECX_ADDR_MAX];  /* producer_zmq */
+	char domain[ECX_DOMAIN_MAX]; /* who can share memory with it */
 	uint64_t epoch;
 	char *token;
 	size_t token_len;

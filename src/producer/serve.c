@@ -260,8 +260,8 @@ static bool job_start(ecx_producer *p, job *j)
 	if (j->c != NULL && j->c->ep == NULL && !j->c->failed) {
 		char ewhy[200];
 		if (ecx_ucx_ep_create(p->ucx, j->c->addr, j->c->addr_len,
-		                      conn_on_error, j->c, &j->c->ep, ewhy,
-		                      sizeof(ewhy)) != 0) {
+		                      j->c->transport, conn_on_error, j->c,
+		                      &j->c->ep, ewhy, sizeof(ewhy)) != 0) {
 			ecx_warn(MOD, "connection %llu: %s",
 			         (unsigned long long)j->c->id, ewhy);
 			j->c->failed = true;
@@ -457,7 +457,8 @@ static void conns_reap(ecx_producer *p)
 			 * holding them finish with the flush's error. */
 			if (close_it->jobs == 0)
 				rkeys_drop(close_it);
-			ecx_ucx_ep_close(p->ucx, close_it->ep, 100);
+			ecx_ucx_ep_close(p->ucx, close_it->ep,
+			                 close_it->transport, 100);
 			close_it->ep = NULL;
 			continue;
 		}
@@ -551,7 +552,7 @@ void prod_serve_shutdown(ecx_producer *p)
 		conn *c = p->conns;
 		p->conns = c->next;
 		rkeys_drop(c);
-		ecx_ucx_ep_close(p->ucx, c->ep, 100);
+		ecx_ucx_ep_close(p->ucx, c->ep, c->transport, 100);
 		free(c->addr);
 		free(c);
 	}

@@ -12,6 +12,8 @@
 
 struct ecx_rdv_client {
 	void *zctx;
+	unsigned transports;
+	char domain[ECX_DOMAIN_MAX];
 };
 
 int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen)
@@ -27,6 +29,13 @@ int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen)
 	zmq_ctx_set(c->zctx, ZMQ_IO_THREADS, 1);
 	*out = c;
 	return 0;
+}
+
+void ecx_rdv_client_offer(ecx_rdv_client *c, unsigned transports,
+                          const char *domain)
+{
+	c->transports = transports;
+	ecx_strlcpy(c->domain, domain, sizeof(c->domain));
 }
 
 void ecx_rdv_client_destroy(ecx_rdv_client *c)
@@ -51,7 +60,8 @@ int ecx_rdv_hello(ecx_rdv_client *c, const char *address, const void *worker,
 	zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
 	int64_t maxmsg = ECX_ZMQ_MAX_MSG;
 	zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-	char *msg = ecx_zreq_encode_hello(worker, worker_len, token);
+	char *msg = ecx_zreq_encode_hello(worker, worker_len, token,
+	                                  c->transports, c->domain);
 	int rc = 0;
 	if (msg == NULL) {
 		rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");

@@ -161,7 +161,13 @@ typedef enum ecx_zop {
 	ECX_ZOP_PULL = 2,  /* the reference's single-item pull */
 } ecx_zop;
 
-/* {"op":"hello","worker":"<base64>","token":"..."} or the reference's
+/* Transports a side allows, and the one a hello's answer agrees on. */
+#define ECX_TR_SHM 1u /* shared memory: same host, user and namespaces */
+#define ECX_TR_TCP 2u
+#define ECX_DOMAIN_MAX 160
+
+/* {"op":"hello","worker":"<base64>","token":"...","transports":["shm",
+ * "tcp"],"domain":"..."} or the reference's
  * {"op":"pull","mm_hash","dst_session","dst_ptr","nbytes"}. */
 typedef struct ecx_zreq {
 	ecx_zop op;
@@ -169,6 +175,8 @@ typedef struct ecx_zreq {
 	/* hello */
 	size_t worker_len;
 	unsigned char *worker; /* malloc'd; free with ecx_zreq_free */
+	unsigned transports;   /* ECX_TR_* the consumer allows; 0: not sent */
+	char domain[ECX_DOMAIN_MAX]; /* where shared memory works for it */
 	/* pull */
 	char mm_hash[ECX_ID_MAX + 1];
 	char dst_session[ECX_ADDR_MAX];
@@ -177,7 +185,8 @@ typedef struct ecx_zreq {
 } ecx_zreq;
 
 char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
-                            const char *token);
+                            const char *token, unsigned transports,
+                            const char *domain);
 char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
                            uint64_t dst_ptr, uint64_t nbytes);
 /* An unknown op gives ECX_EUNSUPPORTED with why "unknown op". */
@@ -190,18 +199,21 @@ void ecx_zreq_free(ecx_zreq *r);
 typedef struct ecx_zresp {
 	bool ok;
 	int err;
-	char detail[160];
+	char detail[320];
 	size_t worker_len; /* hello reply */
 	unsigned char *worker;
 	uint64_t epoch;  /* the producer's epoch */
 	uint64_t conn;   /* the consumer's connection number at the producer */
 	uint64_t now_ms; /* the producer's wall clock when it answered; 0 when
 	                    absent (then pulls carry no expiry) */
+	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, the producer's choice
+	                       for this connection; 0 when absent */
 } ecx_zresp;
 
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
-                             uint64_t epoch, uint64_t conn, uint64_t now_ms);
+                             uint64_t epoch, uint64_t conn, uint64_t now_ms,
+                             unsigned transport);
 int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
                      size_t whylen);
 void ecx_zresp_free(ecx_zresp *r);

@@ -424,7 +424,8 @@ static void test_zmsg(void **state)
 	unsigned char w[100];
 	for (int i = 0; i < 100; i++)
 		w[i] = (unsigned char)(i * 7);
-	char *s = ecx_zreq_encode_hello(w, sizeof(w), "tok");
+	char *s = ecx_zreq_encode_hello(w, sizeof(w), "tok",
+	                                ECX_TR_SHM | ECX_TR_TCP, "boot/ipc/0");
 	ecx_zreq r;
 	char why[160];
 	assert_int_equal(ecx_zreq_decode(s, strlen(s), &r, why, 160), 0);
@@ -432,8 +433,25 @@ static void test_zmsg(void **state)
 	assert_string_equal(r.token, "tok");
 	assert_int_equal(r.worker_len, sizeof(w));
 	assert_memory_equal(r.worker, w, sizeof(w));
+	assert_int_equal(r.transports, ECX_TR_SHM | ECX_TR_TCP);
+	assert_string_equal(r.domain, "boot/ipc/0");
 	ecx_zreq_free(&r);
 	free(s);
+	/* An older consumer says neither; a newer one may name transports
+	 * this side does not know, which are skipped. */
+	s = ecx_zreq_encode_hello(w, sizeof(w), NULL, 0, NULL);
+	assert_null(strstr(s, "transports"));
+	assert_int_equal(ecx_zreq_decode(s, strlen(s), &r, why, 160), 0);
+	assert_int_equal(r.transports, 0);
+	assert_string_equal(r.domain, "");
+	ecx_zreq_free(&r);
+	free(s);
+	const char *newer = "{\"op\":\"hello\",\"worker\":\"AAAA\","
+	                    "\"transports\":[\"rdma\",\"tcp\"]}";
+	assert_int_equal(ecx_zreq_decode(newer, strlen(newer), &r, why, 160),
+	                 0);
+	assert_int_equal(r.transports, ECX_TR_TCP);
+	ecx_zreq_free(&r);
 
 	s = ecx_zreq_encode_pull(ID64, "10.0.0.3:17000", 140737488355328ull,
 	                         7340032);
@@ -459,6 +477,8 @@ static void test_zmsg(void **state)
 	    {"{\"op\":3}", ECX_EUNSUPPORTED},
 	    {"{\"op\":\"hello\"}", ECX_EPROTO},
 	    {"{\"op\":\"hello\",\"worker\":\"@@@@\"}", ECX_EPROTO},
+	    {"{\"op\":\"hello\",\"worker\":\"AAAA\",\"transports\":\"tcp\"}",
+	     ECX_EPROTO},
 	    {"{\"op\":\"pull\",\"dst_session\":\"a\",\"dst_ptr\":1,"
 	     "\"nbytes\":1}",
 	     ECX_EPROTO},
@@ -488,20 +508,23 @@ static void test_zmsg(void **state)
 	assert_false(z.ok);
 	assert_int_equal(z.err, ECX_ENOTFOUND);
 	free(s);
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull, ECX_TR_TCP);
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_true(z.ok);
 	assert_int_equal(z.epoch, 99);
 	assert_int_equal(z.conn, 5);
 	assert_int_equal(z.now_ms, 1764521000123ull);
+	assert_int_equal(z.transport, ECX_TR_TCP);
 	ecx_zresp_free(&z);
 	free(s);
 	/* A producer from before now_ms: no clock, so pulls carry no
 	 * expiry. */
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0);
 	assert_null(strstr(s, "now_ms"));
+	assert_null(strstr(s, "transport"));
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_int_equal(z.now_ms, 0);
+	assert_int_equal(z.transport, 0);
 	assert_memory_equal(z.worker, w, 10);
 	ecx_zresp_free(&z);
 	free(s);
