@@ -77,6 +77,11 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	rc = ecx_rdv_client_create(&c->rdv, why, whylen);
 	if (rc != 0)
 		goto fail;
+	c->leaser = ecx_rdv_leaser_create();
+	if (c->leaser == NULL) {
+		rc = ECX_ENOMEM;
+		goto fail_msg;
+	}
 	c->hooked = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0,
 	                                  cons_on_unmap, c) == UCS_OK;
 	if (!c->hooked)
@@ -127,6 +132,7 @@ void ecx_consumer_destroy(ecx_consumer *c)
 		ecx_ucx_mem_unmap(c->ucx, c->arena.memh);
 		ecx_ucx_destroy(c->ucx);
 	}
+	ecx_rdv_leaser_destroy(c->leaser);
 	ecx_rdv_client_destroy(c->rdv);
 	ecx_alloc_fini(&c->alloc);
 	free(c->allocs);

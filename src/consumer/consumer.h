@@ -102,6 +102,7 @@ struct ecx_consumer {
 	int timeout_ms;
 	ecx_ucx *ucx;
 	ecx_rdv_client *rdv;
+	ecx_rdv_leaser *leaser; /* lookups' leases */
 	pconn *conns;
 	pull *inflight;
 	uint64_t next_req;
