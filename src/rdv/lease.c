@@ -4,7 +4,10 @@
  * kept between calls (a new TCP connection per lookup would cost more than
  * the lease); one that misses an answer is closed, as a REQ socket cannot
  * send again before its answer. The requests to several producers go out
- * together and are waited for together, up to one deadline.
+ * together and are waited for together, up to one deadline. A producer
+ * that did not answer is skipped (its items are misses at once) for a
+ * back-off, 500 ms doubling to 10 s, so a dead producer costs a lookup its
+ * timeout once, not every time.
  */
 #include "rdv/rdv.h"
 
@@ -15,9 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define BACKOFF_MIN_MS 500
+#define BACKOFF_MAX_MS 10000
+
 typedef struct chan {
 	struct chan *next;
-	void *sock;
+	void *sock;        /* NULL while backing off */
+	uint64_t retry_ns; /* no request before this */
+	unsigned backoff_ms;
 	char address[ECX_ADDR_MAX];
 } chan;
 
@@ -48,36 +56,70 @@ ecx_rdv_leaser *ecx_rdv_leaser_create(void)
 	return l;
 }
 
-static void chan_drop(ecx_rdv_leaser *l, chan *ch)
-{
-	for (chan **cp = &l->chans; *cp != NULL; cp = &(*cp)->next) {
-		if (*cp == ch) {
-			*cp = ch->next;
-			break;
-		}
-	}
-	zmq_close(ch->sock);
-	free(ch);
-}
-
 void ecx_rdv_leaser_destroy(ecx_rdv_leaser *l)
 {
 	if (l == NULL)
 		return;
-	while (l->chans != NULL)
-		chan_drop(l, l->chans);
+	while (l->chans != NULL) {
+		chan *ch = l->chans;
+		l->chans = ch->next;
+		if (ch->sock != NULL)
+			zmq_close(ch->sock);
+		free(ch);
+	}
 	if (l->zctx != NULL)
 		zmq_ctx_term(l->zctx);
 	pthread_mutex_destroy(&l->lock);
 	free(l);
 }
 
-/* The kept socket to address, connecting one if there is none. */
+/* The producer at ch did not answer: its socket goes (a REQ socket cannot
+ * send again before its answer) and it is skipped for a back-off. */
+static void chan_fail(chan *ch)
+{
+	if (ch->sock != NULL)
+		zmq_close(ch->sock);
+	ch->sock = NULL;
+	unsigned b = ch->backoff_ms * 2;
+	ch->backoff_ms = b < BACKOFF_MIN_MS   ? BACKOFF_MIN_MS
+	                 : b > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+	                                      : b;
+	ch->retry_ns = ecx_now_ns() + (uint64_t)ch->backoff_ms * 1000000u;
+}
+
+/* A new REQ socket for ch; false when ZeroMQ cannot make one. */
+static bool chan_connect(void *zctx, chan *ch)
+{
+	ch->sock = zmq_socket(zctx, ZMQ_REQ);
+	int zero = 0, one = 1;
+	int64_t maxmsg = ECX_ZMQ_MAX_MSG;
+	if (ch->sock == NULL ||
+	    zmq_setsockopt(ch->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+	    zmq_setsockopt(ch->sock, ZMQ_IMMEDIATE, &one, sizeof(one)) != 0 ||
+	    zmq_setsockopt(ch->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) !=
+	        0 ||
+	    zmq_connect(ch->sock, ch->address) != 0) {
+		if (ch->sock != NULL)
+			zmq_close(ch->sock);
+		ch->sock = NULL;
+		return false;
+	}
+	return true;
+}
+
+/* The kept socket to address, connecting one if there is none; NULL while
+ * the address backs off, or when no socket can be made. */
 static chan *chan_get(ecx_rdv_leaser *l, const char *address)
 {
-	for (chan *ch = l->chans; ch != NULL; ch = ch->next)
-		if (strcmp(ch->address, address) == 0)
+	for (chan *ch = l->chans; ch != NULL; ch = ch->next) {
+		if (strcmp(ch->address, address) != 0)
+			continue;
+		if (ch->sock != NULL)
 			return ch;
+		if (ecx_now_ns() < ch->retry_ns)
+			return NULL;
+		return chan_connect(l->zctx, ch) ? ch : NULL;
+	}
 	if (l->zctx == NULL) {
 		l->zctx = zmq_ctx_new();
 		if (l->zctx == NULL)
@@ -87,32 +129,35 @@ static chan *chan_get(ecx_rdv_leaser *l, const char *address)
 	chan *ch = calloc(1, sizeof(*ch));
 	if (ch == NULL)
 		return NULL;
-	ch->sock = zmq_socket(l->zctx, ZMQ_REQ);
-	int zero = 0;
-	int64_t maxmsg = ECX_ZMQ_MAX_MSG;
-	if (ch->sock == NULL ||
-	    zmq_setsockopt(ch->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
-	    zmq_setsockopt(ch->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) !=
-	        0 ||
-	    zmq_connect(ch->sock, address) != 0) {
-		if (ch->sock != NULL)
-			zmq_close(ch->sock);
+	ecx_strlcpy(ch->address, address, sizeof(ch->address));
+	if (!chan_connect(l->zctx, ch)) {
 		free(ch);
 		return NULL;
 	}
-	ecx_strlcpy(ch->address, address, sizeof(ch->address));
 	ch->next = l->chans;
 	l->chans = ch;
 	return ch;
 }
 
-/* Sends every request and waits for the answers until deadline_ns. A
- * request that gets none fails with ECX_ETIMEDOUT and its socket is
- * closed. At most one request per address. */
+/* How long a request waits for its producer's connection (made, or
+ * still there) before the producer counts as gone: a dead producer costs
+ * a lookup this much, not its whole timeout. */
+#define CONNECT_MS 500
+
+/* Sends every request once its socket is connected (ZMQ_IMMEDIATE: a
+ * request is never queued for a peer that is not there), and waits for the
+ * answers until deadline_ns. A request whose producer cannot be reached
+ * within CONNECT_MS fails with ECX_ECONNECT, one that gets no answer with
+ * ECX_ETIMEDOUT; either way its address backs off. At most one request per
+ * address. */
 static void reqs_run(ecx_rdv_leaser *l, req *rq, size_t n, uint64_t deadline_ns)
 {
 	zmq_pollitem_t *pi = calloc(n + 1, sizeof(*pi));
 	size_t *which = calloc(n + 1, sizeof(*which));
+	bool *sent = calloc(n + 1, sizeof(*sent));
+	uint64_t connect_ns = ecx_now_ns() + (uint64_t)CONNECT_MS * 1000000u;
+	if (connect_ns > deadline_ns)
+		connect_ns = deadline_ns;
 	size_t waiting = 0;
 	for (size_t k = 0; k < n; k++) {
 		req *r = &rq[k];
@@ -124,34 +169,46 @@ static void reqs_run(ecx_rdv_leaser *l, req *rq, size_t n, uint64_t deadline_ns)
 			r->rc = ECX_ECONNECT;
 			continue;
 		}
-		if (zmq_send(r->ch->sock, r->msg, strlen(r->msg),
-		             ZMQ_DONTWAIT) < 0) {
-			r->rc = ECX_ECONNECT;
-			chan_drop(l, r->ch);
-			r->ch = NULL;
-			continue;
-		}
 		waiting++;
 	}
-	while (waiting > 0 && pi != NULL && which != NULL) {
+	while (waiting > 0 && pi != NULL && which != NULL && sent != NULL) {
+		uint64_t now = ecx_now_ns();
 		size_t m = 0;
+		bool connecting = false;
 		for (size_t k = 0; k < n; k++) {
-			if (rq[k].rc != 0 || rq[k].got || rq[k].ch == NULL)
+			req *r = &rq[k];
+			if (r->rc != 0 || r->got || r->ch == NULL)
 				continue;
-			pi[m] = (zmq_pollitem_t){.socket = rq[k].ch->sock,
-			                         .events = ZMQ_POLLIN};
+			if (!sent[k] && now >= connect_ns) {
+				r->rc = ECX_ECONNECT;
+				chan_fail(r->ch);
+				r->ch = NULL;
+				waiting--;
+				continue;
+			}
+			connecting |= !sent[k];
+			pi[m] = (zmq_pollitem_t){
+			    .socket = r->ch->sock,
+			    .events = sent[k] ? ZMQ_POLLIN : ZMQ_POLLOUT};
 			which[m++] = k;
 		}
-		uint64_t now = ecx_now_ns();
-		if (now >= deadline_ns)
+		uint64_t until = connecting ? connect_ns : deadline_ns;
+		if (m == 0 || now >= deadline_ns)
 			break;
-		long ms = (long)((deadline_ns - now + 999999) / 1000000);
+		long ms =
+		    now >= until ? 0 : (long)((until - now + 999999) / 1000000);
 		if (zmq_poll(pi, (int)m, ms) < 0)
 			break;
 		for (size_t j = 0; j < m; j++) {
+			req *r = &rq[which[j]];
+			if (pi[j].revents & ZMQ_POLLOUT) {
+				if (zmq_send(r->ch->sock, r->msg,
+				             strlen(r->msg), ZMQ_DONTWAIT) >= 0)
+					sent[which[j]] = true;
+				continue;
+			}
 			if (!(pi[j].revents & ZMQ_POLLIN))
 				continue;
-			req *r = &rq[which[j]];
 			zmq_msg_t msg;
 			zmq_msg_init(&msg);
 			if (zmq_msg_recv(&msg, r->ch->sock, ZMQ_DONTWAIT) < 0) {
@@ -166,6 +223,7 @@ static void reqs_run(ecx_rdv_leaser *l, req *rq, size_t n, uint64_t deadline_ns)
 			if (r->rc == 0 && !r->resp.ok)
 				r->rc = r->resp.err;
 			r->got = true;
+			r->ch->backoff_ms = 0;
 			waiting--;
 		}
 	}
@@ -174,12 +232,13 @@ static void reqs_run(ecx_rdv_leaser *l, req *rq, size_t n, uint64_t deadline_ns)
 		if (r->rc == 0 && !r->got) {
 			r->rc = ECX_ETIMEDOUT;
 			if (r->ch != NULL)
-				chan_drop(l, r->ch);
+				chan_fail(r->ch);
 		}
 		r->ch = NULL;
 	}
 	free(pi);
 	free(which);
+	free(sent);
 }
 
 /* Groups the items that pick(items[i]) keeps by producer address, in

@@ -309,7 +309,9 @@ static void test_lease_token_remove_share(void **state)
 }
 
 /* A producer that does not answer (stopped) costs the lookup at most its
- * timeout, and its items are misses. */
+ * timeout, and its items are misses; then it is skipped for a back-off
+ * instead of costing every lookup its timeout. One that is gone (killed)
+ * costs at most the connect bound. */
 static void test_lease_stopped_producer(void **state)
 {
 	(void)state;
@@ -328,13 +330,31 @@ static void test_lease_stopped_producer(void **state)
 	uint64_t took = now_ms() - t0;
 	assert_int_equal(it.status, ECX_ENOTFOUND);
 	assert_true(took < 3000 + 500);
+	/* Backing off: the next lookup does not wait on it again. */
+	t0 = now_ms();
+	assert_int_equal(ecx_consumer_lookup_lease(c, &it, 1, 1000), 0);
+	assert_int_equal(it.status, ECX_ENOTFOUND);
+	assert_true(now_ms() - t0 < 400);
 	kill(p.ch.pid, SIGCONT);
-	/* The socket that missed its answer was replaced: leases work
-	 * again. */
+	/* After the back-off (500 ms), a new socket: leases work again. */
+	usleep(600000);
 	assert_int_equal(ecx_consumer_lookup_lease(c, &it, 1, 1000), 0);
 	assert_int_equal(it.status, 0);
 	ecx_consumer_destroy(c);
-	producer_stop(&p);
+	/* Killed (its entry outlives it in the registry): a new consumer's
+	 * lease fails within the 500 ms connect bound, not the timeout. */
+	kill(p.ch.pid, SIGKILL);
+	tu_reap(&p.ch, 5000);
+	c = consumer(reg.url, NULL);
+	t0 = now_ms();
+	it = (ecx_item){.id = "d1"};
+	assert_int_equal(ecx_consumer_lookup_lease(c, &it, 1, 1000), 0);
+	took = now_ms() - t0;
+	assert_int_equal(it.status, ECX_ENOTFOUND);
+	if (took > 1500)
+		fail_msg("a lease from a dead producer took %llu ms",
+		         (unsigned long long)took);
+	ecx_consumer_destroy(c);
 	producer_stop(&reg);
 }
 
