@@ -101,3 +101,62 @@ def test_no_lease_share_means_misses(producer):
         assert p.stats()["leases_refused"] == 1
     with pytest.raises(ecx.EcxError):
         producer(lease_share_pct=101)
+
+
+def test_a_hit_loads_under_eviction_pressure(producer):
+    """The issue's scenario: a producer saving 1 MiB every 2 ms into a
+    32 MiB arena, a consumer waiting 20 ms (a scheduler step) between its
+    lookup and its load. Without a lease some hits fail to load (evicted
+    meanwhile; counted, not asserted: it depends on timing); with one,
+    none does."""
+    import threading
+    p = producer(capacity_bytes=32 * MiB)
+    stop = threading.Event()
+    latest = [-1]
+
+    def save():
+        k = 0
+        while not stop.is_set():
+            try:
+                p.put(f"e{k}", blob(k))
+                latest[0] = k
+            except ecx.EcxError:
+                pass  # ENOSPC while everything is pinned or leased
+            k += 1
+            time.sleep(0.002)
+
+    t = threading.Thread(target=save)
+    t.start()
+    misses = {None: 0, 5000: 0}
+    loaded = {None: 0, 5000: 0}
+    try:
+        while latest[0] < 40:
+            time.sleep(0.01)
+        with ecx.Consumer(url(p), timeout_ms=3000) as c:
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                for lease_ms in (None, 5000):
+                    k = latest[0]
+                    # Old enough to be near the eviction end: 32 fit.
+                    ids = [f"e{k - j}" for j in range(24, 28)]
+                    found = [f for f in c.lookup(ids, lease_ms=lease_ms)
+                             if f is not None]
+                    time.sleep(0.02)
+                    outs = [f.empty() for f in found]
+                    errs = c.load_into(list(zip(found, outs)))
+                    for f, o, e in zip(found, outs, errs):
+                        if e is None:
+                            assert torch.equal(o, blob(int(f.id[1:])))
+                            loaded[lease_ms] += 1
+                        else:
+                            assert isinstance(e, ecx.NotFound), e
+                            misses[lease_ms] += 1
+    finally:
+        stop.set()
+        t.join()
+    print(f"hits that failed to load: {misses[None]} of "
+          f"{misses[None] + loaded[None]} without a lease, {misses[5000]} "
+          f"of {misses[5000] + loaded[5000]} with one")
+    assert loaded[5000] > 20 and misses[5000] == 0
+    st = p.stats()
+    assert st["leases"] == 0 or st["leases_used"] > 0
