@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "common/testutil.h"
+#include "wire/wire.h"
 
 #include <time.h>
 
@@ -358,9 +359,98 @@ static void test_lease_stopped_producer(void **state)
 	producer_stop(&reg);
 }
 
+/* The codecs of the lease and release messages and of a pull item's
+ * lease: round trips, and what the decoders refuse. */
+static void test_lease_wire(void **state)
+{
+	(void)state;
+	char why[160];
+	const char *ids[] = {"a1", "lora:b2"};
+	char *m = ecx_zreq_encode_lease(ids, 2, 1500, "tok");
+	ecx_zreq r;
+	assert_int_equal(ecx_zreq_decode(m, strlen(m), &r, why, sizeof(why)),
+	                 0);
+	assert_int_equal(r.op, ECX_ZOP_LEASE);
+	assert_int_equal(r.lease_ms, 1500);
+	assert_int_equal(r.ids.n, 2);
+	assert_string_equal(r.ids.ids[1], "lora:b2");
+	assert_string_equal(r.token, "tok");
+	ecx_zreq_free(&r);
+	free(m);
+	uint64_t ls[] = {12, (1ull << 53) - 1};
+	m = ecx_zreq_encode_release(ls, 2, NULL);
+	assert_int_equal(ecx_zreq_decode(m, strlen(m), &r, why, sizeof(why)),
+	                 0);
+	assert_int_equal(r.op, ECX_ZOP_RELEASE);
+	assert_int_equal(r.nleases, 2);
+	assert_true(r.leases[1] == ls[1]);
+	ecx_zreq_free(&r);
+	free(m);
+	static const char *bad[] = {
+	    "{\"op\":\"lease\",\"ids\":[\"a/b\"],\"ms\":1}",
+	    "{\"op\":\"lease\",\"ids\":\"a\",\"ms\":1}",
+	    "{\"op\":\"lease\",\"ids\":[\"a\"]}",
+	    "{\"op\":\"lease\",\"ids\":[\"a\"],\"ms\":-1}",
+	    "{\"op\":\"release\",\"leases\":[0]}",
+	    "{\"op\":\"release\",\"leases\":[1.5]}",
+	    "{\"op\":\"release\",\"leases\":[\"1\"]}",
+	    "{\"op\":\"release\",\"leases\":[9007199254740992]}",
+	    "{\"op\":\"release\"}"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		if (ecx_zreq_decode(bad[i], strlen(bad[i]), &r, why,
+		                    sizeof(why)) == 0)
+			fail_msg("decoded: %s", bad[i]);
+	/* Too many ids for one message. */
+	const char *many[ECX_LEASE_MAX_IDS + 1];
+	for (int i = 0; i <= ECX_LEASE_MAX_IDS; i++)
+		many[i] = "x";
+	m = ecx_zreq_encode_lease(many, ECX_LEASE_MAX_IDS + 1, 1, NULL);
+	assert_int_equal(ecx_zreq_decode(m, strlen(m), &r, why, sizeof(why)),
+	                 ECX_ETOOBIG);
+	free(m);
+	/* The answers. */
+	uint64_t nums[] = {12, 0, 0};
+	int errs[] = {0, ECX_ENOSPC, ECX_ENOTFOUND};
+	m = ecx_zresp_encode_lease(9, 300, nums, errs, 3);
+	ecx_zresp z;
+	assert_int_equal(ecx_zresp_decode(m, strlen(m), &z, why, sizeof(why)),
+	                 0);
+	assert_true(z.ok);
+	assert_int_equal(z.epoch, 9);
+	assert_int_equal(z.lease_ms, 300);
+	assert_int_equal(z.nleases, 3);
+	assert_true(z.leases[0] == 12 && z.leases[1] == 0);
+	assert_int_equal(z.lease_err[1], ECX_ENOSPC);
+	assert_int_equal(z.lease_err[2], ECX_ENOTFOUND);
+	ecx_zresp_free(&z);
+	free(m);
+	m = ecx_zresp_encode_release(2);
+	assert_int_equal(ecx_zresp_decode(m, strlen(m), &z, why, sizeof(why)),
+	                 0);
+	assert_int_equal(z.released, 2);
+	ecx_zresp_free(&z);
+	free(m);
+	/* A pull item's lease travels, and is optional. */
+	unsigned char key[4] = {1, 2, 3, 4};
+	ecx_region g = {.base = 4096, .len = 8192, .rkey_len = 4, .rkey = key};
+	ecx_pull_item pi[2] = {
+	    {.id = "a", .nbytes = 10, .addr = 4096, .lease = 77},
+	    {.id = "b", .nbytes = 10, .addr = 8192}};
+	ecx_pull_req pr = {
+	    .req = 1, .nregions = 1, .regions = &g, .nitems = 2, .items = pi};
+	m = ecx_pull_req_encode(&pr);
+	ecx_pull_req out;
+	assert_int_equal(
+	    ecx_pull_req_decode(m, strlen(m), &out, why, sizeof(why)), 0);
+	assert_true(out.items[0].lease == 77 && out.items[1].lease == 0);
+	ecx_pull_req_free(&out);
+	free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_lease_wire),
 	    cmocka_unit_test(test_lease_pins_until_pull),
 	    cmocka_unit_test(test_lease_release_and_expiry),
 	    cmocka_unit_test(test_lease_batch_two_producers),
