@@ -40,7 +40,9 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	c->cache = calloc(rcmax, sizeof(*c->cache));
 	if (c->cache == NULL)
 		goto fail_msg;
-	c->ncache = rcmax;
+	/* Released: the unmap hook may run on any thread, one started by a
+	 * library (a ZeroMQ context's) that saw nothing of this create. */
+	__atomic_store_n(&c->ncache, rcmax, __ATOMIC_RELEASE);
 	ecx_regclient_opts ro = {.urls = registry,
 	                         .token = c->token,
 	                         .connect_timeout_ms = c->timeout_ms,
