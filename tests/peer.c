@@ -4,16 +4,18 @@
  *
  *   ecx-test-peer producer [--capacity BYTES] [--transport T] [--token T]
  *                          [--registry URL] [--bind HOST] [--timeout MS]
- *                          [--registry-port P] [--zmq-port P]
+ *                          [--registry-port P] [--zmq-port P] [--integrity]
  *                          [--lease-max-ms MS] [--lease-share PCT]
  *     prints "ready REGISTRY_PORT PRODUCER_ZMQ", then takes:
  *     put ID DTYPE D0xD1...   -> ok | err NAME detail
  *     remove ID               -> ok | err NAME detail
+ *     corrupt ID              -> ok (flips a byte of ID in the arena, after
+ *                                its hash was taken: memory going bad)
  *     stats                   -> stats items N used N pinned N ...
  *     quit                    -> bye (after destroying the producer)
  *
  *   ecx-test-peer consumer REGISTRY [--transport T] [--token T]
- *                          [--timeout MS]
+ *                          [--timeout MS] [--integrity]
  *     prints "ready", then takes:
  *     load ID...   -> ok | err NAME: per-item names (verifies bytes)
  *     loop N ID... -> loads the ids N times ("ok COUNT" at the end)
@@ -21,6 +23,7 @@
  *     quit         -> bye
  */
 #include "common/testutil.h"
+#include "producer/producer.h" /* for "corrupt" */
 
 #include <getopt.h>
 #include <time.h>
@@ -60,6 +63,7 @@ static int run_producer(int argc, char **argv)
 	    {"registry-port", required_argument, NULL, 'R'},
 	    {"zmq-port", required_argument, NULL, 'Z'},
 	    {"registry-ttl", required_argument, NULL, 'L'},
+	    {"integrity", no_argument, NULL, 'I'},
 	    {"lease-max-ms", required_argument, NULL, 'M'},
 	    {"lease-share", required_argument, NULL, 'S'},
 	    {NULL, 0, NULL, 0}};
@@ -95,6 +99,10 @@ static int run_producer(int argc, char **argv)
 		case 'L':
 			p.field_mask |= ECX_PRODUCER_PARAM_REGISTRY_TTL;
 			p.registry_ttl_s = atoi(optarg);
+			break;
+		case 'I':
+			p.field_mask |= ECX_PRODUCER_PARAM_INTEGRITY;
+			p.integrity = 1;
 			break;
 		case 'M':
 			p.field_mask |= ECX_PRODUCER_PARAM_LEASE_MAX_MS;
@@ -144,6 +152,15 @@ static int run_producer(int argc, char **argv)
 			else
 				printf("err %s %s\n", ecx_err_name(rc),
 				       ecx_last_error());
+		} else if (n == 2 && strcmp(cmd, "corrupt") == 0) {
+			/* Reaches into the producer (this is its test peer):
+			 * the bytes change after put hashed them. */
+			pthread_mutex_lock(&prod->lock);
+			item *it = prod_item_find(prod, id);
+			if (it != NULL && it->desc.nbytes > 0)
+				((unsigned char *)prod->base)[it->off] ^= 0x5a;
+			pthread_mutex_unlock(&prod->lock);
+			printf(it != NULL ? "ok\n" : "err ENOTFOUND\n");
 		} else if (n == 2 && strcmp(cmd, "remove") == 0) {
 			int rc = ecx_producer_remove(prod, id);
 			printf(rc == 0 ? "ok\n" : "err %s\n", ecx_err_name(rc));
@@ -236,6 +253,7 @@ static int run_consumer(int argc, char **argv)
 	    {"transport", required_argument, NULL, 't'},
 	    {"token", required_argument, NULL, 'k'},
 	    {"timeout", required_argument, NULL, 'T'},
+	    {"integrity", no_argument, NULL, 'I'},
 	    {NULL, 0, NULL, 0}};
 	int c;
 	optind = 2;
@@ -248,6 +266,9 @@ static int run_consumer(int argc, char **argv)
 			p.token = optarg;
 		} else if (c == 'T') {
 			p.timeout_ms = atoi(optarg);
+		} else if (c == 'I') {
+			p.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
+			p.integrity = 1;
 		} else {
 			return 2;
 		}

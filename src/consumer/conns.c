@@ -58,7 +58,7 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 			cons_zombie_end(c, p);
 		pthread_mutex_unlock(&c->lock);
 		if (rc == 0)
-			free(r.status);
+			ecx_pull_resp_free(&r);
 		return UCS_OK;
 	}
 	if (rc != 0) {
@@ -72,13 +72,19 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 	} else if (r.nitems != p->n) {
 		cons_pull_fail(p, ECX_EPROTO);
 	} else {
-		for (size_t i = 0; i < p->n; i++)
-			p->load->items[p->idx[i]].status = r.status[i];
+		ecx_load *l = p->load;
+		for (size_t i = 0; i < p->n; i++) {
+			l->items[p->idx[i]].status = r.status[i];
+			if (l->xxh != NULL && r.hash != NULL && r.has_hash[i]) {
+				l->xxh[p->idx[i]] = r.hash[i];
+				l->has_xxh[p->idx[i]] = 1;
+			}
+		}
 		__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (rc == 0)
-		free(r.status);
+		ecx_pull_resp_free(&r);
 	return UCS_OK;
 }
 

@@ -33,6 +33,7 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	pthread_mutex_init(&c->reg_lock, NULL);
 	c->timeout_ms =
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
+	c->integrity = HAS(INTEGRITY) && pp->integrity;
 	int rc = ECX_ENOMEM;
 	if (HAS(TOKEN) && pp->token && pp->token[0] &&
 	    (c->token = strdup(pp->token)) == NULL)

@@ -87,6 +87,9 @@ struct ecx_load {
 	pull **pulls;
 	size_t npulls;
 	uint64_t deadline_ns;
+	/* With integrity on: each item's xxh64 from its producer's reply. */
+	uint64_t *xxh;
+	unsigned char *has_xxh;
 };
 
 typedef struct arena_alloc {
@@ -100,6 +103,7 @@ struct ecx_consumer {
 	ecx_regclient *rc;
 	char *token;
 	int timeout_ms;
+	bool integrity; /* check loaded bytes against producers' xxh64 */
 	ecx_ucx *ucx;
 	ecx_rdv_client *rdv;
 	ecx_rdv_leaser *leaser; /* lookups' leases */

@@ -77,6 +77,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	pthread_mutex_init(&p->remote_lock, NULL);
 	p->epoch = ecx_random_epoch();
 	p->timeout_ms = timeout;
+	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
 	p->st.capacity = cap;
 	p->lease_max_ms = (uint64_t)lease_ms;
 	p->lease_cap = cap * (uint64_t)lease_pct / 100;

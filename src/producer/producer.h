@@ -39,6 +39,7 @@ typedef struct item {
 	unsigned leases; /* leases on it now: not evicted while any */
 	bool ready;      /* bytes in place and published */
 	bool doomed;     /* removed while pinned: freed at the last unpin */
+	uint64_t xxh;    /* of the bytes, set at put with integrity on */
 	ecx_tensor_desc desc;
 	char id[ECX_ID_MAX + 1];
 } item;
@@ -100,6 +101,7 @@ typedef struct job {
 	ecx_pull_req pr;
 	item **items;     /* pinned item per request item, NULL if failed */
 	int *status;      /* per request item */
+	uint64_t *xxh;    /* per request item, with integrity on */
 	rkey_ent **rkeys; /* per region, entries of the connection's cache */
 	rkey_ent *own;    /* per region, the job's own when the cache is full */
 	conn *c;
@@ -127,7 +129,8 @@ struct ecx_producer {
 	/* registry */
 	ecx_registry *registry; /* embedded, or NULL */
 	ecx_regclient *remote;  /* remote, or NULL */
-	int ttl_s; /* of Redis entries; renewed every third of it */
+	int ttl_s;      /* of Redis entries; renewed every third of it */
+	bool integrity; /* hash items at put, send hashes with replies */
 	bool redis;
 	uint64_t next_refresh_ms;
 	pthread_mutex_t remote_lock; /* the client is one thread at a time */

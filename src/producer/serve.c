@@ -85,7 +85,8 @@ static void job_reply(job *j, int err, const char *detail)
 	ecx_pull_resp r = {.req = j->req,
 	                   .err = err,
 	                   .nitems = j->pr.nitems,
-	                   .status = j->status};
+	                   .status = j->status,
+	                   .hash = j->xxh};
 	if (detail != NULL)
 		ecx_strlcpy(r.detail, detail, sizeof(r.detail));
 	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
@@ -129,6 +130,7 @@ static void job_release(ecx_producer *p, job *j)
 	ecx_pull_req_free(&j->pr);
 	free(j->items);
 	free(j->status);
+	free(j->xxh);
 	free(j->rkeys);
 	free(j->msg);
 	free(j);
@@ -302,7 +304,10 @@ static bool job_start(ecx_producer *p, job *j)
 	j->items = calloc(n + 1, sizeof(*j->items));
 	j->status = calloc(n + 1, sizeof(*j->status));
 	j->rkeys = calloc(j->pr.nregions + 1, sizeof(*j->rkeys));
-	if (j->items == NULL || j->status == NULL || j->rkeys == NULL) {
+	if (p->integrity)
+		j->xxh = calloc(n + 1, sizeof(*j->xxh));
+	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
+	    (p->integrity && j->xxh == NULL)) {
 		job_reply(j, ECX_ENOMEM, "out of memory");
 		pthread_mutex_lock(&p->lock);
 		job_release(p, j);
@@ -328,6 +333,8 @@ static bool job_start(ecx_producer *p, job *j)
 		prod_lru_unlink(p, it);
 		prod_lru_push(p, it);
 		j->items[i] = it;
+		if (j->xxh != NULL)
+			j->xxh[i] = it->xxh;
 	}
 	pthread_mutex_unlock(&p->lock);
 	for (size_t g = 0; g < j->pr.nregions; g++) {

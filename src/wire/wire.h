@@ -126,12 +126,18 @@ typedef struct ecx_pull_resp {
 	char detail[160];
 	size_t nitems;
 	int *status; /* ecx_err per item */
+	/* The xxh64 of each item's bytes, from a producer with integrity on
+	 * (sent as "xxh64": 16 hex digits, on items that succeeded); NULL
+	 * when the reply carries none, else has_hash[i] says which do. */
+	uint64_t *hash;
+	unsigned char *has_hash;
 } ecx_pull_resp;
 
 char *ecx_pull_resp_encode(const ecx_pull_resp *r);
-/* Free out->status with free(). */
+/* Free what it allocates with ecx_pull_resp_free. */
 int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
                          char *why, size_t whylen);
+void ecx_pull_resp_free(ecx_pull_resp *r);
 
 /* ---- the pull's framing on UCX active messages ---- */
 

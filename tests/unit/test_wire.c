@@ -306,8 +306,26 @@ static void test_pull_roundtrip(void **state)
 	assert_int_equal(pb.req, 42);
 	assert_int_equal(pb.nitems, 3);
 	assert_memory_equal(pb.status, st, sizeof(st));
-	free(pb.status);
+	assert_null(pb.hash); /* a producer without integrity sends none */
+	ecx_pull_resp_free(&pb);
 	free(s);
+	/* Hashes travel on the items that succeeded, all 64 bits of them. */
+	uint64_t h[3] = {0xfedcba9876543210ull, 1, 2};
+	p.hash = h;
+	s = ecx_pull_resp_encode(&p);
+	assert_non_null(strstr(s, "\"xxh64\":\"fedcba9876543210\""));
+	assert_null(strstr(s, "0000000000000001"));
+	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
+	assert_non_null(pb.hash);
+	assert_int_equal(pb.has_hash[0], 1);
+	assert_int_equal(pb.has_hash[1], 0);
+	assert_true(pb.hash[0] == h[0]);
+	ecx_pull_resp_free(&pb);
+	free(s);
+	const char *bad = "{\"req\":1,\"ok\":true,\"items\":[{\"ok\":true,"
+	                  "\"xxh64\":\"12345678zz345678\"}]}";
+	assert_int_equal(ecx_pull_resp_decode(bad, strlen(bad), &pb, why, 160),
+	                 ECX_EPROTO);
 	ecx_pull_resp whole = {.req = 7, .err = ECX_EAUTH};
 	s = ecx_pull_resp_encode(&whole);
 	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
@@ -397,7 +415,7 @@ static void test_pull_rejects(void **state)
 	assert_int_equal(ecx_pull_resp_decode(odd, strlen(odd), &p, why, 160),
 	                 0);
 	assert_int_equal(p.status[0], ECX_EIO);
-	free(p.status);
+	ecx_pull_resp_free(&p);
 }
 
 static void test_zmsg(void **state)
