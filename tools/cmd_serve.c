@@ -203,7 +203,7 @@ static int read_raw(const char *path, const ecx_tensor_desc *d, void **data,
 		              path, (unsigned long long)sb.st_size, shape,
 		              ecx_dtype_name(d->dtype),
 		              (unsigned long long)d->nbytes);
-	} else {
+	} else if (data != NULL) {
 		*data = malloc(d->nbytes ? d->nbytes : 1);
 		if (*data == NULL)
 			rc = tool_why(why, whylen, ECX_ENOMEM,
@@ -219,7 +219,8 @@ static int read_raw(const char *path, const ecx_tensor_desc *d, void **data,
 
 /* Reads one file given to serve: a .npy file (known by its magic bytes,
  * whatever its name) or raw bytes of --dtype and --shape. Returns an exit
- * code; on success *data is malloc'd. */
+ * code; on success *data is malloc'd. With data NULL it only checks the
+ * file (before anything starts, so a bad file is said at once). */
 static int read_item(const char *path, const serve_opts *o, bool generated,
                      ecx_tensor_desc *d, void **data)
 {
@@ -251,13 +252,15 @@ static int read_item(const char *path, const serve_opts *o, bool generated,
 		     want.ndim != d->ndim ||
 		     memcmp(want.shape, d->shape,
 		            d->ndim * sizeof(d->shape[0])) != 0)) {
-			free(*data);
+			if (data != NULL)
+				free(*data);
 			return tool_fail("serve", EXIT_USAGE,
 			                 "%s is %s, not --shape %s", path, got,
 			                 o->shape);
 		}
 		if (!generated && o->dtype != NULL && dt != d->dtype) {
-			free(*data);
+			if (data != NULL)
+				free(*data);
 			snprintf(asked, sizeof(asked), "%s",
 			         ecx_dtype_name(d->dtype));
 			return tool_fail("serve", EXIT_USAGE,
@@ -594,6 +597,15 @@ int cmd_serve(int argc, char **argv)
 	int rc = serve_check(&o, argc - optind);
 	if (rc >= 0)
 		return rc;
+	for (int i = optind; i < argc; i++) {
+		const char *eq = strchr(argv[i], '=');
+		ecx_tensor_desc d;
+		rc = read_item(
+		    eq != NULL && eq - argv[i] <= ECX_ID_MAX ? eq + 1 : argv[i],
+		    &o, o.synthetic > 0 || o.workload != NULL, &d, NULL);
+		if (rc != EXIT_OK)
+			return rc;
+	}
 	tool_block_signals();
 	serve_run r = {.registry = (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY)
 	                               ? p->registry

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const struct {
 	ecx_dtype dt;
@@ -220,6 +221,16 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	rc = ecx_tensor_set(d, dt, nd, dims);
 	if (rc != 0) {
 		tool_why(why, whylen, rc, "%s: shape too large", path);
+		goto out;
+	}
+	if (data == NULL) { /* only checking: is the data all there? */
+		long at = ftell(f);
+		struct stat sb;
+		if (at < 0 || fstat(fileno(f), &sb) != 0 ||
+		    (uint64_t)sb.st_size < (uint64_t)at + d->nbytes)
+			rc = tool_why(why, whylen, ECX_EPROTO,
+			              "%s: data shorter than its shape says",
+			              path);
 		goto out;
 	}
 	buf = malloc(d->nbytes ? d->nbytes : 1);

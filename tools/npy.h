@@ -20,7 +20,8 @@ int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
  * start; the position is left anywhere). */
 bool npy_sniff(FILE *f);
 
-/* Reads a .npy file: its descriptor and a malloc'd copy of its data. */
+/* Reads a .npy file: its descriptor and a malloc'd copy of its data; with
+ * data NULL, only its descriptor, checking the data is all there. */
 int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
              size_t whylen);
 
