@@ -633,8 +633,10 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 		             r->port);
 		goto fail;
 	}
-	ecx_info(MOD, "listening on http://%s:%u (store %s%s)", host, r->port,
-	         store, token ? ", token required for writes" : "");
+	bool v6 = strchr(host, ':') != NULL; /* a URL brackets IPv6 */
+	ecx_info(MOD, "listening on http://%s%s%s:%u (store %s%s)",
+	         v6 ? "[" : "", host, v6 ? "]" : "", r->port, store,
+	         token ? ", token required for writes" : "");
 	*out = r;
 	return 0;
 fail:
