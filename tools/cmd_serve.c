@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -19,8 +20,8 @@ static const char help[] =
     "Runs a producer: keeps items in a registered arena, publishes them to\n"
     "a registry (its own embedded one, or --registry), and serves pulls\n"
     "until SIGINT, SIGTERM or SIGHUP, then unpublishes what it published.\n"
-    "A signal while items are still going in stops it too (within a\n"
-    "second), unpublishing what was published.\n"
+    "A signal while it starts or while items are still going in stops it\n"
+    "too (within a second), unpublishing what was published.\n"
     "\n"
     "Items come from files (a .npy file, known by its first bytes, carries\n"
     "its dtype and shape; any other file is raw bytes and needs --dtype\n"
@@ -377,6 +378,31 @@ static int serve_generated(serve_run *r, const serve_opts *o)
 	return rc;
 }
 
+/* While the producer starts: a signal ends the process at once, or, if
+ * the producer has started meanwhile, is handed to the put phase. */
+static bool started;
+static int handed_sig;
+
+static void *watch_start(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&started, __ATOMIC_ACQUIRE)) {
+		int sig = tool_poll_signal(50);
+		if (sig == 0)
+			continue;
+		if (!__atomic_load_n(&started, __ATOMIC_ACQUIRE)) {
+			fprintf(stderr,
+			        "ecx serve: stopped on signal %d while "
+			        "starting; nothing was published\n",
+			        sig);
+			_exit(128 + sig);
+		}
+		handed_sig = sig;
+		break;
+	}
+	return NULL;
+}
+
 /* Checks the options that need no producer: exit code, or -1 to go on. */
 static int serve_check(const serve_opts *o, int nfiles)
 {
@@ -617,12 +643,23 @@ int cmd_serve(int argc, char **argv)
 	r.sizes = calloc(r.nsizes, sizeof(*r.sizes));
 	if (r.sizes == NULL)
 		r.nsizes = 0; /* the ready line then counts bytes put */
-	if (ecx_producer_create(p, &r.prod, why, sizeof(why)) != 0) {
+	/* Starting UCX can take seconds on a busy host: a signal meanwhile
+	 * ends the process at once (nothing is published yet). */
+	pthread_t watcher;
+	bool watching = pthread_create(&watcher, NULL, watch_start, NULL) == 0;
+	rc = ecx_producer_create(p, &r.prod, why, sizeof(why));
+	__atomic_store_n(&started, true, __ATOMIC_RELEASE);
+	if (watching)
+		pthread_join(watcher, NULL);
+	r.sig = handed_sig;
+	if (rc != 0) {
 		free(r.sizes);
 		return tool_fail("serve", EXIT_FAIL, "cannot start: %s", why);
 	}
-	rc = serve_files(&r, argc - optind, argv + optind, &o);
-	if (rc == EXIT_OK && (o.synthetic > 0 || o.workload != NULL))
+	if (r.sig == 0)
+		rc = serve_files(&r, argc - optind, argv + optind, &o);
+	if (rc == EXIT_OK && r.sig == 0 &&
+	    (o.synthetic > 0 || o.workload != NULL))
 		rc = serve_generated(&r, &o);
 	if (rc == EXIT_OK && r.sig == 0)
 		r.sig = tool_poll_signal(0);

@@ -219,6 +219,23 @@ for sig in TERM INT; do
 	check "what it had published is unpublished" bash -c "! grep -q '^load$sig-' ls.after"
 done
 
+# --- SIGTERM while serve starts (UCX may take seconds on a busy host) ---
+"$ECX" serve --bind 127.0.0.1 --port 0 --synthetic 5 --shape 4 --dtype int8 \
+	>start.out 2>start.err &
+spid=$!
+pids+=("$spid")
+sleep 0.1
+t0=$(now_ms)
+kill -TERM "$spid"
+while kill -0 "$spid" 2>/dev/null && [ $(($(now_ms) - t0)) -lt 10000 ]; do
+	sleep 0.02
+done
+ms=$(($(now_ms) - t0))
+wait "$spid"
+rc=$?
+check "SIGTERM while starting: stopped in ${ms} ms (< 1000), exit $rc (143)" \
+	bash -c "test $ms -lt 1000 && test $rc = 143"
+
 # --- a remote registry that is down at start: serve waits, then serves ---
 port2=$(free_port)
 "$ECX" serve --bind 127.0.0.1 --registry "HTTP://127.0.0.1:$port2" \
