@@ -93,8 +93,9 @@ int cmd_registry(int argc, char **argv)
 		case 'h':
 			fputs(help, stdout);
 			return EXIT_OK;
-		default:
-			fputs(help, stderr);
+		default: /* getopt has said what is wrong */
+			fputs("Run 'ecx registry --help' for its options.\n",
+			      stderr);
 			return EXIT_USAGE;
 		}
 	}

@@ -510,6 +510,7 @@ int cmd_serve(int argc, char **argv)
 	p->registry_port = ECX_REGISTRY_PORT_DEFAULT;
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
 	char bind[INET6_ADDRSTRLEN + 1], adv[ECX_ADDR_MAX], why[256];
+	bool port_given = false;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -528,6 +529,7 @@ int cmd_serve(int argc, char **argv)
 				return tool_bad_value("serve", "--port", optarg,
 				                      "0 to 65535");
 			p->registry_port = port;
+			port_given = true;
 			break;
 		case 'r':
 			p->field_mask |= ECX_PRODUCER_PARAM_REGISTRY;
@@ -620,6 +622,10 @@ int cmd_serve(int argc, char **argv)
 	p->token = t.token;
 	p->timeout_ms = t.timeout_ms;
 	o.json = t.json;
+	if (port_given && (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY))
+		return tool_fail("serve", EXIT_USAGE,
+		                 "give --registry (publish there) or --port "
+		                 "(an embedded registry), not both");
 	int rc = serve_check(&o, argc - optind);
 	if (rc >= 0)
 		return rc;

@@ -64,8 +64,8 @@ int tool_opt(const char *cmd, const char *help, int c, const char *arg,
 	case 'h':
 		fputs(help, stdout);
 		return EXIT_OK;
-	default:
-		fputs(help, stderr);
+	default: /* getopt has said which option, and what is wrong */
+		fprintf(stderr, "Run 'ecx %s --help' for its options.\n", cmd);
 		return EXIT_USAGE;
 	}
 }
@@ -350,9 +350,16 @@ int main(int argc, char **argv)
 		setenv("ECX_LOG", daemon ? "warn" : "error", 1);
 		tool_log_defaulted = true;
 	}
-	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
-		if (strcmp(cmd, cmds[i].name) == 0)
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		if (strcmp(cmd, cmds[i].name) == 0) {
+			/* getopt names the program in its messages: "ecx get:
+			 * unrecognized option", like every other message. */
+			static char name[32];
+			snprintf(name, sizeof(name), "ecx %s", cmds[i].name);
+			argv[1] = name;
 			return cmds[i].fn(argc - 1, argv + 1);
+		}
+	}
 	fprintf(stderr, "ecx: unknown command '%s'\n\n%s", cmd, usage);
 	return EXIT_USAGE;
 }

@@ -40,7 +40,8 @@ enum {
 
 /* Handles option c if it is a shared one (--token, --timeout, --json,
  * --help) or unknown: returns -1 to go on, or the exit code (help printed:
- * EXIT_OK; a bad value or an unknown option: the usage and EXIT_USAGE). */
+ * EXIT_OK; a bad value or an unknown option: what is wrong, where the
+ * options are described, and EXIT_USAGE). */
 int tool_opt(const char *cmd, const char *help, int c, const char *arg,
              tool_common *t);
 

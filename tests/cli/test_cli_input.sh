@@ -90,6 +90,11 @@ expect 2 "missing --dtype" serve --port 0 --synthetic 3 --shape 4
 expect 2 "'-' is not allowed" get http://127.0.0.1:1 someid -o -
 check "get -o - wrote no file named -" test ! -e "$work/-"
 expect 2 "one too many" ls http://127.0.0.1:1 extra
+expect 2 "ecx get: unrecognized option '--frob'" get --frob
+check "an unknown option gets a pointer to --help, not the whole usage" \
+	bash -c "! grep -q '^usage:' '$work/err' && grep -q \"Run 'ecx get --help'\" '$work/err'"
+expect 2 "ecx serve: option '--bind' requires an argument" serve --bind
+expect 2 "give --registry .* or --port .*, not both" serve --registry http://127.0.0.1:1 --port 5
 
 # --- files: .npy by magic bytes, dtypes, shapes, raw files ---
 $PY - <<'PY'
