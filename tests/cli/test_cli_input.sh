@@ -307,6 +307,18 @@ if $PY -c 'import socket; s=socket.socket(socket.AF_INET6); s.bind(("::1",0))' 2
 		kill -TERM "$s6pid"
 		wait "$s6pid"
 	done
+	# :: listens on every address, IPv4 and IPv6
+	"$ECX" serve --bind :: --port 0 --synthetic 2 --shape 64 --dtype int8 \
+		--json >sa.json 2>sa.err &
+	sapid=$!
+	pids+=("$sapid")
+	wait_for sa.json registry
+	ra=$($PY -c "import json; print(json.load(open('sa.json'))['registry'])" 2>/dev/null)
+	"$ECX" get --verify "http://[::1]:${ra##*:}" synthetic-1 -o ga.npy >/dev/null 2>ga.err &&
+		"$ECX" get --verify "http://127.0.0.1:${ra##*:}" synthetic-0 -o ga.npy >/dev/null 2>>ga.err
+	check "serve --bind :: is reached at [::1] and 127.0.0.1 ($ra)" test $? = 0
+	kill -TERM "$sapid"
+	wait "$sapid"
 else
 	skipped "IPv6: this host has no ::1"
 fi
