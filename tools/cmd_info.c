@@ -29,8 +29,9 @@ static const char ls_help[] =
     "(at most 1000) until all are shown. REGISTRY is http://HOST:PORT or\n"
     "redis://HOST:PORT[/DB] (what producers publish there), or several\n"
     "separated by commas: each is listed in turn, in the order given (an\n"
-    "id that several hold is shown once per registry). Nothing is shown\n"
-    "for a registry whose first page fails; the error ends the listing.\n"
+    "id that several hold is shown once per registry). A registry that\n"
+    "fails is said on stderr and the others are still listed; the exit\n"
+    "code is then 1.\n"
     "\n"
     "Options:\n"
     "  --json           one JSON object per line (id and entry; with\n"
@@ -244,14 +245,17 @@ int cmd_ls(int argc, char **argv)
 		free(page.ids);
 		return tool_fail("ls", EXIT_FAIL, "out of memory");
 	}
-	size_t shown = 0;
+	size_t shown = 0, failed = 0;
 	uint64_t bytes = 0;
 	bool header = false;
-	rc = EXIT_OK;
-	for (size_t u = 0; u < nurls && rc == EXIT_OK; u++) {
+	for (size_t u = 0; u < nurls; u++) {
+		rc = EXIT_OK;
 		ecx_client *c = open_client("ls", urls[u], &t, &rc);
-		if (c == NULL)
-			break;
+		if (c == NULL) { /* a URL that is not one: usage */
+			free(page.rows);
+			free(page.ids);
+			return rc;
+		}
 		char after[ECX_ID_MAX + 1] = "";
 		for (;;) {
 			char next[ECX_ID_MAX + 1];
@@ -259,8 +263,9 @@ int cmd_ls(int argc, char **argv)
 			if (ecx_client_list(c, after, (size_t)limit, ls_keep,
 			                    &page, next, sizeof(next),
 			                    NULL) != 0) {
-				rc = tool_fail("ls", EXIT_FAIL, "%s",
-				               ecx_last_error());
+				tool_fail("ls", EXIT_FAIL, "%s",
+				          ecx_last_error());
+				failed++;
 				break;
 			}
 			if (!t.json && !header) {
@@ -282,14 +287,15 @@ int cmd_ls(int argc, char **argv)
 	}
 	free(page.rows);
 	free(page.ids);
-	if (rc == EXIT_OK && !t.json) {
+	if (failed < nurls && !t.json) {
 		char b[32];
 		if (nurls > 1)
-			printf("%zu entries, %s, in %zu registries\n", shown,
-			       tool_bytes(bytes, b, sizeof(b)), nurls);
+			printf("%zu entries, %s, in %zu of %zu registries\n",
+			       shown, tool_bytes(bytes, b, sizeof(b)),
+			       nurls - failed, nurls);
 		else
 			printf("%zu entries, %s\n", shown,
 			       tool_bytes(bytes, b, sizeof(b)));
 	}
-	return rc;
+	return failed > 0 ? EXIT_FAIL : EXIT_OK;
 }

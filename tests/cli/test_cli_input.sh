@@ -259,7 +259,7 @@ check "it said the registry answers" grep -q "answers\$" late.err
 check "HTTP:// (upper case) is taken; the 3 items are listed" grep -q "^3 entries" late.ls
 "$ECX" ls "$reg, http://127.0.0.1:$port2" >both.ls 2>&1
 check "ls R1,R2 lists both registries" \
-	bash -c "grep -q '^synthetic-2 ' both.ls && grep -q '^a ' both.ls && grep -q 'in 2 registries' both.ls"
+	bash -c "grep -q '^synthetic-2 ' both.ls && grep -q '^a ' both.ls && grep -q 'in 2 of 2 registries' both.ls"
 "$ECX" ls --json "$reg,http://127.0.0.1:$port2" >both.json 2>&1
 check "ls --json R1,R2 parses and names each row's registry" \
 	$PY -c "
