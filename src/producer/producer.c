@@ -95,7 +95,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		p->token_len = strlen(token);
 	}
 	if (remote != NULL) {
-		p->redis = strncmp(remote, "redis://", 8) == 0;
+		p->redis = ecx_store_is_redis_url(remote);
 		p->ttl_s = (m & ECX_PRODUCER_PARAM_REGISTRY_TTL)
 		               ? pp->registry_ttl_s
 		               : 30;

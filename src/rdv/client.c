@@ -60,6 +60,9 @@ int ecx_rdv_hello(ecx_rdv_client *c, const char *address, const void *worker,
 	zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
 	int64_t maxmsg = ECX_ZMQ_MAX_MSG;
 	zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	/* Producers may be at IPv6 addresses (tcp://[::1]:PORT). */
+	int ipv6 = 1;
+	zmq_setsockopt(s, ZMQ_IPV6, &ipv6, sizeof(ipv6));
 	char *msg = ecx_zreq_encode_hello(worker, worker_len, token,
 	                                  c->transports, c->domain);
 	int rc = 0;

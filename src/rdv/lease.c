@@ -96,6 +96,8 @@ static bool chan_connect(void *zctx, chan *ch)
 	if (ch->sock == NULL ||
 	    zmq_setsockopt(ch->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
 	    zmq_setsockopt(ch->sock, ZMQ_IMMEDIATE, &one, sizeof(one)) != 0 ||
+	    /* producers may be at IPv6 addresses (tcp://[::1]:PORT) */
+	    zmq_setsockopt(ch->sock, ZMQ_IPV6, &one, sizeof(one)) != 0 ||
 	    zmq_setsockopt(ch->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) !=
 	        0 ||
 	    zmq_connect(ch->sock, ch->address) != 0) {
