@@ -201,14 +201,11 @@ static void row_json(const char *bench, const char *name, const char *fmt, ...)
 	fflush(stdout);
 }
 
-/* "0.85 [0.80-0.90]" */
-static const char *fmt_reps(const reps *r, const char *f, char *buf, size_t len)
+/* "0.85 [0.80-0.90]" with dec decimals. */
+static const char *fmt_reps(const reps *r, int dec, char *buf, size_t len)
 {
-	char a[24], b[24], c[24];
-	snprintf(a, sizeof(a), f, reps_med(r));
-	snprintf(b, sizeof(b), f, reps_min(r));
-	snprintf(c, sizeof(c), f, reps_max(r));
-	snprintf(buf, len, "%s [%s-%s]", a, b, c);
+	snprintf(buf, len, "%.*f [%.*f-%.*f]", dec, reps_med(r), dec,
+	         reps_min(r), dec, reps_max(r));
 	return buf;
 }
 
@@ -453,14 +450,14 @@ static int bench_registry(void)
 		       "ids/s");
 		printf("  %-36s %-24s %9.1f %12.0f\n",
 		       "single, new connection (reference)",
-		       fmt_reps(&ref50, "%.1f", a, sizeof(a)), reps_med(&ref99),
+		       fmt_reps(&ref50, 1, a, sizeof(a)), reps_med(&ref99),
 		       reps_med(&frate));
 		printf("  %-36s %-24s %9.1f %12.0f\n",
 		       "single, persistent connection",
-		       fmt_reps(&keep50, "%.1f", a, sizeof(a)),
-		       reps_med(&keep99), reps_med(&krate));
+		       fmt_reps(&keep50, 1, a, sizeof(a)), reps_med(&keep99),
+		       reps_med(&krate));
 		printf("  %-36s %-24s %9s %12.0f\n", "batch of 256 ids",
-		       fmt_reps(&batch50, "%.1f", a, sizeof(a)), "",
+		       fmt_reps(&batch50, 1, a, sizeof(a)), "",
 		       reps_med(&brate));
 		if (rcl != NULL)
 			printf("  %-36s %-24s %9s %12.0f   (%.2fx the HTTP "
@@ -471,8 +468,8 @@ static int bench_registry(void)
 		printf("  persistent p50 / new-connection p50: %s; batched "
 		       "ids/s / single: %s; %ld connection(s) for the "
 		       "persistent lookups\n",
-		       fmt_reps(&xref, "%.2f", a, sizeof(a)),
-		       fmt_reps(&xbatch, "%.1f", b, sizeof(b)), conns);
+		       fmt_reps(&xref, 2, a, sizeof(a)),
+		       fmt_reps(&xbatch, 1, b, sizeof(b)), conns);
 		printf("  targets%s: persistent p50 < %.0f us, batched >= "
 		       "%.0fx single\n",
 		       quick ? " (--quick floors)" : "", tgt()->reg_p50,
@@ -875,7 +872,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		printf("  %-4s %6s x%-3d %-4s %8.2f %9.1f %9.1f %9.2f   %s\n",
 		       via_label[x->v], sizes[s].name, nb, cache, reps_med(&eg),
 		       p50, p99, reps_med(&bg),
-		       fmt_reps(&ratio, "%.2f", buf, sizeof(buf)));
+		       fmt_reps(&ratio, 2, buf, sizeof(buf)));
 	fflush(stdout);
 	/* --check: each row against its target; --quick: the median of a
 	 * group's rows (shm 7 MiB, tcp >= 1 MiB), and the best repetition's
@@ -1212,7 +1209,7 @@ static int bench_file(void)
 			printf("  %6s %10.2f %10.2f %12.1f %12.2f   %s\n",
 			       sizes[s].name, sg, reps_med(&lg), lp,
 			       reps_med(&mg),
-			       fmt_reps(&ratio, "%.2f", rb, sizeof(rb)));
+			       fmt_reps(&ratio, 2, rb, sizeof(rb)));
 		samples_free(&sv);
 		samples_free(&lat);
 	}
