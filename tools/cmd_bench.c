@@ -551,15 +551,18 @@ static int block_iters(size_t bytes)
 static int bench_producer(const char *transport)
 {
 	tool_block_signals();
-	ecx_producer_params p = {.field_mask =
-	                             ECX_PRODUCER_PARAM_BIND_HOST |
-	                             ECX_PRODUCER_PARAM_REGISTRY_PORT |
-	                             ECX_PRODUCER_PARAM_CAPACITY |
-	                             ECX_PRODUCER_PARAM_TRANSPORT,
-	                         .bind_host = "127.0.0.1",
-	                         .registry_port = 0,
-	                         .capacity_bytes = 400u << 20,
-	                         .transport = transport};
+	/* With integrity on: it costs the producer a hash per put (not
+	 * timed here), and only consumers that ask check it. */
+	ecx_producer_params p = {
+	    .field_mask =
+	        ECX_PRODUCER_PARAM_BIND_HOST |
+	        ECX_PRODUCER_PARAM_REGISTRY_PORT | ECX_PRODUCER_PARAM_CAPACITY |
+	        ECX_PRODUCER_PARAM_TRANSPORT | ECX_PRODUCER_PARAM_INTEGRITY,
+	    .bind_host = "127.0.0.1",
+	    .registry_port = 0,
+	    .capacity_bytes = 400u << 20,
+	    .transport = transport,
+	    .integrity = 1};
 	ecx_producer *prod;
 	char why[256];
 	if (ecx_producer_create(&p, &prod, why, sizeof(why)) != 0)
@@ -904,6 +907,81 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	return true;
 }
 
+/* The price of integrity: warm loads of nb items of size s into the
+ * receive arena by a consumer that checks each item's xxh64 (hashed) beside
+ * the same loads by one that does not (x->c), alternating blocks. */
+static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
+{
+	size_t sz = size_bytes(s), bytes = sz * (size_t)nb;
+	int iters = block_iters(bytes), R = nreps();
+	ecx_consumer *cs[2] = {x->c, hashed};
+	ecx_item it[2][MAXBATCH];
+	char ids[MAXBATCH][64];
+	reps gb[2], ratio = {0};
+	memset(gb, 0, sizeof(gb));
+	bool ok = true;
+	memset(it, 0, sizeof(it));
+	for (int w = 0; w < 2; w++)
+		for (int k = 0; k < nb; k++) {
+			snprintf(ids[k], sizeof(ids[k]), "%s-%d", sizes[s].name,
+			         k);
+			it[w][k].id = ids[k];
+		}
+	for (int w = 0; w < 2 && ok; w++) {
+		ok = ecx_consumer_lookup(cs[w], it[w], (size_t)nb) == 0;
+		for (int k = 0; k < nb && ok; k++)
+			ok = (it[w][k].dst = ecx_consumer_alloc(cs[w], sz)) !=
+			     NULL;
+		/* untimed: the first load registers nothing new, but
+		 * connects */
+		ok = ok && ecx_consumer_load(cs[w], it[w], (size_t)nb) == 0;
+	}
+	for (int r = 0; r < R && ok; r++) {
+		double g[2];
+		for (int w = 0; w < 2 && ok; w++) {
+			samples sm = {0};
+			for (int i = 0; i < iters && ok; i++) {
+				uint64_t t0 = tool_now_ns();
+				ok = ecx_consumer_load(cs[w], it[w],
+				                       (size_t)nb) == 0;
+				samples_add(&sm, tool_now_ns() - t0);
+			}
+			g[w] = (double)bytes / (double)samples_pct(&sm, 50);
+			reps_add(&gb[w], g[w]);
+			samples_free(&sm);
+		}
+		if (ok)
+			reps_add(&ratio, g[1] / g[0]);
+	}
+	if (!ok)
+		tool_fail("bench", EXIT_FAIL, "integrity row: %s",
+		          ecx_last_error());
+	for (int w = 0; w < 2; w++)
+		for (int k = 0; k < nb; k++)
+			if (it[w][k].dst != NULL)
+				ecx_consumer_free(cs[w], it[w][k].dst);
+	if (!ok)
+		return false;
+	char buf[96];
+	if (json)
+		row_json("transfer", "integrity",
+		         "\"via\": \"%s\", \"size\": \"%s\", \"batch\": %d, "
+		         "\"gbps_checking\": %.3f, \"gbps_plain\": %.3f, "
+		         "\"ratio\": %.3f, \"ratio_min\": %.3f, "
+		         "\"ratio_max\": %.3f, \"reps\": %d",
+		         via_json[x->v], sizes[s].name, nb, reps_med(&gb[1]),
+		         reps_med(&gb[0]), reps_med(&ratio), reps_min(&ratio),
+		         reps_max(&ratio), R);
+	else
+		printf("  %-4s %6s x%-3d %-4s %8.2f %9s %9s %9.2f   %s "
+		       "(integrity: checking xxh64 vs not)\n",
+		       via_label[x->v], sizes[s].name, nb, "hash",
+		       reps_med(&gb[1]), "", "", reps_med(&gb[0]),
+		       fmt_reps(&ratio, 2, buf, sizeof(buf)));
+	fflush(stdout);
+	return true;
+}
+
 /* Waits until every item of the producer's pools is found by a lookup,
  * so no row runs while the producer is still publishing. */
 static bool producer_settled(ecx_consumer *c)
@@ -1008,6 +1086,19 @@ static int bench_transfer_one(via v)
 		free(x.bdst);
 		x.bsrc = x.bdst = NULL;
 	}
+	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8. */
+	if (rc == EXIT_OK && v != VIA_USER) {
+		ecx_consumer *hashed = NULL;
+		cp.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
+		cp.integrity = 1;
+		cp.recv_capacity = 64u << 20;
+		if (ecx_consumer_create(&cp, &hashed, why, sizeof(why)) != 0)
+			rc = tool_fail("bench", EXIT_FAIL, "%s", why);
+		for (int s = 1; s < NSIZES && rc == EXIT_OK; s++)
+			if (!bench_integrity(&x, hashed, s, 8))
+				rc = EXIT_FAIL;
+		ecx_consumer_destroy(hashed);
+	}
 out:
 	ecx_consumer_destroy(x.c);
 	if (x.tcp >= 0)
@@ -1048,24 +1139,28 @@ static int bench_transfer(void)
 	if (!json) {
 		char lim[96];
 		tcp_limits(lim, sizeof(lim));
-		printf("transfer: producer process -> consumer process, "
-		       "loopback; %d repetitions of (baseline block, ecx "
-		       "block), GB/s and base GB/s: medians of the blocks' "
-		       "median loads, ratio: ecx/baseline of adjacent blocks, "
-		       "median [min-max]; p50/p99: of every ecx load of the "
-		       "row (a whole batch lands by its end)\n"
-		       "  shm: into the receive arena, baseline: single-thread "
-		       "memcpy into pre-faulted memory; shm*: into the "
-		       "caller's memory, baseline: memcpy into memory prepared "
-		       "the same way\n"
-		       "  tcp: into the receive arena, baseline: raw TCP from "
-		       "another process, 1 stream (ecx uses 1 endpoint), "
-		       "TCP_NODELAY, kernel-tuned socket buffers as UCX's "
-		       "(%s)\n"
-		       "  warm: the same ids into the same destinations; cold: "
-		       "ids unused for 32+ MiB of loads, fresh destinations "
-		       "(shm*: never-touched memory), baselines alike\n",
-		       nreps(), lim);
+		printf(
+		    "transfer: producer process -> consumer process, "
+		    "loopback; %d repetitions of (baseline block, ecx "
+		    "block), GB/s and base GB/s: medians of the blocks' "
+		    "median loads, ratio: ecx/baseline of adjacent blocks, "
+		    "median [min-max]; p50/p99: of every ecx load of the "
+		    "row (a whole batch lands by its end)\n"
+		    "  shm: into the receive arena, baseline: single-thread "
+		    "memcpy into pre-faulted memory; shm*: into the "
+		    "caller's memory, baseline: memcpy into memory prepared "
+		    "the same way\n"
+		    "  tcp: into the receive arena, baseline: raw TCP from "
+		    "another process, 1 stream (ecx uses 1 endpoint), "
+		    "TCP_NODELAY, kernel-tuned socket buffers as UCX's "
+		    "(%s)\n"
+		    "  warm: the same ids into the same destinations; cold: "
+		    "ids unused for 32+ MiB of loads, fresh destinations "
+		    "(shm*: never-touched memory), baselines alike\n"
+		    "  hash: warm loads into the receive arena by a consumer "
+		    "checking each item's xxh64 (integrity on); base: the "
+		    "same loads by one that does not, alternating\n",
+		    nreps(), lim);
 		printf("  %-4s %6s %-4s %-4s %8s %9s %9s %9s   %s\n", "via",
 		       "item", "batch", "", "GB/s", "p50 us", "p99 us",
 		       "base GB/s", "ratio");
