@@ -397,3 +397,63 @@ def test_an_item_two_requests_share_stays_until_both_let_go(registry,
     eng.step()
     assert all(not w._held for w in workers) and not sched._items
     shutdown(sched, workers)
+
+
+def test_a_hit_loads_under_eviction_pressure(registry, lease_ms=30000):
+    """The leases issue's case through the connector: a producer saving
+    without pause into an arena that holds about a third of what it
+    cycles through, and requests for items saved a while ago (near the
+    eviction end). A request whose lookup found its items (a hit) must
+    load them: none may come out of take_unavailable_requests, and the
+    Engine checks every scheduled remote item is in the cache. (With
+    lease_ms=0 two or so requests of fifty come out unavailable here.)"""
+    import threading
+    reg = registry()
+    pool = [mm_hash(f"press-{i}") for i in range(48)]
+    tensors = {h: expected(h) for h in pool}
+    cfg = VllmConfig(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECXConnector", ec_role="ec_producer",
+        ec_buffer_device="cpu",
+        ec_connector_extra_config={"registry": reg.url, "token": "tok",
+                                   "bind_host": "127.0.0.1",
+                                   "capacity_bytes": "24MiB"}))
+    prod = ECXConnector(cfg, ECConnectorRole.WORKER)
+    stop = threading.Event()
+    saved = []
+
+    def save():
+        k = 0
+        while not stop.is_set():
+            h = pool[k % len(pool)]
+            prod.save_caches({h: tensors[h]}, h)
+            saved.append(h)
+            k += 1
+            time.sleep(0.002)
+
+    t = threading.Thread(target=save)
+    t.start()
+    sched, workers = connectors(reg.url, ranks=1, lease_ms=lease_ms)
+    eng = Engine(sched, workers)
+    try:
+        while len(saved) < 20:
+            time.sleep(0.01)
+        deadline = time.monotonic() + 4
+        n = 0
+        while time.monotonic() < deadline:
+            ids = list(dict.fromkeys(saved[-12:-8]))
+            req = Request(f"p{n}", ids)
+            eng.add(req)
+            eng.run(3)
+            if req.request_id in eng.scheduled:
+                eng.finish(req)
+            n += 1
+    finally:
+        stop.set()
+        t.join()
+    hits = sum(1 for r in range(n) if f"p{r}" in eng.scheduled)
+    assert not eng.unavailable, eng.unavailable
+    assert hits == n and n >= 10
+    remote = sched.stats()
+    assert remote.get("items_remote", 1) > 0
+    shutdown(sched, workers)
+    prod.shutdown()
