@@ -12,7 +12,13 @@
  * used (a consumer's first leased batch with a hit, then one in 64, is
  * dropped without a load) expire and give their room back.
  *
- *   ecx-soak [--seconds N] [--consumers N]      (defaults: 60, 3)
+ * Consumers restart during the run (each process ends after --restart
+ * seconds and a new one takes its place, counting on), and the producer is
+ * stalled three times (SIGSTOP, 300 ms, SIGCONT), well within the loads'
+ * timeout and the leases' time: nothing may fail because of either.
+ *
+ *   ecx-soak [--seconds N] [--consumers N] [--restart S]
+ *                                               (defaults: 60, 3, 15)
  *
  * Prints a summary and "N passed, N failed"; exits non-zero on a failure.
  */
@@ -35,6 +41,7 @@ typedef struct shared {
 	volatile unsigned port;
 	volatile long latest; /* newest id put, -1 before the first */
 	volatile int stop;
+	int restarts, stalls;
 	/* producer, at the end */
 	uint64_t puts, put_fail, evictions, pulls, served, failed, pinned;
 	uint64_t rss_start, rss_mid, rss_end;
@@ -272,12 +279,22 @@ static int run_consumer(shared *sh, int me, uint64_t until)
 	return 0;
 }
 
+static pid_t consumer_start(shared *sh, int me, uint64_t until, int restart_s)
+{
+	uint64_t end = now_ms() + (uint64_t)restart_s * 1000;
+	pid_t pid = fork();
+	if (pid == 0)
+		_exit(run_consumer(sh, me, end < until ? end : until));
+	return pid;
+}
+
 int main(int argc, char **argv)
 {
-	int seconds = 60, consumers = 3;
+	int seconds = 60, consumers = 3, restart_s = 15;
 	static const struct option opts[] = {
 	    {"seconds", required_argument, NULL, 's'},
 	    {"consumers", required_argument, NULL, 'c'},
+	    {"restart", required_argument, NULL, 'r'},
 	    {NULL, 0, NULL, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -285,10 +302,13 @@ int main(int argc, char **argv)
 			seconds = atoi(optarg);
 		else if (o == 'c')
 			consumers = atoi(optarg);
+		else if (o == 'r')
+			restart_s = atoi(optarg);
 		else
 			return 2;
 	}
-	if (seconds < 1 || consumers < 1 || consumers > MAX_CONSUMERS)
+	if (seconds < 1 || consumers < 1 || consumers > MAX_CONSUMERS ||
+	    restart_s < 1)
 		return 2;
 	shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 	                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -300,17 +320,38 @@ int main(int argc, char **argv)
 		_exit(run_producer(sh, until));
 	while (sh->port == 0)
 		usleep(10000);
+	uint64_t start = now_ms();
 	pid_t cons[MAX_CONSUMERS];
-	for (int i = 0; i < consumers; i++) {
-		cons[i] = fork();
-		if (cons[i] == 0)
-			_exit(run_consumer(sh, i, until));
-	}
-	int bad_exit = 0;
-	for (int i = 0; i < consumers; i++) {
-		int st;
-		waitpid(cons[i], &st, 0);
-		bad_exit += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	for (int i = 0; i < consumers; i++)
+		cons[i] = consumer_start(sh, i, until, restart_s);
+	int bad_exit = 0, live = consumers;
+	while (live > 0) {
+		/* The stalls: at a quarter, half and three quarters. */
+		uint64_t now = now_ms();
+		if (sh->stalls < 3 &&
+		    now >= start + (until - start) *
+		                       (uint64_t)(sh->stalls + 1) / 4) {
+			kill(prod, SIGSTOP);
+			usleep(300000);
+			kill(prod, SIGCONT);
+			sh->stalls++;
+		}
+		for (int i = 0; i < consumers; i++) {
+			int st;
+			if (cons[i] <= 0 || waitpid(cons[i], &st, WNOHANG) <= 0)
+				continue;
+			bad_exit += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+			/* A new process in its place, counting on. */
+			if (now_ms() + 1000 < until) {
+				cons[i] =
+				    consumer_start(sh, i, until, restart_s);
+				sh->restarts++;
+			} else {
+				cons[i] = 0;
+				live--;
+			}
+		}
+		usleep(20000);
 	}
 	sh->stop = 1;
 	int st;
@@ -398,7 +439,12 @@ int main(int argc, char **argv)
 			fail++;                      \
 		}                                    \
 	} while (0)
+	printf("soak: %d consumer restarts, %d producer stalls of 300 ms\n",
+	       sh->restarts, sh->stalls);
 	CHECK(bad_exit == 0, "every process exited cleanly");
+	CHECK(sh->restarts >= (seconds / restart_s - 1) * consumers &&
+	          sh->stalls == 3,
+	      "consumers restarted and the producer stalled during the run");
 	CHECK(corrupt == 0, "no item was corrupted");
 	CHECK(other == 0, "no error but 'evicted' or 'not found'");
 	CHECK(ok > 100 && sh->evictions > 100, "it loaded and evicted a lot");
