@@ -79,6 +79,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	ecx_shm_domain(p->domain, sizeof(p->domain));
 	p->timeout_ms = timeout;
 	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
+	const char *delay = getenv("ECX_TEST_PULL_DELAY_MS");
+	p->test_delay_ms = delay != NULL ? (unsigned)atoi(delay) : 0;
 	p->st.capacity = cap;
 	p->lease_max_ms = (uint64_t)lease_ms;
 	p->lease_cap = cap * (uint64_t)lease_pct / 100;

@@ -133,6 +133,9 @@ struct ecx_producer {
 	ecx_regclient *remote;  /* remote, or NULL */
 	int ttl_s;      /* of Redis entries; renewed every third of it */
 	bool integrity; /* hash items at put, send hashes with replies */
+	/* Tests only: ECX_TEST_PULL_DELAY_MS, a pause before each item of a
+	 * pull, for a producer that is slow rather than stopped. */
+	unsigned test_delay_ms;
 	bool redis;
 	uint64_t next_refresh_ms;
 	pthread_mutex_t remote_lock; /* the client is one thread at a time */

@@ -360,6 +360,8 @@ static bool job_start(ecx_producer *p, job *j)
 			j->status[i] = ECX_EPROTO;
 			continue;
 		}
+		if (p->test_delay_ms > 0)
+			usleep(p->test_delay_ms * 1000u);
 		/* Checked before each item: a producer stopped (or slow)
 		 * in the middle of a pull writes nothing after it expired. */
 		if (j->pr.expires_ms != 0 && pull_expired(j)) {

@@ -633,6 +633,85 @@ static void test_late_write_tcp_caller(void **state)
 	late_write("tcp", false);
 }
 
+/* A producer merely slow (300 ms before each item, a test-only delay),
+ * not stopped: a load of two of its items times out (400 ms) after it
+ * wrote the first and before the second; the destinations go to another
+ * producer's items, and when the slow one answers it has written nothing
+ * more (the second item's expiry had passed). */
+static void slow_producer(const char *transport, bool arena)
+{
+	producer p1, p2;
+	setenv("ECX_TEST_PULL_DELAY_MS", "300", 1);
+	producer_start(&p1, transport, NULL);
+	unsetenv("ECX_TEST_PULL_DELAY_MS");
+	producer_start(&p2, transport, NULL);
+	producer_put(&p1, "s1", "bfloat16", "1024x3584", "ok");
+	producer_put(&p1, "s2", "bfloat16", "1024x3584", "ok");
+	producer_put(&p2, "t1", "bfloat16", "1024x3584", "ok");
+	producer_put(&p2, "t2", "bfloat16", "1024x3584", "ok");
+	char urls[160];
+	snprintf(urls, sizeof(urls), "%s,%s", p1.url, p2.url);
+	ecx_consumer *c = consumer(urls, transport, 400, NULL);
+	ecx_item it[4] = {
+	    {.id = "s1"}, {.id = "s2"}, {.id = "t1"}, {.id = "t2"}};
+	assert_int_equal(ecx_consumer_lookup(c, it, 4), 0);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(it[i].status, 0);
+	size_t n = it[0].desc.nbytes;
+	/* The connection to p1 first (its hello is not slow). */
+	it[0].dst = arena ? ecx_consumer_alloc(c, n) : malloc(n);
+	assert_non_null(it[0].dst);
+	ecx_consumer_load(c, &it[0], 1); /* 300 ms: in time */
+	it[1].dst = arena ? ecx_consumer_alloc(c, n) : malloc(n);
+	assert_non_null(it[1].dst);
+	memset(it[0].dst, 0, n);
+	memset(it[1].dst, 0, n);
+	uint64_t t0 = now_ms();
+	assert_int_equal(ecx_consumer_load(c, it, 2), ECX_ETIMEDOUT);
+	assert_true(now_ms() - t0 < 400 + 500);
+	/* The caller gives both destinations to p2's items at once. */
+	void *was[2] = {it[0].dst, it[1].dst};
+	for (int i = 0; i < 2; i++) {
+		if (arena) {
+			ecx_consumer_free(c, was[i]);
+			it[2 + i].dst = ecx_consumer_alloc(c, n);
+		} else {
+			it[2 + i].dst = was[i]; /* the same memory */
+		}
+		assert_non_null(it[2 + i].dst);
+	}
+	assert_int_equal(ecx_consumer_load(c, &it[2], 2), 0);
+	assert_true(tu_check("t1", it[2].dst, n));
+	assert_true(tu_check("t2", it[3].dst, n));
+	usleep(900000); /* p1 is done with the pull (answered) by now */
+	assert_true(tu_check("t1", it[2].dst, n));
+	assert_true(tu_check("t2", it[3].dst, n));
+	/* p1 wrote s1 in time (served) and refused s2 (expired). */
+	assert_int_equal(producer_stat(&p1, "served"), 2);
+	assert_int_equal(producer_stat(&p1, "failed"), 1);
+	for (int i = 2; i < 4; i++) {
+		if (arena)
+			ecx_consumer_free(c, it[i].dst);
+		else
+			free(it[i].dst);
+	}
+	ecx_consumer_destroy(c);
+	producer_stop(&p1);
+	producer_stop(&p2);
+}
+
+static void test_slow_producer_shm_arena(void **state)
+{
+	(void)state;
+	slow_producer("shm", true);
+}
+
+static void test_slow_producer_tcp_arena(void **state)
+{
+	(void)state;
+	slow_producer("tcp", true);
+}
+
 /* Four consumer processes at once, every byte checked by each. */
 static void test_four_consumers(void **state)
 {
@@ -891,6 +970,8 @@ int main(void)
 	    cmocka_unit_test(test_late_write_shm_caller),
 	    cmocka_unit_test(test_late_write_tcp_arena),
 	    cmocka_unit_test(test_late_write_tcp_caller),
+	    cmocka_unit_test(test_slow_producer_shm_arena),
+	    cmocka_unit_test(test_slow_producer_tcp_arena),
 	    cmocka_unit_test(test_integrity_tcp),
 	    cmocka_unit_test(test_integrity_shm),
 	};
