@@ -273,7 +273,10 @@ ECX_API int ecx_producer_create(const ecx_producer_params *params,
  * ECX_ENOSPC (no room: everything is pinned), ECX_EINVAL (id held with
  * another descriptor), or the registry's error (the item is then not kept).
  * On failure the store is as it was. Blocks on the copy and, with a remote
- * registry, on one HTTP request. */
+ * registry, on its publish (at most timeout_ms; refused at once, ECX_ECONNECT,
+ * while that registry is known to be down). Evicted ids leave the registry
+ * before their bytes are written over; where it cannot be reached their
+ * removal is queued and made when it is back (tried with back-off). */
 ECX_API int ecx_producer_put(ecx_producer *p, const char *id,
                              const ecx_tensor_desc *desc, const void *src);
 

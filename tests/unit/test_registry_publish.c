@@ -1,0 +1,264 @@
+/* The producer's entries in a remote HTTP registry under eviction while
+ * the registry is stopped (SIGSTOP: it keeps its entries but answers
+ * nothing) or killed and started again on the same port: evicted ids
+ * leave it when it answers again, held ids come back after a restart, and
+ * the producer's other work does not wait on it. Real processes: `ecx
+ * registry` and a producer (tests/peer.c), on 127.0.0.1. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "common/testutil.h"
+#include "dir/dir.h"
+
+#include <time.h>
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Every child started, killed at exit so a failed test leaves none. */
+static pid_t children[16];
+static size_t nchildren;
+
+static void kill_children(void)
+{
+	for (size_t i = 0; i < nchildren; i++)
+		if (children[i] > 0)
+			kill(children[i], SIGKILL);
+}
+
+static void child_started(pid_t pid)
+{
+	if (nchildren < sizeof(children) / sizeof(children[0]))
+		children[nchildren++] = pid;
+}
+
+typedef struct registry {
+	tu_child ch;
+	unsigned port;
+	char url[64];
+} registry;
+
+/* Starts `ecx registry` on port (0: a free one) with extra arguments. */
+static void registry_start(registry *r, unsigned port, const char *ttl)
+{
+	const char *ecx = getenv("ECX_BIN");
+	if (ecx == NULL)
+		fail_msg("ECX_BIN is not set (the ecx command)");
+	char ps[16];
+	snprintf(ps, sizeof(ps), "%u", port);
+	char *argv[] = {(char *)ecx, "registry", "--bind",
+	                "127.0.0.1", "--port",   ps,
+	                NULL,        NULL,       NULL};
+	if (ttl != NULL) {
+		argv[6] = "--registry-ttl";
+		argv[7] = (char *)ttl;
+	}
+	char line[256];
+	/* The port may still be held a moment after a kill: try again. */
+	for (int i = 0; i < 50; i++) {
+		assert_true(tu_spawn(&r->ch, argv));
+		child_started(r->ch.pid);
+		if (tu_line(&r->ch, line, sizeof(line)))
+			break;
+		tu_reap(&r->ch, 1000);
+		usleep(100000);
+	}
+	if (sscanf(line, "listening on http://127.0.0.1:%u", &r->port) != 1)
+		fail_msg("registry: %s", line);
+	snprintf(r->url, sizeof(r->url), "http://127.0.0.1:%u", r->port);
+}
+
+static void registry_kill(registry *r)
+{
+	kill(r->ch.pid, SIGKILL);
+	tu_reap(&r->ch, 2000);
+}
+
+typedef struct producer {
+	tu_child ch;
+	char zmq[256];
+} producer;
+
+static void producer_start(producer *p, const char *url, const char *cap,
+                           const char *ttl)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
+	char *argv[] = {path,        "producer",   "--registry",
+	                (char *)url, "--capacity", (char *)cap,
+	                "--timeout", "1000",       "--registry-ttl",
+	                (char *)ttl, NULL};
+	assert_true(tu_spawn(&p->ch, argv));
+	child_started(p->ch.pid);
+	char line[512];
+	unsigned port;
+	assert_true(tu_line(&p->ch, line, sizeof(line)));
+	if (sscanf(line, "ready %u %255s", &port, p->zmq) != 2)
+		fail_msg("producer: %s", line);
+}
+
+static void producer_quit(producer *p)
+{
+	char ans[256];
+	assert_true(tu_ask(&p->ch, ans, sizeof(ans), "quit"));
+	tu_reap(&p->ch, 5000);
+}
+
+/* Whether url holds id (a fresh client each time: no back-off state). */
+static bool listed(const char *url, const char *id)
+{
+	ecx_regclient_opts o = {
+	    .urls = url, .connect_timeout_ms = 500, .timeout_ms = 500};
+	ecx_regclient *c;
+	char why[256];
+	assert_int_equal(ecx_regclient_create(&o, &c, why, sizeof(why)), 0);
+	ecx_lookup_item it = {.id = id};
+	int rc = ecx_regclient_lookup(c, &it, 1, why, sizeof(why));
+	ecx_regclient_destroy(c);
+	if (rc != 0)
+		fail_msg("lookup %s: %s", id, why);
+	return it.found;
+}
+
+/* Waits up to ms for listed(url, id) to become want; returns the time. */
+static uint64_t wait_listed(const char *url, const char *id, bool want,
+                            uint64_t ms)
+{
+	uint64_t t0 = now_ms();
+	while (listed(url, id) != want) {
+		if (now_ms() - t0 > ms)
+			fail_msg("%s still %s after %llu ms", id,
+			         want ? "missing" : "listed",
+			         (unsigned long long)ms);
+		usleep(50000);
+	}
+	return now_ms() - t0;
+}
+
+static void put_ok(producer *p, const char *id)
+{
+	char ans[256];
+	assert_true(
+	    tu_ask(&p->ch, ans, sizeof(ans), "put %s uint8 1048576", id));
+	if (strcmp(ans, "ok") != 0)
+		fail_msg("put %s: %s", id, ans);
+}
+
+/* Eviction while the registry answers nothing: the evicted id leaves it
+ * when it answers again; nothing else of the producer waits meanwhile. */
+static void test_evict_while_stopped(void **state)
+{
+	(void)state;
+	registry r;
+	registry_start(&r, 0, NULL);
+	producer p;
+	producer_start(&p, r.url, "2097152", "30"); /* 2 MiB: two items */
+	put_ok(&p, "ev-a");
+	put_ok(&p, "ev-b");
+	assert_true(listed(r.url, "ev-a") && listed(r.url, "ev-b"));
+
+	tu_stop(r.ch.pid);
+	char ans[512];
+	uint64_t t0 = now_ms();
+	/* Evicts ev-a; its removal waits for the registry. The put itself
+	 * cannot publish ev-c: it says so, within its bound. */
+	assert_true(tu_ask(&p.ch, ans, sizeof(ans), "put ev-c uint8 1048576"));
+	uint64_t took = now_ms() - t0;
+	print_message("put while the registry is stopped: %llu ms: %s\n",
+	              (unsigned long long)took, ans);
+	assert_true(took < 2500);
+	assert_non_null(strstr(ans, "err"));
+	/* The rest of the producer does not wait on the registry. */
+	for (int i = 0; i < 5; i++) {
+		t0 = now_ms();
+		assert_true(tu_ask(&p.ch, ans, sizeof(ans), "stats"));
+		assert_true(now_ms() - t0 < 200);
+		usleep(200000);
+	}
+	/* The publisher knows the registry is down now: this removal is not
+	 * even sent, only queued. */
+	t0 = now_ms();
+	assert_true(tu_ask(&p.ch, ans, sizeof(ans), "remove ev-b"));
+	assert_string_equal(ans, "ok");
+	assert_true(now_ms() - t0 < 200);
+	kill(r.ch.pid, SIGCONT);
+	uint64_t gone = wait_listed(r.url, "ev-a", false, 3000);
+	gone = wait_listed(r.url, "ev-b", false, 3000) + gone;
+	print_message("ev-a and ev-b left the registry %llu ms after it "
+	              "answered again\n",
+	              (unsigned long long)gone);
+	assert_false(listed(r.url, "ev-c"));
+
+	/* Puts with the registry back: an evicted id is gone when the put
+	 * that evicted it returns. */
+	put_ok(&p, "ev-d");
+	put_ok(&p, "ev-e");
+	put_ok(&p, "ev-f"); /* evicts ev-d */
+	assert_false(listed(r.url, "ev-d"));
+	assert_true(listed(r.url, "ev-e") && listed(r.url, "ev-f"));
+	producer_quit(&p);
+	assert_false(listed(r.url, "ev-e") || listed(r.url, "ev-f"));
+	registry_kill(&r);
+}
+
+/* The registry is killed and started again on its port: ids evicted
+ * meanwhile are not there, ids still held are published again. */
+static void test_evict_across_restart(void **state)
+{
+	(void)state;
+	registry r;
+	registry_start(&r, 0, NULL);
+	producer p;
+	producer_start(&p, r.url, "2097152", "30");
+	put_ok(&p, "rs-a");
+	put_ok(&p, "rs-b");
+	unsigned port = r.port;
+	registry_kill(&r);
+	char ans[512];
+	/* Refused at once: rs-a is evicted, its removal queued. */
+	uint64_t t0 = now_ms();
+	assert_true(tu_ask(&p.ch, ans, sizeof(ans), "put rs-c uint8 1048576"));
+	assert_non_null(strstr(ans, "err"));
+	assert_true(now_ms() - t0 < 1500);
+	assert_true(tu_ask(&p.ch, ans, sizeof(ans), "remove rs-b"));
+	assert_string_equal(ans, "ok");
+	usleep(300000);
+	registry_start(&r, port, NULL);
+	/* Puts are refused at once while the producer holds the registry
+	 * down; it tries again within its longest back-off (2 s). */
+	t0 = now_ms();
+	while (tu_ask(&p.ch, ans, sizeof(ans), "put rs-d uint8 1048576") &&
+	       strcmp(ans, "ok") != 0 && now_ms() - t0 < 3000)
+		usleep(100000);
+	assert_string_equal(ans, "ok");
+	print_message("a put publishes again %llu ms after the restart\n",
+	              (unsigned long long)(now_ms() - t0));
+	/* Held items come back; the removed and evicted ones do not. */
+	uint64_t back = wait_listed(r.url, "rs-d", true, 3000);
+	print_message("restarted registry complete after %llu ms\n",
+	              (unsigned long long)back);
+	usleep(2500000); /* more than a sync period */
+	assert_false(listed(r.url, "rs-a"));
+	assert_false(listed(r.url, "rs-b"));
+	assert_false(listed(r.url, "rs-c"));
+	producer_quit(&p);
+	registry_kill(&r);
+}
+
+int main(void)
+{
+	atexit(kill_children);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_evict_while_stopped),
+	    cmocka_unit_test(test_evict_across_restart),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
