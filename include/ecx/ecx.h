@@ -177,6 +177,7 @@ enum {
 	ECX_REGISTRY_PARAM_TOKEN_READS = 1u << 3,
 	ECX_REGISTRY_PARAM_THREADS = 1u << 4,
 	ECX_REGISTRY_PARAM_STORE = 1u << 5,
+	ECX_REGISTRY_PARAM_ENTRY_TTL = 1u << 6,
 };
 
 /* Fields not named in field_mask take their defaults. */
@@ -189,6 +190,9 @@ typedef struct ecx_registry_params {
 	unsigned threads;      /* default 2 serving threads */
 	const char *store;     /* default "memory"; or redis://HOST:PORT[/DB]
 	                          (HTTP clients then share a Redis) */
+	int entry_ttl_s;       /* entries PUT without a lease of their own
+	                          ("ecx_ttl_s") leave this long after their
+	                          last renewal; default 30, 0: never */
 } ecx_registry_params;
 
 /* ecx_registry_create binds and starts serving before it returns. Fails
@@ -249,11 +253,15 @@ typedef struct ecx_producer_params {
 	const char *transport;      /* "auto" (default), "tcp", "shm" */
 	int timeout_ms;             /* bound on transfers and registry calls,
 	                               default 5000 */
-	int registry_ttl_s;         /* with a redis:// registry: entries expire
-	                               this long after the producer stops
-	                               renewing them (it renews every third of
-	                               it), so a producer that dies leaves
-	                               nothing behind; default 30, 0: never */
+	int registry_ttl_s;         /* entries in a remote registry (HTTP or
+	                               Redis) expire this long after the
+	                               producer stops renewing them (it renews
+	                               every third of it, at most every 2 s),
+	                               so a producer that dies leaves nothing
+	                               behind; default 30; 0: never on Redis,
+	                               the registry's own lease on HTTP. With
+	                               the embedded registry: the lease of
+	                               entries other producers PUT into it */
 } ecx_producer_params;
 
 /* ecx_producer_create maps and populates the arena (capacity bytes touched

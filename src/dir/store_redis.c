@@ -107,6 +107,8 @@ static int rs_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
                   size_t whylen)
 {
 	redis_store *r = (redis_store *)s;
+	/* The entry's own lease, else the store's. */
+	int ttl = e->ttl_s > 0 ? (int)e->ttl_s : r->ttl_s;
 	char *json = ecx_entry_encode(e);
 	if (json == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
@@ -114,9 +116,9 @@ static int rs_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
 	int rc = rs_connect(r, why, whylen);
 	if (rc == 0) {
 		redisReply *rep =
-		    r->ttl_s > 0
+		    ttl > 0
 		        ? redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s EX %d",
-		                       id, json, r->ttl_s)
+		                       id, json, ttl)
 		        : redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s", id,
 		                       json);
 		if (rep == NULL || rep->type == REDIS_REPLY_ERROR)
@@ -186,9 +188,11 @@ static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 		    rep->elements != n) {
 			rc = rs_fail(r, rep, why, whylen);
 		} else {
-			for (size_t i = 0; i < n; i++)
+			for (size_t i = 0; i < n; i++) {
+				items[i].nalt = 0;
 				items[i].found = entry_of(rep->element[i],
 				                          &items[i].entry) == 0;
+			}
 			freeReplyObject(rep);
 		}
 	}

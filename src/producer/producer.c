@@ -44,6 +44,11 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	if (cap < ECX_ALLOC_ALIGN || cap >= ECX_JSON_INT_MAX)
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "capacity must be 4 KiB to 2^53 bytes");
+	if ((m & ECX_PRODUCER_PARAM_REGISTRY_TTL) &&
+	    (pp->registry_ttl_s < 0 || pp->registry_ttl_s > ECX_TTL_MAX_S))
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "registry TTL is 0 to %d seconds, not %d",
+		               ECX_TTL_MAX_S, pp->registry_ttl_s);
 	if (reg_port < -1 || reg_port > 65535)
 		return ecx_why(why, whylen, ECX_EINVAL, "bad registry port %d",
 		               reg_port);
@@ -95,6 +100,12 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		                          .bind_host = bind,
 		                          .port = (uint16_t)reg_port,
 		                          .token = token};
+		/* Its own entries never expire (they live in this process);
+		 * the TTL is the lease of other producers' PUTs. */
+		if (m & ECX_PRODUCER_PARAM_REGISTRY_TTL) {
+			rp.field_mask |= ECX_REGISTRY_PARAM_ENTRY_TTL;
+			rp.entry_ttl_s = pp->registry_ttl_s;
+		}
 		rc = ecx_registry_create(&rp, &p->registry, why, whylen);
 		if (rc != 0)
 			goto fail;

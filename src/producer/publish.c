@@ -198,6 +198,7 @@ static int pub_sync(ecx_producer *p, char *why, size_t whylen)
 			ecx_strlcpy(es[n].producer_zmq, p->address,
 			            sizeof(es[n].producer_zmq));
 			es[n].epoch = p->epoch;
+			es[n].ttl_s = (uint32_t)p->ttl_s;
 			n++;
 		}
 	}
@@ -438,6 +439,7 @@ int prod_publish(ecx_producer *p, const char *id, const ecx_tensor_desc *d,
 	pub_op *op = calloc(1, sizeof(*op));
 	if (op == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	e.ttl_s = (uint32_t)p->ttl_s; /* renewed by the publisher */
 	op->e = e;
 	op->waited = true;
 	ecx_strlcpy(op->id, id, sizeof(op->id));

@@ -49,9 +49,14 @@ typedef struct registry {
 /* Starts `ecx registry` on port (0: a free one) with extra arguments. */
 static void registry_start(registry *r, unsigned port, const char *ttl)
 {
+	/* The ecx command: $ECX_BIN (ctest sets it), else beside the tests
+	 * in the build tree. */
+	static char guess[512];
 	const char *ecx = getenv("ECX_BIN");
-	if (ecx == NULL)
-		fail_msg("ECX_BIN is not set (the ecx command)");
+	if (ecx == NULL) {
+		snprintf(guess, sizeof(guess), "%s/../tools/ecx", tu_bindir());
+		ecx = guess;
+	}
 	char ps[16];
 	snprintf(ps, sizeof(ps), "%u", port);
 	char *argv[] = {(char *)ecx, "registry", "--bind",
@@ -116,7 +121,7 @@ static void producer_quit(producer *p)
 static bool listed(const char *url, const char *id)
 {
 	ecx_regclient_opts o = {
-	    .urls = url, .connect_timeout_ms = 500, .timeout_ms = 500};
+	    .urls = url, .connect_timeout_ms = 2000, .timeout_ms = 2000};
 	ecx_regclient *c;
 	char why[256];
 	assert_int_equal(ecx_regclient_create(&o, &c, why, sizeof(why)), 0);
@@ -253,12 +258,101 @@ static void test_evict_across_restart(void **state)
 	registry_kill(&r);
 }
 
+/* Looks id up in url: its holders' producer addresses (first the one a
+ * client tries first), and the age the registry gives the first. */
+static size_t holders(const char *url, const char *id, char out[][256],
+                      uint64_t *age_ms)
+{
+	ecx_regclient_opts o = {
+	    .urls = url, .connect_timeout_ms = 2000, .timeout_ms = 2000};
+	ecx_regclient *c;
+	char why[256];
+	assert_int_equal(ecx_regclient_create(&o, &c, why, sizeof(why)), 0);
+	/* Two ids: the batched route, which answers every holder. */
+	ecx_lookup_item it[2] = {{.id = id}, {.id = "no-such-id"}};
+	int rc = ecx_regclient_lookup(c, it, 2, why, sizeof(why));
+	ecx_regclient_destroy(c);
+	if (rc != 0)
+		fail_msg("lookup %s: %s", id, why);
+	if (!it[0].found)
+		return 0;
+	ecx_strlcpy(out[0], it[0].entry.producer_zmq, 256);
+	for (uint32_t k = 0; k < it[0].nalt; k++)
+		ecx_strlcpy(out[k + 1], it[0].alt[k].producer_zmq, 256);
+	if (age_ms != NULL)
+		*age_ms = it[0].entry.age_ms;
+	return 1 + it[0].nalt;
+}
+
+/* A producer killed with SIGKILL: its entries leave the HTTP registry
+ * within its TTL; while it lives they stay (it renews them). */
+static void test_killed_producer_expires(void **state)
+{
+	(void)state;
+	registry r;
+	registry_start(&r, 0, NULL);
+	producer p;
+	producer_start(&p, r.url, "4194304", "2"); /* TTL 2 s */
+	put_ok(&p, "ttl-a");
+	put_ok(&p, "ttl-b");
+	usleep(4500000); /* more than twice the TTL: renewed meanwhile */
+	assert_true(listed(r.url, "ttl-a") && listed(r.url, "ttl-b"));
+	char h[ECX_HOLDERS_MAX][256];
+	uint64_t age = 0;
+	assert_int_equal(holders(r.url, "ttl-a", h, &age), 1);
+	assert_true(age > 0 && age < 2000);
+	kill(p.ch.pid, SIGKILL);
+	tu_reap(&p.ch, 2000);
+	uint64_t t0 = now_ms();
+	uint64_t gone = wait_listed(r.url, "ttl-a", false, 4000);
+	assert_false(listed(r.url, "ttl-b"));
+	print_message("a SIGKILLed producer's entries left the registry "
+	              "%llu ms after the kill (TTL 2 s)\n",
+	              (unsigned long long)gone);
+	assert_true(now_ms() - t0 <= 2600);
+	registry_kill(&r);
+}
+
+/* Two producers hold one id: the registry keeps both; stop either and the
+ * id still resolves to the other. */
+static void test_two_holders(void **state)
+{
+	(void)state;
+	registry r;
+	registry_start(&r, 0, NULL);
+	producer a, b;
+	producer_start(&a, r.url, "4194304", "5");
+	producer_start(&b, r.url, "4194304", "5");
+	put_ok(&a, "two");
+	put_ok(&b, "two");
+	char h[ECX_HOLDERS_MAX][256];
+	assert_int_equal(holders(r.url, "two", h, NULL), 2);
+	/* The most recent first. */
+	assert_string_equal(h[0], b.zmq);
+	assert_string_equal(h[1], a.zmq);
+	/* The one that stops unpublishes its own entry only. */
+	producer_quit(&b);
+	assert_int_equal(holders(r.url, "two", h, NULL), 1);
+	assert_string_equal(h[0], a.zmq);
+	producer_start(&b, r.url, "4194304", "5");
+	put_ok(&b, "two");
+	assert_int_equal(holders(r.url, "two", h, NULL), 2);
+	producer_quit(&a);
+	assert_int_equal(holders(r.url, "two", h, NULL), 1);
+	assert_string_equal(h[0], b.zmq);
+	producer_quit(&b);
+	assert_int_equal(holders(r.url, "two", h, NULL), 0);
+	registry_kill(&r);
+}
+
 int main(void)
 {
 	atexit(kill_children);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_evict_while_stopped),
 	    cmocka_unit_test(test_evict_across_restart),
+	    cmocka_unit_test(test_killed_producer_expires),
+	    cmocka_unit_test(test_two_holders),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
