@@ -87,6 +87,7 @@ struct ecx_load {
 	pull **pulls;
 	size_t npulls;
 	uint64_t deadline_ns;
+	bool retry; /* a failover to other holders (load.c) */
 };
 
 typedef struct arena_alloc {

@@ -330,8 +330,23 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 	return rc;
 }
 
+static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
+                  bool all_holders, char *why, size_t whylen);
+
 int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
                          char *why, size_t whylen)
+{
+	return lookup(c, items, n, false, why, whylen);
+}
+
+int ecx_regclient_lookup_holders(ecx_regclient *c, ecx_lookup_item *items,
+                                 size_t n, char *why, size_t whylen)
+{
+	return lookup(c, items, n, true, why, whylen);
+}
+
+static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
+                  bool all_holders, char *why, size_t whylen)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (ecx_id_check(items[i].id, why, whylen) != 0)
@@ -373,8 +388,9 @@ int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		asked++;
 		int rc = g->redis != NULL ? g->redis->ops->mget(g->redis, miss,
 		                                                m, why, whylen)
-		         : m == 1 ? reg_lookup_one(c, g, miss, why, whylen)
-		                  : reg_lookup_many(c, g, miss, m, why, whylen);
+		         : m == 1 && !all_holders
+		             ? reg_lookup_one(c, g, miss, why, whylen)
+		             : reg_lookup_many(c, g, miss, m, why, whylen);
 		reg_mark(g, rc);
 		if (rc != 0) {
 			last = rc;

@@ -44,6 +44,11 @@ void ecx_regclient_destroy(ecx_regclient *c);
 int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
                          char *why, size_t whylen);
 
+/* The same, with every holder of each id (items[].alt): always the
+ * batched route, even for one id (GET /ec/info answers one holder). */
+int ecx_regclient_lookup_holders(ecx_regclient *c, ecx_lookup_item *items,
+                                 size_t n, char *why, size_t whylen);
+
 /* PUT and DELETE against the first registry in the list (a producer
  * publishes to one). producer_zmq, when not NULL, makes the delete conditional
  * on the entry being that producer's. */

@@ -247,9 +247,7 @@ static void test_evict_across_restart(void **state)
 	print_message("a put publishes again %llu ms after the restart\n",
 	              (unsigned long long)(now_ms() - t0));
 	/* Held items come back; the removed and evicted ones do not. */
-	uint64_t back = wait_listed(r.url, "rs-d", true, 3000);
-	print_message("restarted registry complete after %llu ms\n",
-	              (unsigned long long)back);
+	wait_listed(r.url, "rs-d", true, 3000);
 	usleep(2500000); /* more than a sync period */
 	assert_false(listed(r.url, "rs-a"));
 	assert_false(listed(r.url, "rs-b"));
@@ -268,9 +266,8 @@ static size_t holders(const char *url, const char *id, char out[][256],
 	ecx_regclient *c;
 	char why[256];
 	assert_int_equal(ecx_regclient_create(&o, &c, why, sizeof(why)), 0);
-	/* Two ids: the batched route, which answers every holder. */
-	ecx_lookup_item it[2] = {{.id = id}, {.id = "no-such-id"}};
-	int rc = ecx_regclient_lookup(c, it, 2, why, sizeof(why));
+	ecx_lookup_item it[1] = {{.id = id}};
+	int rc = ecx_regclient_lookup_holders(c, it, 1, why, sizeof(why));
 	ecx_regclient_destroy(c);
 	if (rc != 0)
 		fail_msg("lookup %s: %s", id, why);
@@ -313,8 +310,31 @@ static void test_killed_producer_expires(void **state)
 	registry_kill(&r);
 }
 
+/* Looks id up in url and loads it with a consumer of this process. */
+static void load_ok(const char *url, const char *id, const char *from)
+{
+	ecx_consumer_params cp = {.field_mask = ECX_CONSUMER_PARAM_REGISTRY |
+	                                        ECX_CONSUMER_PARAM_TIMEOUT,
+	                          .registry = url,
+	                          .timeout_ms = 3000};
+	ecx_consumer *c;
+	char why[256];
+	if (ecx_consumer_create(&cp, &c, why, sizeof(why)) != 0)
+		fail_msg("consumer: %s", why);
+	ecx_item it = {.id = id};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	assert_int_equal(it.status, 0);
+	it.dst = malloc(it.desc.nbytes);
+	if (ecx_consumer_load(c, &it, 1) != 0)
+		fail_msg("load %s: %s", id, ecx_last_error());
+	assert_string_equal(it.producer, from);
+	assert_true(tu_check(id, it.dst, it.desc.nbytes));
+	free(it.dst);
+	ecx_consumer_destroy(c);
+}
+
 /* Two producers hold one id: the registry keeps both; stop either and the
- * id still resolves to the other. */
+ * id still resolves to the other, and loads from it. */
 static void test_two_holders(void **state)
 {
 	(void)state;
@@ -334,14 +354,72 @@ static void test_two_holders(void **state)
 	producer_quit(&b);
 	assert_int_equal(holders(r.url, "two", h, NULL), 1);
 	assert_string_equal(h[0], a.zmq);
+	load_ok(r.url, "two", a.zmq);
 	producer_start(&b, r.url, "4194304", "5");
 	put_ok(&b, "two");
 	assert_int_equal(holders(r.url, "two", h, NULL), 2);
 	producer_quit(&a);
 	assert_int_equal(holders(r.url, "two", h, NULL), 1);
 	assert_string_equal(h[0], b.zmq);
+	load_ok(r.url, "two", b.zmq);
 	producer_quit(&b);
 	assert_int_equal(holders(r.url, "two", h, NULL), 0);
+	registry_kill(&r);
+}
+
+/* A pull that fails on one holder (its producer was SIGKILLed; its entry
+ * is still listed, within its TTL) loads from the other; with both gone,
+ * the error names the producer and how old its entry is. */
+static void test_failover(void **state)
+{
+	(void)state;
+	registry r;
+	registry_start(&r, 0, NULL);
+	producer a, b;
+	producer_start(&a, r.url, "4194304", "20");
+	producer_start(&b, r.url, "4194304", "20");
+	put_ok(&a, "fo");
+	put_ok(&b, "fo");
+	ecx_consumer_params cp = {.field_mask = ECX_CONSUMER_PARAM_REGISTRY |
+	                                        ECX_CONSUMER_PARAM_TIMEOUT,
+	                          .registry = r.url,
+	                          .timeout_ms = 3000};
+	ecx_consumer *c;
+	char why[256];
+	if (ecx_consumer_create(&cp, &c, why, sizeof(why)) != 0)
+		fail_msg("consumer: %s", why);
+	kill(a.ch.pid, SIGKILL);
+	tu_reap(&a.ch, 2000);
+	ecx_item it = {.id = "fo"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	assert_int_equal(it.status, 0);
+	/* As if the registry had answered the dead holder first. */
+	ecx_strlcpy(it.producer, a.zmq, sizeof(it.producer));
+	it.dst = malloc(it.desc.nbytes);
+	uint64_t t0 = now_ms();
+	int rc = ecx_consumer_load(c, &it, 1);
+	uint64_t took = now_ms() - t0;
+	if (rc != 0)
+		fail_msg("load with failover: %s", ecx_last_error());
+	print_message("loaded from the other holder in %llu ms\n",
+	              (unsigned long long)took);
+	assert_int_equal(it.status, 0);
+	assert_string_equal(it.producer, b.zmq);
+	assert_true(tu_check("fo", it.dst, it.desc.nbytes));
+	assert_true(took < 1500);
+
+	/* Both gone: the error says which producer and since when. */
+	kill(b.ch.pid, SIGKILL);
+	tu_reap(&b.ch, 2000);
+	memset(it.dst, 0, it.desc.nbytes);
+	ecx_strlcpy(it.producer, a.zmq, sizeof(it.producer));
+	assert_int_not_equal(ecx_consumer_load(c, &it, 1), 0);
+	print_message("both holders gone: %s\n", ecx_last_error());
+	assert_non_null(strstr(ecx_last_error(), "does not answer"));
+	assert_non_null(strstr(ecx_last_error(), "entry renewed"));
+	assert_non_null(strstr(ecx_last_error(), a.zmq));
+	free(it.dst);
+	ecx_consumer_destroy(c);
 	registry_kill(&r);
 }
 
@@ -353,6 +431,7 @@ int main(void)
 	    cmocka_unit_test(test_evict_across_restart),
 	    cmocka_unit_test(test_killed_producer_expires),
 	    cmocka_unit_test(test_two_holders),
+	    cmocka_unit_test(test_failover),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
