@@ -453,8 +453,9 @@ typedef struct ecx_client_params {
 	const char *token;      /* sent as Authorization: Bearer */
 	int timeout_ms;         /* bound on each request, default 5000 */
 	int connect_timeout_ms; /* bound on connecting, default 1000 */
-	int registry_ttl_s;     /* entries published to Redis expire after it;
-	                           default 0: never */
+	int registry_ttl_s;     /* the lease of entries it publishes (at most
+	                           86400 s); default 0: the registry's own
+	                           (HTTP: 30 s unless set; Redis: never) */
 } ecx_client_params;
 
 /* ecx_client_create checks the URLs and makes a client; nothing is
@@ -476,7 +477,10 @@ ECX_API void ecx_client_destroy(ecx_client *c);
 ECX_API int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n);
 
 /* ecx_client_publish writes the entry of item (id, desc, producer, epoch)
- * to the first registry. Blocks for one request. */
+ * to the first registry, as item->producer's entry for the id (other
+ * producers' entries for it stay). It lives by a lease: registry_ttl_s
+ * when given, else the registry's own (30 s by default on HTTP; never on
+ * Redis); publish it again to renew it. Blocks for one request. */
 ECX_API int ecx_client_publish(ecx_client *c, const ecx_item *item);
 
 /* ecx_client_remove deletes id's entry from the first registry; with
