@@ -436,6 +436,65 @@ static void test_many_producers(void **state)
 	assert_false(in_redis("mp2-3"));
 }
 
+/* The producer address of id's entry in Redis ("" when absent). */
+static void redis_holder(const char *id, char *out, size_t n)
+{
+	char why[200];
+	ecx_store *s = ecx_store_redis_create(redis_url, 1000, 0, why, 200);
+	ecx_lookup_item it = {.id = id};
+	s->ops->mget(s, &it, 1, why, 200);
+	ecx_store_destroy(s);
+	ecx_strlcpy(out, it.found ? it.entry.producer_zmq : "", n);
+}
+
+/* Two producers hold one id on Redis (one entry per id there): stop either
+ * and the id resolves to the other within one renewal period (its renewal
+ * writes its entry again), and loads from it. */
+static void test_two_holders_redis(void **state)
+{
+	(void)state;
+	producer a, b;
+	producer_start(&a, "4194304");
+	producer_start(&b, "4194304");
+	put(&a, "rd-two", "65536");
+	put(&b, "rd-two", "65536");
+	char line[256], who[256];
+	/* First the last writer stops (its removal takes the entry: the
+	 * other writes it again), then the other one (nothing to take). */
+	for (int round = 0; round < 2; round++) {
+		producer *gone = round == 0 ? &b : &a;
+		producer *stays = round == 0 ? &a : &b;
+		assert_true(tu_ask(&gone->ch, line, sizeof(line), "quit"));
+		tu_reap(&gone->ch, 5000);
+		uint64_t t0 = now_ms();
+		redis_holder("rd-two", who, sizeof(who));
+		while (strcmp(who, stays->zmq) != 0 && now_ms() - t0 < 2000) {
+			usleep(50000);
+			redis_holder("rd-two", who, sizeof(who));
+		}
+		assert_string_equal(who, stays->zmq);
+		print_message("the id resolved to the other holder %llu ms "
+		              "after one stopped\n",
+		              (unsigned long long)(now_ms() - t0));
+		ecx_consumer *c = consumer(redis_url);
+		ecx_item it = {.id = "rd-two"};
+		assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+		it.dst = malloc(65536);
+		assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+		assert_string_equal(it.producer, stays->zmq);
+		assert_true(tu_check("rd-two", it.dst, 65536));
+		free(it.dst);
+		ecx_consumer_destroy(c);
+		if (round == 0) {
+			producer_start(&b, "4194304");
+			put(&b, "rd-two", "65536");
+		}
+	}
+	assert_true(tu_ask(&b.ch, line, sizeof(line), "quit"));
+	tu_reap(&b.ch, 5000);
+	assert_false(in_redis("rd-two"));
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -446,6 +505,7 @@ int main(void)
 	    cmocka_unit_test(test_http_over_redis),
 	    cmocka_unit_test(test_producer_lifecycle),
 	    cmocka_unit_test(test_many_producers),
+	    cmocka_unit_test(test_two_holders_redis),
 	};
 	return cmocka_run_group_tests(tests, redis_start, redis_stop);
 }
