@@ -36,6 +36,7 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 			items[i].epoch = li[i].entry.epoch;
 		}
 	}
+	ecx_lookup_items_clear(li, n);
 	free(li);
 	pthread_mutex_lock(&c->lock);
 	c->st.lookups += n;
@@ -479,6 +480,7 @@ static int load_failover(ecx_consumer *c, ecx_item *items, size_t n,
 			if (!failover_worth(items[f[j].i].status) ||
 			    f[j].ntried == ECX_HOLDERS_MAX)
 				continue;
+			ecx_lookup_items_clear(&li[k], 1);
 			memset(&li[k], 0, sizeof(li[k]));
 			li[k].id = items[f[j].i].id;
 			map[k++] = j;
@@ -558,6 +560,8 @@ static int load_failover(ecx_consumer *c, ecx_item *items, size_t n,
 		fo_detail(&items[i], fi, c->timeout_ms, detail, dlen);
 	}
 	free(f);
+	if (li != NULL)
+		ecx_lookup_items_clear(li, m);
 	free(li);
 	free(sub);
 	free(map);

@@ -93,6 +93,7 @@ int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
 			items[i].epoch = li[i].entry.epoch;
 		}
 	}
+	ecx_lookup_items_clear(li, n);
 	free(li);
 	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
 }

@@ -352,6 +352,8 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		if (ecx_id_check(items[i].id, why, whylen) != 0)
 			return ECX_EID;
 		items[i].found = false;
+		items[i].alt = NULL; /* output only */
+		items[i].nalt = 0;
 	}
 	if (n > ECX_LOOKUP_MAX_IDS)
 		return ecx_why(why, whylen, ECX_ETOOBIG,

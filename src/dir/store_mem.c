@@ -162,11 +162,14 @@ static int mem_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
 }
 
 /* Fills it from node n (NULL: not found): the most recently renewed live
- * holder first, then the others, newest first. */
-static void mem_answer(const mem_node *n, uint64_t now, ecx_lookup_item *it)
+ * holder first, then, when want_alt, the others, newest first (it->alt
+ * malloc'd; when that fails, the first alone). */
+static void mem_answer(const mem_node *n, uint64_t now, bool want_alt,
+                       ecx_lookup_item *it)
 {
 	it->found = false;
 	it->nalt = 0;
+	it->alt = NULL;
 	if (n == NULL)
 		return;
 	const holder *order[ECX_HOLDERS_MAX];
@@ -181,7 +184,11 @@ static void mem_answer(const mem_node *n, uint64_t now, ecx_lookup_item *it)
 		}
 		order[j] = &n->h[i];
 	}
+	if (k > 1 && want_alt)
+		it->alt = malloc((k - 1) * sizeof(*it->alt));
 	for (size_t i = 0; i < k; i++) {
+		if (i > 0 && it->alt == NULL)
+			break;
 		ecx_entry *e = i == 0 ? &it->entry : &it->alt[it->nalt++];
 		*e = order[i]->entry;
 		e->age_ms = now - order[i]->renewed_ms;
@@ -199,7 +206,7 @@ static int mem_get(ecx_store *s, const char *id, ecx_entry *out, char *why,
 	uint64_t h = mem_hash(id);
 	ecx_lookup_item it = {.id = id};
 	pthread_rwlock_rdlock(&m->lock);
-	mem_answer(*mem_find(m, id, h), ecx_now_ms(), &it);
+	mem_answer(*mem_find(m, id, h), ecx_now_ms(), false, &it);
 	pthread_rwlock_unlock(&m->lock);
 	if (!it.found)
 		return ecx_why(why, whylen, ECX_ENOTFOUND, "unknown mm_hash");
@@ -247,7 +254,7 @@ static int mem_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 	pthread_rwlock_rdlock(&m->lock);
 	for (size_t i = 0; i < n; i++)
 		mem_answer(*mem_find(m, items[i].id, mem_hash(items[i].id)),
-		           now, &items[i]);
+		           now, true, &items[i]);
 	pthread_rwlock_unlock(&m->lock);
 	return 0;
 }
@@ -334,7 +341,7 @@ static int mem_list(ecx_store *s, const char *after, size_t limit,
 			ecx_strlcpy(rows[slot].id, x->id,
 			            sizeof(rows[slot].id));
 			ecx_lookup_item it = {.id = x->id};
-			mem_answer(x, now, &it);
+			mem_answer(x, now, false, &it);
 			rows[slot].entry = it.entry;
 			if (n < limit)
 				n++;

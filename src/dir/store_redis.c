@@ -190,6 +190,7 @@ static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 		} else {
 			for (size_t i = 0; i < n; i++) {
 				items[i].nalt = 0;
+				items[i].alt = NULL;
 				items[i].found = entry_of(rep->element[i],
 				                          &items[i].entry) == 0;
 			}

@@ -225,6 +225,7 @@ static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
 		count(&r->misses, l.n - hits);
 		answer_json(a, MHD_HTTP_OK, ecx_lookup_resp_encode(items, l.n));
 	}
+	ecx_lookup_items_clear(items, l.n);
 	free(items);
 	free(l.ids);
 	return 0;

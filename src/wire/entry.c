@@ -142,6 +142,15 @@ int ecx_entry_decode(const char *buf, size_t len, ecx_entry *out, char *why,
 	return rc;
 }
 
+void ecx_lookup_items_clear(ecx_lookup_item *items, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(items[i].alt);
+		items[i].alt = NULL;
+		items[i].nalt = 0;
+	}
+}
+
 char *ecx_lookup_req_encode(const char *const *ids, size_t n)
 {
 	cJSON *o = cJSON_CreateObject();
@@ -281,6 +290,11 @@ fail:
 int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
                            size_t n, char *why, size_t whylen)
 {
+	/* Output only: what items held before is not freed here. */
+	for (size_t i = 0; i < n; i++) {
+		items[i].alt = NULL;
+		items[i].nalt = 0;
+	}
 	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
 	if (o == NULL)
 		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
@@ -320,7 +334,6 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 			if (rc != 0)
 				goto out;
 			items[i].found = true;
-			items[i].nalt = 0;
 			known = true;
 		}
 		if (!known) {
@@ -349,7 +362,15 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 			if (!items[i].found ||
 			    strcmp(items[i].id, c->string) != 0)
 				continue;
+			free(items[i].alt);
 			items[i].nalt = 0;
+			items[i].alt = malloc((ECX_HOLDERS_MAX - 1) *
+			                      sizeof(*items[i].alt));
+			if (items[i].alt == NULL) {
+				rc = ecx_why(why, whylen, ECX_ENOMEM,
+				             "out of memory");
+				goto out;
+			}
 			const cJSON *h;
 			cJSON_ArrayForEach (h, c) {
 				ecx_entry e;
@@ -379,9 +400,11 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 		}
 	}
 out:
-	if (rc != 0)
+	if (rc != 0) {
+		ecx_lookup_items_clear(items, n);
 		for (size_t i = 0; i < n; i++)
-			items[i].found = false, items[i].nalt = 0;
+			items[i].found = false;
+	}
 	cJSON_Delete(o);
 	return rc;
 }

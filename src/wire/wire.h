@@ -81,13 +81,21 @@ typedef struct ecx_lookup_item {
 	bool found;
 	ecx_entry entry; /* the holder to try first */
 	/* The other holders ("ecx_holders": {id: [entry, ...]}, the first
-	 * included, in the reply), in the order to try them. */
+	 * included, in the reply), in the order to try them: nalt entries,
+	 * malloc'd (NULL when none). Whoever fills items frees them with
+	 * ecx_lookup_items_clear. (Out of line: most ids have one holder, and
+	 * a batch of items stays small.) */
 	uint32_t nalt;
-	ecx_entry alt[ECX_HOLDERS_MAX - 1];
+	ecx_entry *alt;
 } ecx_lookup_item;
 
+/* Frees the other holders of n items (alt) and sets nalt to 0. */
+void ecx_lookup_items_clear(ecx_lookup_item *items, size_t n);
+
 char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n);
-/* Fills items[i].found and .entry for the n ids already set in items[i].id.
+/* Fills items[i].found, .entry and .alt/.nalt (the other holders; set, not
+ * freed, so items need not be initialised beyond .id) for the n ids
+ * already set in items[i].id.
  * Every requested id must be under "found" or in "missing", and nothing
  * else may be; otherwise ECX_EPROTO. */
 int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,

@@ -296,6 +296,7 @@ static void test_lease_and_holders(void **state)
 	assert_int_equal(
 	    raw(r, "GET", "/ec/info/short", NULL, NULL, body, sizeof(body)),
 	    404);
+	ecx_lookup_items_clear(&it, 1);
 	it = (ecx_lookup_item){.id = "both"};
 	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
 	assert_int_equal(it.nalt, 1);
@@ -306,6 +307,7 @@ static void test_lease_and_holders(void **state)
 	assert_int_equal(
 	    raw(r, "POST", "/ec/renew", ren, NULL, body, sizeof(body)), 200);
 	usleep(1000000);
+	ecx_lookup_items_clear(&it, 1);
 	it = (ecx_lookup_item){.id = "both"};
 	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
 	assert_true(it.found);
@@ -319,14 +321,17 @@ static void test_lease_and_holders(void **state)
 	assert_int_equal(ecx_regclient_put(c, "both", &f, why, 200), 0);
 	assert_int_equal(ecx_regclient_delete(c, "both", "tcp://b:1", why, 200),
 	                 0);
+	ecx_lookup_items_clear(&it, 1);
 	it = (ecx_lookup_item){.id = "both"};
 	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
 	assert_true(it.found);
 	assert_string_equal(it.entry.producer_zmq, "tcp://a:1");
 	assert_int_equal(ecx_regclient_delete(c, "both", NULL, why, 200), 0);
+	ecx_lookup_items_clear(&it, 1);
 	it = (ecx_lookup_item){.id = "both"};
 	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
 	assert_false(it.found);
+	ecx_lookup_items_clear(&it, 1);
 	ecx_regclient_destroy(c);
 	ecx_registry_destroy(r);
 }

@@ -278,7 +278,9 @@ static size_t holders(const char *url, const char *id, char out[][256],
 		ecx_strlcpy(out[k + 1], it[0].alt[k].producer_zmq, 256);
 	if (age_ms != NULL)
 		*age_ms = it[0].entry.age_ms;
-	return 1 + it[0].nalt;
+	size_t n = 1 + it[0].nalt;
+	ecx_lookup_items_clear(it, 1);
+	return n;
 }
 
 /* A producer killed with SIGKILL: its entries leave the HTTP registry

@@ -285,7 +285,9 @@ static void test_holders(void **state)
 	ecx_lookup_item it[2] = {{.id = "a"}, {.id = "b"}};
 	it[0].found = true;
 	it[0].entry = sample_entry();
+	ecx_entry alts[2];
 	it[0].nalt = 2;
+	it[0].alt = alts;
 	it[0].alt[0] = sample_entry();
 	ecx_strlcpy(it[0].alt[0].producer_zmq, "tcp://other:1",
 	            sizeof(it[0].alt[0].producer_zmq));
@@ -304,6 +306,7 @@ static void test_holders(void **state)
 	assert_string_equal(b[0].alt[0].producer_zmq, "tcp://other:1");
 	assert_string_equal(b[0].alt[1].producer_zmq, "tcp://third:1");
 	assert_int_equal(b[1].nalt, 0);
+	ecx_lookup_items_clear(b, 2);
 	free(resp);
 	/* Holders that are not an array of entries. */
 	const char *bad = "{\"found\":{},\"missing\":[\"a\"],"
