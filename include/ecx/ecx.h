@@ -394,7 +394,11 @@ ECX_API int ecx_load_test(ecx_load *l);
  * its expiry; receive-arena buffers a late producer could still reach are
  * kept out of ecx_consumer_alloc until it answers). Returns within the
  * timeout + 100 ms; docs/protocol.md has the contract and its one window
- * for caller memory. */
+ * for caller memory. An item that fails on its holder with ECX_ECONNECT,
+ * ECX_ECLOSED, ECX_EIO or ECX_ENOTFOUND is loaded from another holder the
+ * registry names, within the same deadline (its producer and epoch are
+ * then that holder's); ecx_last_error names the first failed item's
+ * holder and how long ago its entry was renewed. */
 ECX_API int ecx_load_wait(ecx_load *l);
 
 /* ecx_consumer_load is start then wait. */

@@ -424,6 +424,12 @@ static void fo_detail(const ecx_item *x, const fo_item *f, int timeout_ms,
 		snprintf(when, sizeof(when),
 		         " (its entry has left the registry)");
 	int k;
+	if (f == NULL && st != ECX_ETIMEDOUT) {
+		snprintf(out, outlen, "%s: %s (producer %s)", x->id,
+		         ecx_strerror(st),
+		         x->producer[0] ? x->producer : "none");
+		return;
+	}
 	if (st == ECX_ENOTFOUND)
 		k = snprintf(out, outlen,
 		             "%s: producer %s no longer holds it%s", x->id,
