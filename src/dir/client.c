@@ -393,8 +393,12 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		         : m == 1 && !all_holders
 		             ? reg_lookup_one(c, g, miss, why, whylen)
 		             : reg_lookup_many(c, g, miss, m, why, whylen);
+		if (rc == 0 && g->redis != NULL && all_holders)
+			rc = ecx_store_redis_holders(g->redis, miss, m, why,
+			                             whylen);
 		reg_mark(g, rc);
 		if (rc != 0) {
+			ecx_lookup_items_clear(miss, m);
 			last = rc;
 			continue;
 		}

@@ -66,6 +66,12 @@ ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
                                   char *why, size_t whylen);
 bool ecx_store_is_redis_url(const char *url);
 
+/* Adds to each found item the other live holders of its id (items[].alt,
+ * freed with ecx_lookup_items_clear), in one round trip. Does nothing for a
+ * store that is not Redis (the memory store's mget fills them). */
+int ecx_store_redis_holders(ecx_store *s, ecx_lookup_item *items, size_t n,
+                            char *why, size_t whylen);
+
 /* PINGs the Redis behind s (connecting if needed): 0 when it answers.
  * ECX_EINVAL for a store that is not Redis. */
 int ecx_store_redis_ping(ecx_store *s, char *why, size_t whylen);

@@ -214,6 +214,9 @@ static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
 	for (size_t i = 0; i < l.n; i++)
 		items[i].id = l.ids[i];
 	rc = r->store->ops->mget(r->store, items, l.n, why, sizeof(why));
+	if (rc == 0)
+		rc = ecx_store_redis_holders(r->store, items, l.n, why,
+		                             sizeof(why));
 	if (rc != 0) {
 		answer_error(a, status_of(rc), why);
 	} else {

@@ -459,6 +459,22 @@ static void test_two_holders_redis(void **state)
 	put(&a, "rd-two", "65536");
 	put(&b, "rd-two", "65536");
 	char line[256], who[256];
+	/* Both holders are kept: the batched route names them. */
+	{
+		ecx_regclient_opts o = {.urls = redis_url, .timeout_ms = 1000};
+		ecx_regclient *rc;
+		char why[200];
+		assert_int_equal(ecx_regclient_create(&o, &rc, why, 200), 0);
+		ecx_lookup_item it = {.id = "rd-two"};
+		assert_int_equal(
+		    ecx_regclient_lookup_holders(rc, &it, 1, why, 200), 0);
+		assert_true(it.found);
+		assert_int_equal(it.nalt, 1);
+		assert_string_equal(it.entry.producer_zmq, b.zmq);
+		assert_string_equal(it.alt[0].producer_zmq, a.zmq);
+		ecx_lookup_items_clear(&it, 1);
+		ecx_regclient_destroy(rc);
+	}
 	/* First the last writer stops (its removal takes the entry: the
 	 * other writes it again), then the other one (nothing to take). */
 	for (int round = 0; round < 2; round++) {
@@ -490,8 +506,29 @@ static void test_two_holders_redis(void **state)
 			put(&b, "rd-two", "65536");
 		}
 	}
-	assert_true(tu_ask(&b.ch, line, sizeof(line), "quit"));
-	tu_reap(&b.ch, 5000);
+	/* A holder SIGKILLed while its entry is still there: a load that
+	 * tries it first fails over to the other. */
+	producer_start(&a, "4194304");
+	put(&a, "rd-two", "65536");
+	kill(b.ch.pid, SIGKILL);
+	tu_reap(&b.ch, 1000);
+	ecx_consumer *c = consumer(redis_url);
+	ecx_item it = {.id = "rd-two"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	ecx_strlcpy(it.producer, b.zmq, sizeof(it.producer));
+	it.dst = malloc(65536);
+	if (ecx_consumer_load(c, &it, 1) != 0)
+		fail_msg("failover on Redis: %s", ecx_last_error());
+	assert_string_equal(it.producer, a.zmq);
+	assert_true(tu_check("rd-two", it.dst, 65536));
+	free(it.dst);
+	ecx_consumer_destroy(c);
+	assert_true(tu_ask(&a.ch, line, sizeof(line), "quit"));
+	tu_reap(&a.ch, 5000);
+	/* b's holder entry leaves with its TTL (2 s). */
+	uint64_t t0 = now_ms();
+	while (in_redis("rd-two") && now_ms() - t0 < 4000)
+		usleep(100000);
 	assert_false(in_redis("rd-two"));
 }
 
