@@ -28,6 +28,10 @@ struct ecx_regclient {
 	struct curl_slist *headers; /* Content-Type and Authorization */
 	int connect_timeout_ms, timeout_ms;
 	int ttl_s; /* the lease asked for this client's entries */
+	/* A registry whose store renews by writes (Redis behind HTTP): the
+	 * entries are written again every third of the lease, no oftener. */
+	bool renew_by_writes;
+	uint64_t written_ms;
 	long connects;
 };
 
@@ -559,6 +563,10 @@ int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
 			*republished = n;
 		return rc;
 	}
+	uint64_t lease_ms = (uint64_t)(c->ttl_s > 0 ? c->ttl_s : 30) * 1000;
+	if (n > 0 && c->renew_by_writes && !c->was_down &&
+	    ecx_now_ms() - c->written_ms < lease_ms / 3)
+		return 0;
 	if (n > 0) {
 		/* One request renews them all; a registry that answers with
 		 * fewer than we hold lost some (a restart): all again. */
@@ -566,8 +574,10 @@ int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
 		int rc = http_renew(c, g, &entries[0], &renewed, why, whylen);
 		if (rc == 0 && renewed >= n && !c->was_down)
 			return 0;
+		c->renew_by_writes = rc == ECX_EUNSUPPORTED;
 		if (rc == 0 || rc == ECX_EUNSUPPORTED) {
 			c->was_down = false;
+			c->written_ms = ecx_now_ms();
 			return republish(c, ids, entries, n, republished, why,
 			                 whylen);
 		}

@@ -436,6 +436,45 @@ static void test_many_producers(void **state)
 	assert_false(in_redis("mp2-3"));
 }
 
+/* A producer publishing through an HTTP registry in front of Redis: its
+ * entries live while it renews them (by writing them again: the Redis
+ * store has no /ec/renew), and leave within its TTL once it is killed. */
+static void test_lease_through_http(void **state)
+{
+	(void)state;
+	char why[200], url[64];
+	ecx_registry_params rp = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
+	                                        ECX_REGISTRY_PARAM_PORT |
+	                                        ECX_REGISTRY_PARAM_STORE,
+	                          .bind_host = "127.0.0.1",
+	                          .port = 0,
+	                          .store = redis_url};
+	ecx_registry *r;
+	assert_int_equal(ecx_registry_create(&rp, &r, why, 200), 0);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%u", ecx_registry_port(r));
+	char path[512];
+	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
+	char *argv[] = {path, "producer", "--registry", url, "--registry-ttl",
+	                "2",  NULL};
+	producer p;
+	assert_true(tu_spawn(&p.ch, argv));
+	char line[512];
+	unsigned port;
+	assert_true(tu_line(&p.ch, line, sizeof(line)));
+	assert_int_equal(sscanf(line, "ready %u %255s", &port, p.zmq), 2);
+	put(&p, "lh-a", "4096");
+	usleep(4500000); /* over twice the TTL */
+	assert_true(in_redis("lh-a"));
+	kill(p.ch.pid, SIGKILL);
+	tu_reap(&p.ch, 1000);
+	uint64_t t0 = now_ms();
+	while (in_redis("lh-a") && now_ms() - t0 < 4000)
+		usleep(100000);
+	assert_false(in_redis("lh-a"));
+	assert_true(now_ms() - t0 <= 2500);
+	ecx_registry_destroy(r);
+}
+
 /* The producer address of id's entry in Redis ("" when absent). */
 static void redis_holder(const char *id, char *out, size_t n)
 {
@@ -543,6 +582,7 @@ int main(void)
 	    cmocka_unit_test(test_producer_lifecycle),
 	    cmocka_unit_test(test_many_producers),
 	    cmocka_unit_test(test_two_holders_redis),
+	    cmocka_unit_test(test_lease_through_http),
 	};
 	return cmocka_run_group_tests(tests, redis_start, redis_stop);
 }
