@@ -27,5 +27,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	ecx_lookup_item items[3] = {{.id = "a"}, {.id = "b"}, {.id = "a"}};
 	ecx_lookup_resp_decode((const char *)data, size, items, 3, why,
 	                       sizeof(why));
+	ecx_lookup_items_clear(items, 3);
 	return 0;
 }

@@ -8,11 +8,13 @@
 static const char help[] =
     "usage: ecx registry [--bind HOST] [--port PORT] [--token T]\n"
     "                    [--token-reads] [--threads N] [--store URL]\n"
+    "                    [--registry-ttl S]\n"
     "\n"
     "Runs a standalone registry: the reference's GET /ec/info/{id}, plus\n"
-    "POST /ec/lookup, PUT and DELETE /ec/info/{id}, GET /ec/list, /metrics\n"
-    "and /healthz. Producers publish to it with 'ecx serve --registry URL';\n"
-    "consumers look ids up in it. Serves until SIGINT, SIGTERM or SIGHUP.\n"
+    "POST /ec/lookup, PUT and DELETE /ec/info/{id}, POST /ec/renew,\n"
+    "GET /ec/list, /metrics and /healthz. Producers publish to it with\n"
+    "'ecx serve --registry URL' and renew their entries; consumers look ids\n"
+    "up in it. Serves until SIGINT, SIGTERM or SIGHUP.\n"
     "\n"
     "Options:\n"
     "  --bind HOST      address to listen on (default 0.0.0.0)\n"
@@ -24,6 +26,12 @@ static const char help[] =
     "  --store URL      keep entries in Redis (redis://[:PASSWORD@]HOST:\n"
     "                   PORT[/DB]) instead of memory, so several\n"
     "                   registries and Redis clients share them\n"
+    "  --registry-ttl S entries a producer stops renewing leave S\n"
+    "                   seconds later (default 30; 0: never). A producer\n"
+    "                   that asks for its own lease ('ecx serve\n"
+    "                   --registry-ttl') gets that one. An id may have\n"
+    "                   several holders (producers): GET /ec/info answers\n"
+    "                   the most recently renewed, POST /ec/lookup all\n"
     "  -h, --help       this text\n"
     "\n"
     "On start it prints 'listening on http://HOST:PORT' to stdout.\n"
@@ -39,6 +47,7 @@ int cmd_registry(int argc, char **argv)
 	    {"token-reads", no_argument, NULL, 'r'},
 	    {"threads", required_argument, NULL, 'n'},
 	    {"store", required_argument, NULL, 's'},
+	    {"registry-ttl", required_argument, NULL, 'L'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
 	ecx_registry_params p = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
@@ -90,6 +99,19 @@ int cmd_registry(int argc, char **argv)
 			p.store = optarg;
 			p.field_mask |= ECX_REGISTRY_PARAM_STORE;
 			break;
+		case 'L': {
+			char *end;
+			long t = strtol(optarg, &end, 10);
+			if (end == optarg || *end != '\0' || t < 0 || t > 86400)
+				return tool_fail(
+				    "registry", EXIT_USAGE,
+				    "--registry-ttl takes 0 to 86400 "
+				    "seconds, not '%s'",
+				    optarg);
+			p.entry_ttl_s = (int)t;
+			p.field_mask |= ECX_REGISTRY_PARAM_ENTRY_TTL;
+			break;
+		}
 		case 'h':
 			fputs(help, stdout);
 			return EXIT_OK;

@@ -178,6 +178,7 @@ enum {
 	ECX_REGISTRY_PARAM_TOKEN_READS = 1u << 3,
 	ECX_REGISTRY_PARAM_THREADS = 1u << 4,
 	ECX_REGISTRY_PARAM_STORE = 1u << 5,
+	ECX_REGISTRY_PARAM_ENTRY_TTL = 1u << 6,
 };
 
 /* Fields not named in field_mask take their defaults. */
@@ -190,6 +191,9 @@ typedef struct ecx_registry_params {
 	unsigned threads;      /* default 2 serving threads */
 	const char *store;     /* default "memory"; or redis://HOST:PORT[/DB]
 	                          (HTTP clients then share a Redis) */
+	int entry_ttl_s;       /* entries PUT without a lease of their own
+	                          ("ecx_ttl_s") leave this long after their
+	                          last renewal; default 30, 0: never */
 } ecx_registry_params;
 
 /* ecx_registry_create binds and starts serving before it returns. Fails
@@ -259,11 +263,15 @@ typedef struct ecx_producer_params {
 	const char *transport;      /* "auto" (default), "tcp", "shm" */
 	int timeout_ms;             /* bound on transfers and registry calls,
 	                               default 5000 */
-	int registry_ttl_s;         /* with a redis:// registry: entries expire
-	                               this long after the producer stops
-	                               renewing them (it renews every third of
-	                               it), so a producer that dies leaves
-	                               nothing behind; default 30, 0: never */
+	int registry_ttl_s;         /* entries in a remote registry (HTTP or
+	                               Redis) expire this long after the
+	                               producer stops renewing them (it renews
+	                               every third of it, at most every 2 s),
+	                               so a producer that dies leaves nothing
+	                               behind; default 30; 0: never on Redis,
+	                               the registry's own lease on HTTP. With
+	                               the embedded registry: the lease of
+	                               entries other producers PUT into it */
 	int integrity;              /* hash each item at put (xxh64) and send
 	                               the hash with every pull's answer, for
 	                               consumers that check; default false */
@@ -290,7 +298,10 @@ ECX_API int ecx_producer_create(const ecx_producer_params *params,
  * ECX_ENOSPC (no room: everything is pinned), ECX_EINVAL (id held with
  * another descriptor), or the registry's error (the item is then not kept).
  * On failure the store is as it was. Blocks on the copy and, with a remote
- * registry, on one HTTP request. */
+ * registry, on its publish (at most timeout_ms; refused at once, ECX_ECONNECT,
+ * while that registry is known to be down). Evicted ids leave the registry
+ * before their bytes are written over; where it cannot be reached their
+ * removal is queued and made when it is back (tried with back-off). */
 ECX_API int ecx_producer_put(ecx_producer *p, const char *id,
                              const ecx_tensor_desc *desc, const void *src);
 
@@ -472,7 +483,11 @@ ECX_API int ecx_load_test(ecx_load *l);
  * its expiry; receive-arena buffers a late producer could still reach are
  * kept out of ecx_consumer_alloc until it answers). Returns within the
  * timeout + 100 ms; docs/protocol.md has the contract and its one window
- * for caller memory. */
+ * for caller memory. An item that fails on its holder with ECX_ECONNECT,
+ * ECX_ECLOSED, ECX_EIO or ECX_ENOTFOUND is loaded from another holder the
+ * registry names, within the same deadline (its producer and epoch are
+ * then that holder's); ecx_last_error names the first failed item's
+ * holder and how long ago its entry was renewed. */
 ECX_API int ecx_load_wait(ecx_load *l);
 
 /* ecx_consumer_load is start then wait. */
@@ -536,8 +551,9 @@ typedef struct ecx_client_params {
 	const char *token;      /* sent as Authorization: Bearer */
 	int timeout_ms;         /* bound on each request, default 5000 */
 	int connect_timeout_ms; /* bound on connecting, default 1000 */
-	int registry_ttl_s;     /* entries published to Redis expire after it;
-	                           default 0: never */
+	int registry_ttl_s;     /* the lease of entries it publishes (at most
+	                           86400 s); default 0: the registry's own
+	                           (HTTP: 30 s unless set; Redis: never) */
 } ecx_client_params;
 
 /* ecx_client_create checks the URLs and makes a client; nothing is
@@ -567,7 +583,10 @@ ECX_API int ecx_client_lookup_lease(ecx_client *c, ecx_item *items, size_t n,
 ECX_API int ecx_client_release(ecx_client *c, ecx_item *items, size_t n);
 
 /* ecx_client_publish writes the entry of item (id, desc, producer, epoch)
- * to the first registry. Blocks for one request. */
+ * to the first registry, as item->producer's entry for the id (other
+ * producers' entries for it stay). It lives by a lease: registry_ttl_s
+ * when given, else the registry's own (30 s by default on HTTP; never on
+ * Redis); publish it again to renew it. Blocks for one request. */
 ECX_API int ecx_client_publish(ecx_client *c, const ecx_item *item);
 
 /* ecx_client_remove deletes id's entry from the first registry; with

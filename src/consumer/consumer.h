@@ -93,6 +93,7 @@ struct ecx_load {
 	/* With integrity on: each item's xxh64 from its producer's reply. */
 	uint64_t *xxh;
 	unsigned char *has_xxh;
+	bool retry; /* a failover to other holders (load.c) */
 };
 
 typedef struct arena_alloc {

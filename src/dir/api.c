@@ -13,6 +13,7 @@ struct ecx_client {
 	ecx_rdv_leaser *leaser;
 	char *token;
 	int timeout_ms;
+	int ttl_s; /* the lease its publishes ask for (0: the registry's) */
 };
 
 int ecx_client_create(const ecx_client_params *params, ecx_client **out,
@@ -46,6 +47,14 @@ int ecx_client_create(const ecx_client_params *params, ecx_client **out,
 		ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
 	}
+	if (o.ttl_s > ECX_TTL_MAX_S) {
+		free(c);
+		ecx_why(why, whylen, ECX_EINVAL, "the TTL is at most %d s",
+		        ECX_TTL_MAX_S);
+		return ecx_set_error(ECX_EINVAL, "the TTL is at most %d s",
+		                     ECX_TTL_MAX_S);
+	}
+	c->ttl_s = o.ttl_s;
 	c->leaser = ecx_rdv_leaser_create();
 	c->token = o.token != NULL ? strdup(o.token) : NULL;
 	c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 5000;
@@ -124,6 +133,7 @@ int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
 			items[i].epoch = li[i].entry.epoch;
 		}
 	}
+	ecx_lookup_items_clear(li, n);
 	free(li);
 	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
 }
@@ -160,6 +170,7 @@ int ecx_client_publish(ecx_client *c, const ecx_item *item)
 		return ecx_set_error(ECX_EID, "publish '%.80s': %s", item->id,
 		                     why);
 	int rc = entry_of_item(item, &e, why, sizeof(why));
+	e.ttl_s = (uint32_t)c->ttl_s; /* 0: the registry's lease */
 	if (rc == 0)
 		rc = ecx_regclient_put(c->rc, item->id, &e, why, sizeof(why));
 	return rc != 0 ? ecx_set_error(rc, "publish %s: %s", item->id, why) : 0;

@@ -28,6 +28,11 @@ struct ecx_regclient {
 	size_t nregs;
 	struct curl_slist *headers; /* Content-Type and Authorization */
 	int connect_timeout_ms, timeout_ms;
+	int ttl_s; /* the lease asked for this client's entries */
+	/* A registry whose store renews by writes (Redis behind HTTP): the
+	 * entries are written again every third of the lease, no oftener. */
+	bool renew_by_writes;
+	uint64_t written_ms;
 	long connects;
 };
 
@@ -75,6 +80,7 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 	c->connect_timeout_ms =
 	    o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 1000;
 	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
+	c->ttl_s = o->ttl_s > 0 ? o->ttl_s : 0;
 	int rc = 0;
 	const char *p = o->urls;
 	while (*p != '\0') {
@@ -331,13 +337,30 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 	return rc;
 }
 
+static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
+                  bool all_holders, char *why, size_t whylen);
+
 int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
                          char *why, size_t whylen)
+{
+	return lookup(c, items, n, false, why, whylen);
+}
+
+int ecx_regclient_lookup_holders(ecx_regclient *c, ecx_lookup_item *items,
+                                 size_t n, char *why, size_t whylen)
+{
+	return lookup(c, items, n, true, why, whylen);
+}
+
+static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
+                  bool all_holders, char *why, size_t whylen)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (ecx_id_check(items[i].id, why, whylen) != 0)
 			return ECX_EID;
 		items[i].found = false;
+		items[i].alt = NULL; /* output only */
+		items[i].nalt = 0;
 	}
 	if (n > ECX_LOOKUP_MAX_IDS)
 		return ecx_why(why, whylen, ECX_ETOOBIG,
@@ -374,10 +397,15 @@ int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		asked++;
 		int rc = g->redis != NULL ? g->redis->ops->mget(g->redis, miss,
 		                                                m, why, whylen)
-		         : m == 1 ? reg_lookup_one(c, g, miss, why, whylen)
-		                  : reg_lookup_many(c, g, miss, m, why, whylen);
+		         : m == 1 && !all_holders
+		             ? reg_lookup_one(c, g, miss, why, whylen)
+		             : reg_lookup_many(c, g, miss, m, why, whylen);
+		if (rc == 0 && g->redis != NULL && all_holders)
+			rc = ecx_store_redis_holders(g->redis, miss, m, why,
+			                             whylen);
 		reg_mark(g, rc);
 		if (rc != 0) {
+			ecx_lookup_items_clear(miss, m);
 			last = rc;
 			continue;
 		}
@@ -467,6 +495,64 @@ int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
 	return *body != NULL ? 0 : ecx_why(why, whylen, ECX_ENOMEM, "oom");
 }
 
+/* Publishes the n entries again, one PUT each. */
+static int republish(ecx_regclient *c, const char *const *ids,
+                     const ecx_entry *entries, size_t n, size_t *republished,
+                     char *why, size_t whylen)
+{
+	for (size_t i = 0; i < n; i++) {
+		int rc = ecx_regclient_put(c, ids[i], &entries[i], why, whylen);
+		if (rc != 0) {
+			c->was_down = true; /* try the rest next time */
+			return rc;
+		}
+		(*republished)++;
+	}
+	return 0;
+}
+
+/* POST /ec/renew for e's producer and epoch: sets *renewed. ECX_ENOTFOUND
+ * from a registry without the route, ECX_EUNSUPPORTED from one whose store
+ * renews by writes. */
+static int http_renew(ecx_regclient *c, reg_conn *g, const ecx_entry *e,
+                      size_t *renewed, char *why, size_t whylen)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "producer_zmq", e->producer_zmq);
+	cJSON_AddItemToObject(o, "ecx_epoch", ecx_json_u64(e->epoch));
+	cJSON_AddItemToObject(o, "ecx_ttl_s", ecx_json_u64((uint64_t)c->ttl_s));
+	char *body = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	if (body == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	buf b = {0};
+	long status = 0;
+	int rc = reg_request(c, g, "POST", "/ec/renew", body, &status, &b, why,
+	                     whylen);
+	free(body);
+	if (rc == 0 && status == 501)
+		rc = ecx_why(why, whylen, ECX_EUNSUPPORTED,
+		             "registry %s renews by writes", g->url);
+	else if (rc == 0 && (status == 404 || status == 405))
+		rc = ecx_why(why, whylen, ECX_ENOTFOUND,
+		             "registry %s has no /ec/renew", g->url);
+	else if (rc == 0 && status != 200)
+		rc = http_err(status, &b, g->url, why, whylen);
+	if (rc == 0) {
+		cJSON *r =
+		    b.p != NULL ? cJSON_ParseWithLength(b.p, b.len) : NULL;
+		uint64_t k = 0;
+		if (ecx_json_get_u64(r, "renewed", &k, why, whylen) != 0)
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "registry %s: a renewal without a count",
+			             g->url);
+		cJSON_Delete(r);
+		*renewed = (size_t)k;
+	}
+	free(b.p);
+	return rc;
+}
+
 int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
                        const ecx_entry *entries, size_t n, size_t *republished,
                        char *why, size_t whylen)
@@ -479,6 +565,31 @@ int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
 		if (rc == 0)
 			*republished = n;
 		return rc;
+	}
+	uint64_t lease_ms = (uint64_t)(c->ttl_s > 0 ? c->ttl_s : 30) * 1000;
+	if (n > 0 && c->renew_by_writes && !c->was_down &&
+	    ecx_now_ms() - c->written_ms < lease_ms / 3)
+		return 0;
+	if (n > 0) {
+		/* One request renews them all; a registry that answers with
+		 * fewer than we hold lost some (a restart): all again. */
+		size_t renewed = 0;
+		int rc = http_renew(c, g, &entries[0], &renewed, why, whylen);
+		if (rc == 0 && renewed >= n && !c->was_down)
+			return 0;
+		c->renew_by_writes = rc == ECX_EUNSUPPORTED;
+		if (rc == 0 || rc == ECX_EUNSUPPORTED) {
+			c->was_down = false;
+			c->written_ms = ecx_now_ms();
+			return republish(c, ids, entries, n, republished, why,
+			                 whylen);
+		}
+		if (rc != ECX_ENOTFOUND) {
+			c->was_down = true;
+			return rc;
+		}
+		/* A registry without /ec/renew (before leases): its epoch
+		 * says when it restarted. */
 	}
 	buf b = {0};
 	long status = 0;
@@ -506,15 +617,7 @@ int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
 	c->was_down = false;
 	if (!again)
 		return 0;
-	for (size_t i = 0; i < n; i++) {
-		rc = ecx_regclient_put(c, ids[i], &entries[i], why, whylen);
-		if (rc != 0) {
-			c->was_down = true; /* try the rest next time */
-			return rc;
-		}
-		(*republished)++;
-	}
-	return 0;
+	return republish(c, ids, entries, n, republished, why, whylen);
 }
 
 /* Reads one GET /ec/list answer into rows (room for cap). */

@@ -41,9 +41,16 @@ void ecx_regclient_destroy(ecx_regclient *c);
  * 500 ms, doubling to 10 s) instead of costing its timeout on every call.
  * Returns 0 when every registry that was asked answered (items[].found says
  * which ids were found); otherwise the last registry's error, with the
- * items found elsewhere still filled in. */
+ * items found elsewhere still filled in. items[].alt (the other holders,
+ * from the batched route) is set, not freed: free it with
+ * ecx_lookup_items_clear. */
 int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
                          char *why, size_t whylen);
+
+/* The same, with every holder of each id (items[].alt): always the
+ * batched route, even for one id (GET /ec/info answers one holder). */
+int ecx_regclient_lookup_holders(ecx_regclient *c, ecx_lookup_item *items,
+                                 size_t n, char *why, size_t whylen);
 
 /* PUT and DELETE against the first registry in the list (a producer
  * publishes to one). producer_zmq, when not NULL, makes the delete conditional

@@ -19,19 +19,28 @@ typedef struct ecx_store_row {
 
 typedef struct ecx_store_ops {
 	const char *name;
-	/* Inserts or replaces. */
+	/* Inserts or replaces e->producer_zmq's entry for id (the memory store
+	 * keeps up to ECX_HOLDERS_MAX producers' entries per id; Redis one).
+	 * An entry with e->ttl_s > 0 lives that long unless renewed; 0: until
+	 * removed. */
 	int (*put)(ecx_store *s, const char *id, const ecx_entry *e, char *why,
 	           size_t whylen);
-	/* ECX_ENOTFOUND when absent. */
+	/* One live holder's entry (the most recently renewed), with age_ms.
+	 * ECX_ENOTFOUND when absent. */
 	int (*get)(ecx_store *s, const char *id, ecx_entry *out, char *why,
 	           size_t whylen);
-	/* Removes id; when producer_zmq is not NULL, only if the entry is that
-	 * producer's. ECX_ENOTFOUND when nothing was removed. */
+	/* Removes id; when producer_zmq is not NULL, only that producer's
+	 * entry. ECX_ENOTFOUND when nothing was removed. */
 	int (*del)(ecx_store *s, const char *id, const char *producer_zmq,
 	           char *why, size_t whylen);
-	/* Fills items[i].found/.entry for n ids, in one round trip. */
+	/* Fills items[i].found/.entry/.alt for n ids, in one round trip. */
 	int (*mget)(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 	            size_t whylen);
+	/* Renews every entry of producer_zmq whose epoch is `epoch` for ttl_s
+	 * more seconds; *renewed is set to how many. NULL for a store whose
+	 * producers renew by writing their entries again (Redis). */
+	int (*renew)(ecx_store *s, const char *producer_zmq, uint64_t epoch,
+	             uint32_t ttl_s, size_t *renewed, char *why, size_t whylen);
 	/* Up to limit rows with ids sorted after `after` ("" for the first
 	 * page) into rows; *nrows is set, and *total to the store's size. */
 	int (*list)(ecx_store *s, const char *after, size_t limit,
@@ -56,6 +65,12 @@ ecx_store *ecx_store_mem_create(void);
 ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
                                   char *why, size_t whylen);
 bool ecx_store_is_redis_url(const char *url);
+
+/* Adds to each found item the other live holders of its id (items[].alt,
+ * freed with ecx_lookup_items_clear), in one round trip. Does nothing for a
+ * store that is not Redis (the memory store's mget fills them). */
+int ecx_store_redis_holders(ecx_store *s, ecx_lookup_item *items, size_t n,
+                            char *why, size_t whylen);
 
 /* PINGs the Redis behind s (connecting if needed): 0 when it answers.
  * ECX_EINVAL for a store that is not Redis. */

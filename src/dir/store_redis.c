@@ -17,6 +17,11 @@
 
 #define MOD "redis"
 #define KEY_PREFIX "ecx:"
+/* Every holder of an id: a hash "ecxh:<id>" of producer_zmq -> "<expiry,
+ * unix ms, 0: never>|<entry JSON>", beside the entry "ecx:<id>" (the
+ * latest writer's, which lookups read with one MGET). Not under "ecx:", so
+ * listings do not see it. */
+#define HOLD_PREFIX "ecxh:"
 
 typedef struct redis_store {
 	ecx_store base;
@@ -104,26 +109,80 @@ static int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen)
 	return rc;
 }
 
+static uint64_t wall_ms(void)
+{
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+/* Appends to the pipeline the three commands that write e (json) as id's
+ * entry and as its producer's holder entry, with a TTL of ttl seconds (0:
+ * none). Returns 0, or -1 when hiredis could not append. */
+static int rs_append_put(redis_store *r, const char *id, const ecx_entry *e,
+                         const char *json, int ttl)
+{
+	size_t vl = strlen(json) + 32;
+	char *val = malloc(vl);
+	if (val == NULL)
+		return -1;
+	snprintf(val, vl, "%llu|%s",
+	         ttl > 0
+	             ? (unsigned long long)(wall_ms() + (uint64_t)ttl * 1000)
+	             : 0ull,
+	         json);
+	int st = ttl > 0 ? redisAppendCommand(r->ctx,
+	                                      "SET " KEY_PREFIX "%s %s EX %d",
+	                                      id, json, ttl)
+	                 : redisAppendCommand(r->ctx, "SET " KEY_PREFIX "%s %s",
+	                                      id, json);
+	if (st == REDIS_OK)
+		st = redisAppendCommand(r->ctx, "HSET " HOLD_PREFIX "%s %s %s",
+		                        id, e->producer_zmq, val);
+	if (st == REDIS_OK)
+		st = ttl > 0
+		         ? redisAppendCommand(r->ctx,
+		                              "PEXPIRE " HOLD_PREFIX "%s %d",
+		                              id, ttl * 1000)
+		         : redisAppendCommand(r->ctx,
+		                              "PERSIST " HOLD_PREFIX "%s", id);
+	free(val);
+	return st == REDIS_OK ? 0 : -1;
+}
+
+/* Reads k replies of a pipeline; the first error wins. */
+static int rs_replies(redis_store *r, size_t k, char *why, size_t whylen)
+{
+	int rc = 0;
+	for (size_t i = 0; i < k; i++) {
+		redisReply *rep = NULL;
+		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK)
+			return rs_fail(r, rep, why, whylen);
+		if (rep != NULL && rep->type == REDIS_REPLY_ERROR && rc == 0) {
+			rc = ecx_why(why, whylen, ECX_EIO, "redis://%s:%d: %s",
+			             r->host, r->port, rep->str);
+		}
+		freeReplyObject(rep);
+	}
+	return rc;
+}
+
 static int rs_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
                   size_t whylen)
 {
 	redis_store *r = (redis_store *)s;
+	/* The entry's own lease, else the store's. */
+	int ttl = e->ttl_s > 0 ? (int)e->ttl_s : r->ttl_s;
 	char *json = ecx_entry_encode(e);
 	if (json == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_lock(&r->lock);
 	int rc = rs_connect(r, why, whylen);
 	if (rc == 0) {
-		redisReply *rep =
-		    r->ttl_s > 0
-		        ? redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s EX %d",
-		                       id, json, r->ttl_s)
-		        : redisCommand(r->ctx, "SET " KEY_PREFIX "%s %s", id,
-		                       json);
-		if (rep == NULL || rep->type == REDIS_REPLY_ERROR)
-			rc = rs_fail(r, rep, why, whylen);
+		if (rs_append_put(r, id, e, json, ttl) != 0)
+			rc = rs_fail(r, NULL, why, whylen);
 		else
-			freeReplyObject(rep);
+			rc = rs_replies(r, 3, why, whylen);
 	}
 	pthread_mutex_unlock(&r->lock);
 	free(json);
@@ -187,9 +246,12 @@ static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 		    rep->elements != n) {
 			rc = rs_fail(r, rep, why, whylen);
 		} else {
-			for (size_t i = 0; i < n; i++)
+			for (size_t i = 0; i < n; i++) {
+				items[i].nalt = 0;
+				items[i].alt = NULL;
 				items[i].found = entry_of(rep->element[i],
 				                          &items[i].entry) == 0;
+			}
 			freeReplyObject(rep);
 		}
 	}
@@ -200,12 +262,31 @@ static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 	return rc;
 }
 
-/* Deletes the key only if it is still the named producer's entry, in one
- * step on the server. */
+/* Removes a producer's holder entry of an id and, when the id's entry is
+ * that producer's, puts another live holder's in its place (or deletes it);
+ * with no producer (ARGV[1] ''), removes every holder. One step on the
+ * server. KEYS: ecx:<id>, ecxh:<id>; ARGV: producer, the text that marks
+ * its entry. */
 static const char del_script[] =
+    "if ARGV[1] == '' then return redis.call('DEL', KEYS[1], KEYS[2]) end "
+    "local n = redis.call('HDEL', KEYS[2], ARGV[1]) "
     "local v = redis.call('GET', KEYS[1]) "
-    "if v and (ARGV[1] == '' or string.find(v, ARGV[1], 1, true)) then "
-    "return redis.call('DEL', KEYS[1]) end return 0";
+    "if v and string.find(v, ARGV[2], 1, true) then "
+    " redis.call('DEL', KEYS[1]) n = 1 "
+    " local t = redis.call('TIME') "
+    " local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
+    " local all = redis.call('HGETALL', KEYS[2]) "
+    " for i = 1, #all, 2 do "
+    "  local val = all[i + 1] "
+    "  local bar = string.find(val, '|', 1, true) "
+    "  if bar then "
+    "   local exp = tonumber(string.sub(val, 1, bar - 1)) "
+    "   if exp == 0 then "
+    "    redis.call('SET', KEYS[1], string.sub(val, bar + 1)) break "
+    "   elseif exp > now then "
+    "    redis.call('SET', KEYS[1], string.sub(val, bar + 1), 'PX', "
+    "               exp - now) break end end end end "
+    "return n";
 
 static int rs_del(ecx_store *s, const char *id, const char *producer_zmq,
                   char *why, size_t whylen)
@@ -218,9 +299,11 @@ static int rs_del(ecx_store *s, const char *id, const char *producer_zmq,
 	pthread_mutex_lock(&r->lock);
 	int rc = rs_connect(r, why, whylen);
 	if (rc == 0) {
-		redisReply *rep =
-		    redisCommand(r->ctx, "EVAL %s 1 " KEY_PREFIX "%s %s",
-		                 del_script, id, match);
+		redisReply *rep = redisCommand(
+		    r->ctx,
+		    "EVAL %s 2 " KEY_PREFIX "%s " HOLD_PREFIX "%s %s %s",
+		    del_script, id, id,
+		    producer_zmq != NULL ? producer_zmq : "", match);
 		if (rep == NULL || rep->type != REDIS_REPLY_INTEGER)
 			rc = rs_fail(r, rep, why, whylen);
 		else {
@@ -411,30 +494,95 @@ int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
 	int rc = rs_connect(r, why, whylen);
 	/* One round trip for all of them: a pipeline of SETs, which also puts
 	 * back what a restarted (emptied) Redis lost. */
+	size_t sent = 0;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		char *json = ecx_entry_encode(&entries[i]);
 		if (json == NULL) {
 			rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 			break;
 		}
-		int st =
-		    r->ttl_s > 0
-		        ? redisAppendCommand(r->ctx,
-		                             "SET " KEY_PREFIX "%s %s EX %d",
-		                             ids[i], json, r->ttl_s)
-		        : redisAppendCommand(r->ctx, "SET " KEY_PREFIX "%s %s",
-		                             ids[i], json);
-		free(json);
-		if (st != REDIS_OK)
+		int ttl =
+		    entries[i].ttl_s > 0 ? (int)entries[i].ttl_s : r->ttl_s;
+		if (rs_append_put(r, ids[i], &entries[i], json, ttl) != 0)
 			rc = rs_fail(r, NULL, why, whylen);
+		else
+			sent++;
+		free(json);
 	}
+	/* The replies of what was sent are read even after a failure. */
+	if (r->ctx != NULL && sent > 0) {
+		int rr = rs_replies(r, 3 * sent, why, whylen);
+		if (rc == 0)
+			rc = rr;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+int ecx_store_redis_holders(ecx_store *s, ecx_lookup_item *items, size_t n,
+                            char *why, size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	if (s->ops != &redis_ops)
+		return 0;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		k += items[i].found;
+	if (k == 0)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	if (rc == 0 && redisAppendCommand(r->ctx, "TIME") != REDIS_OK)
+		rc = rs_fail(r, NULL, why, whylen);
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		if (items[i].found &&
+		    redisAppendCommand(r->ctx, "HGETALL " HOLD_PREFIX "%s",
+		                       items[i].id) != REDIS_OK)
+			rc = rs_fail(r, NULL, why, whylen);
+	redisReply *t = NULL;
+	if (rc == 0 &&
+	    (redisGetReply(r->ctx, (void **)&t) != REDIS_OK || t == NULL ||
+	     t->type != REDIS_REPLY_ARRAY || t->elements != 2))
+		rc = rs_fail(r, t, why, whylen), t = NULL;
+	uint64_t now = t != NULL
+	                   ? strtoull(t->element[0]->str, NULL, 10) * 1000 +
+	                         strtoull(t->element[1]->str, NULL, 10) / 1000
+	                   : 0;
+	freeReplyObject(t);
 	for (size_t i = 0; rc == 0 && i < n; i++) {
-		redisReply *rep = NULL;
-		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {
-			rc = rs_fail(r, rep, why, whylen);
+		if (!items[i].found)
+			continue;
+		redisReply *h = NULL;
+		if (redisGetReply(r->ctx, (void **)&h) != REDIS_OK) {
+			rc = rs_fail(r, h, why, whylen);
 			break;
 		}
-		freeReplyObject(rep);
+		for (size_t f = 0; h != NULL && h->type == REDIS_REPLY_ARRAY &&
+		                   f + 1 < h->elements;
+		     f += 2) {
+			const char *prod = h->element[f]->str;
+			const char *val = h->element[f + 1]->str;
+			const char *bar = val != NULL ? strchr(val, '|') : NULL;
+			if (prod == NULL || bar == NULL ||
+			    strcmp(prod, items[i].entry.producer_zmq) == 0 ||
+			    items[i].nalt == ECX_HOLDERS_MAX - 1)
+				continue;
+			uint64_t exp = strtoull(val, NULL, 10);
+			ecx_entry e;
+			char w[64];
+			if ((exp != 0 && exp <= now) ||
+			    ecx_entry_decode(bar + 1, strlen(bar + 1), &e, w,
+			                     sizeof(w)) != 0)
+				continue;
+			if (items[i].alt == NULL) {
+				items[i].alt = malloc((ECX_HOLDERS_MAX - 1) *
+				                      sizeof(*items[i].alt));
+				if (items[i].alt == NULL)
+					break;
+			}
+			items[i].alt[items[i].nalt++] = e;
+		}
+		freeReplyObject(h);
 	}
 	pthread_mutex_unlock(&r->lock);
 	return rc;

@@ -211,8 +211,9 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 		item_insert(p, it); /* not ready: invisible to pulls */
 	}
 	pthread_mutex_unlock(&p->lock);
-	for (size_t i = 0; i < ev.n; i++)
-		prod_unpublish(p, ev.ids[i]);
+	/* The evicted ids leave the registry (or are queued for it) before
+	 * their bytes are written over. */
+	prod_unpublish_many(p, (const char(*)[ECX_ID_MAX + 1]) ev.ids, ev.n);
 	free(ev.ids);
 	if (rc == ECX_ENOSPC)
 		return ecx_set_error(

@@ -1,8 +1,9 @@
 /*
  * producer.c - the producer role's lifecycle: create (arena, registry,
  * UCX, rendezvous), stats, destroy. The threads: the caller's (put,
- * remove, stats), the rendezvous thread (hellos, the reference's pull, and
- * registry upkeep), and the UCX progress thread (pulls).
+ * remove, stats), the rendezvous thread (hellos, the reference's pull),
+ * the UCX progress thread (pulls) and, with a remote registry, the
+ * publisher thread (publish.c: every call to that registry).
  */
 #include "producer/producer.h"
 
@@ -14,12 +15,6 @@
 #define MOD "producer"
 
 /* ---- create, stats, destroy ---- */
-
-/* The rendezvous thread keeps the registry up to date between requests. */
-static void registry_tick(void *arg)
-{
-	prod_registry_sync(arg);
-}
 
 int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
                         char *why, size_t whylen)
@@ -58,6 +53,11 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "lease share must be 0 to 100 percent, not %d",
 		               lease_pct);
+	if ((m & ECX_PRODUCER_PARAM_REGISTRY_TTL) &&
+	    (pp->registry_ttl_s < 0 || pp->registry_ttl_s > ECX_TTL_MAX_S))
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "registry TTL is 0 to %d seconds, not %d",
+		               ECX_TTL_MAX_S, pp->registry_ttl_s);
 	if (reg_port < -1 || reg_port > 65535)
 		return ecx_why(why, whylen, ECX_EINVAL, "bad registry port %d",
 		               reg_port);
@@ -74,7 +74,6 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	if (p == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&p->lock, NULL);
-	pthread_mutex_init(&p->remote_lock, NULL);
 	p->epoch = ecx_random_epoch();
 	ecx_shm_domain(p->domain, sizeof(p->domain));
 	p->timeout_ms = timeout;
@@ -117,6 +116,12 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		                          .bind_host = bind,
 		                          .port = (uint16_t)reg_port,
 		                          .token = token};
+		/* Its own entries never expire (they live in this process);
+		 * the TTL is the lease of other producers' PUTs. */
+		if (m & ECX_PRODUCER_PARAM_REGISTRY_TTL) {
+			rp.field_mask |= ECX_REGISTRY_PARAM_ENTRY_TTL;
+			rp.entry_ttl_s = pp->registry_ttl_s;
+		}
 		rc = ecx_registry_create(&rp, &p->registry, why, whylen);
 		if (rc != 0)
 			goto fail;
@@ -144,13 +149,16 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	    .advertise = adv,
 	    .port = (m & ECX_PRODUCER_PARAM_ZMQ_PORT) ? pp->zmq_port : 0,
 	    .handle = prod_rdv_handle,
-	    .tick = registry_tick,
+	    .tick = NULL,
 	    .arg = p};
 	rc = ecx_rdv_server_create(&zo, &p->rdv, why, whylen);
 	if (rc != 0)
 		goto fail;
 	ecx_strlcpy(p->address, ecx_rdv_server_address(p->rdv),
 	            sizeof(p->address));
+	rc = prod_publisher_start(p, why, whylen);
+	if (rc != 0)
+		goto fail;
 	ecx_info(MOD, "serving at %s, arena %llu bytes, registry %s",
 	         p->address, (unsigned long long)cap,
 	         remote != NULL ? remote : "embedded");
@@ -191,10 +199,13 @@ void ecx_producer_destroy(ecx_producer *p)
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;
 	/* Unpublish everything this producer published. */
-	for (size_t b = 0; p->buckets != NULL && b < p->nbuckets; b++)
-		for (item *it = p->buckets[b]; it != NULL; it = it->hnext)
-			if (it->ready)
-				prod_unpublish(p, it->id);
+	if (p->registry != NULL)
+		for (size_t b = 0; p->buckets != NULL && b < p->nbuckets; b++)
+			for (item *it = p->buckets[b]; it != NULL;
+			     it = it->hnext)
+				if (it->ready)
+					prod_unpublish(p, it->id);
+	prod_publisher_stop(p);
 	if (p->ucx != NULL) {
 		prod_serve_shutdown(p);
 		ecx_ucx_mem_unmap(p->ucx, p->memh);
@@ -217,6 +228,5 @@ void ecx_producer_destroy(ecx_producer *p)
 		memset(p->token, 0, p->token_len);
 	free(p->token);
 	pthread_mutex_destroy(&p->lock);
-	pthread_mutex_destroy(&p->remote_lock);
 	free(p);
 }

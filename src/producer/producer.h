@@ -131,14 +131,24 @@ struct ecx_producer {
 	/* registry */
 	ecx_registry *registry; /* embedded, or NULL */
 	ecx_regclient *remote;  /* remote, or NULL */
-	int ttl_s;      /* of Redis entries; renewed every third of it */
+	int ttl_s;      /* of remote entries; renewed every third of it */
 	bool integrity; /* hash items at put, send hashes with replies */
 	/* Tests only: ECX_TEST_PULL_DELAY_MS, a pause before each item of a
 	 * pull, for a producer that is slow rather than stopped. */
 	unsigned test_delay_ms;
 	bool redis;
-	uint64_t next_refresh_ms;
-	pthread_mutex_t remote_lock; /* the client is one thread at a time */
+	/* The publisher (publish.c) alone uses `remote`. Its queue and state
+	 * are under pub_lock, never held across a registry call. */
+	pthread_t pub_thread;
+	pthread_mutex_t pub_lock;
+	pthread_cond_t pub_cond; /* work for the publisher */
+	pthread_cond_t pub_done; /* a waited op is done */
+	struct pub_op *pub_head, *pub_tail;
+	size_t pub_dels;         /* removals queued */
+	uint64_t pub_down_until; /* registry down: next try then; 0 up */
+	uint64_t pub_backoff_ms; /* the next back-off */
+	char pub_down_why[256];
+	bool pub_inited, pub_running, pub_stop;
 	/* data plane */
 	ecx_ucx *ucx;
 	conn *conns;
@@ -176,13 +186,24 @@ void prod_leases_clear(ecx_producer *p);
 char *prod_lease_answer(ecx_producer *p, const ecx_zreq *r);
 char *prod_release_answer(ecx_producer *p, const ecx_zreq *r);
 
-/* publish.c. Called without p->lock. */
+/* publish.c. Called without p->lock. prod_publish returns once id is in
+ * the registry, or with why it is not (at most timeout_ms; at once while
+ * a remote registry is known to be down). prod_unpublish_many returns
+ * once the ids left the registry, or were queued because it cannot be
+ * reached (they leave when it is back), or after timeout_ms (queued). */
+int prod_publisher_start(ecx_producer *p, char *why, size_t whylen);
+/* Stops the publisher and unpublishes every item held (bounded: stops at
+ * the first removal an unreachable registry does not take). */
+void prod_publisher_stop(ecx_producer *p);
 int prod_publish(ecx_producer *p, const char *id, const ecx_tensor_desc *d,
                  char *why, size_t whylen);
 void prod_unpublish(ecx_producer *p, const char *id);
-/* Keeps the remote registry's entries alive and restores them after a
- * registry restart; cheap when nothing is due. */
-void prod_registry_sync(ecx_producer *p);
+void prod_unpublish_many(ecx_producer *p, const char (*ids)[ECX_ID_MAX + 1],
+                         size_t n);
+/* Called with pub_lock held: queues the removal of id, no wait. */
+void prod_unpublish_queue(ecx_producer *p, const char *id);
+/* Removals waiting for an unreachable registry. */
+size_t prod_unpublish_pending(ecx_producer *p);
 
 /* serve.c */
 ucs_status_t prod_am_pull(void *arg, const void *header, size_t header_len,

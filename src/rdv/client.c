@@ -7,8 +7,14 @@
 #include <zmq.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 struct ecx_rdv_client {
 	void *zctx;
@@ -46,10 +52,78 @@ void ecx_rdv_client_destroy(ecx_rdv_client *c)
 	free(c);
 }
 
+/* Whether anything listens at a tcp://HOST:PORT address: a plain TCP
+ * connect, bounded by timeout_ms. ZeroMQ retries a refused connection
+ * until the timeout, so without this a producer that is gone (its port
+ * closed) would cost the whole timeout instead of failing at once.
+ * Returns 0 when it connects or the address is not one this can check,
+ * ECX_ECONNECT when refused, ECX_ETIMEDOUT when nothing answers. */
+static int rdv_probe(const char *address, int timeout_ms, char *why,
+                     size_t whylen)
+{
+	if (strncmp(address, "tcp://", 6) != 0)
+		return 0;
+	char host[ECX_ADDR_MAX];
+	const char *h = address + 6;
+	const char *colon = strrchr(h, ':');
+	if (colon == NULL || colon == h || colon[1] == '\0' ||
+	    (size_t)(colon - h) >= sizeof(host))
+		return 0;
+	memcpy(host, h, (size_t)(colon - h));
+	host[colon - h] = '\0';
+	if (host[0] == '[') { /* [v6] */
+		size_t hl = strlen(host);
+		if (hl < 3 || host[hl - 1] != ']')
+			return 0;
+		memmove(host, host + 1, hl - 2);
+		host[hl - 2] = '\0';
+	}
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+	                         .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || ai == NULL)
+		return 0; /* ZeroMQ says what is wrong with it */
+	int rc = 0;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		goto out;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	int e = 0;
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+		e = errno;
+		if (e == EINPROGRESS) {
+			struct pollfd pf = {.fd = fd, .events = POLLOUT};
+			int k = poll(&pf, 1, timeout_ms);
+			socklen_t el = sizeof(e);
+			if (k == 0)
+				e = ETIMEDOUT;
+			else if (k < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR,
+			                             &e, &el) != 0)
+				e = 0; /* cannot tell: leave it to ZeroMQ */
+		}
+	}
+	if (e == ECONNREFUSED || e == ENETUNREACH || e == EHOSTUNREACH)
+		rc = ecx_why(why, whylen, ECX_ECONNECT,
+		             "producer %s does not answer (%s)", address,
+		             strerror(e));
+	else if (e == ETIMEDOUT)
+		rc = ecx_why(why, whylen, ECX_ETIMEDOUT,
+		             "producer %s does not answer (no connection "
+		             "within %d ms)",
+		             address, timeout_ms);
+	close(fd);
+out:
+	freeaddrinfo(ai);
+	return rc;
+}
+
 int ecx_rdv_hello(ecx_rdv_client *c, const char *address, const void *worker,
                   size_t worker_len, const char *token, int timeout_ms,
                   ecx_zresp *out, char *why, size_t whylen)
 {
+	int prc = rdv_probe(address, timeout_ms, why, whylen);
+	if (prc != 0)
+		return prc;
 	void *s = zmq_socket(c->zctx, ZMQ_REQ);
 	if (s == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "zmq_socket failed");

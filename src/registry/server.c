@@ -28,6 +28,7 @@ struct ecx_registry {
 	bool redis; /* the store is Redis: /healthz asks it */
 	uint64_t
 	    epoch; /* changes each start: producers republish on a change */
+	int entry_ttl_s; /* the lease of entries PUT without one (0: none) */
 	/* counters, updated with relaxed atomics */
 	uint64_t lookups, hits, misses, publishes, removals, requests;
 	uint64_t lat_count, lat_sum_us, lat_buckets[NLAT + 1];
@@ -136,6 +137,9 @@ static int route_info_put(ecx_registry *r, ecx_reg_answer *a, const char *id,
 	char why[200];
 	ecx_entry e;
 	int rc = ecx_entry_decode(q->body, q->len, &e, why, sizeof(why));
+	if (rc == 0 && e.ttl_s == 0)
+		e.ttl_s = (uint32_t)r->entry_ttl_s;
+	e.age_ms = 0;
 	if (rc == 0)
 		rc = r->store->ops->put(r->store, id, &e, why, sizeof(why));
 	if (rc != 0)
@@ -158,6 +162,47 @@ static int route_info_delete(ecx_registry *r, ecx_reg_answer *a, const char *id,
 	return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 
+/* POST /ec/renew {"producer_zmq", "ecx_epoch", "ecx_ttl_s"}: renews every
+ * entry of that producer (of that epoch) in one request; answers
+ * {"renewed": N}, so a producer that holds more learns the registry lost
+ * some and publishes them again. */
+static int route_renew(ecx_registry *r, ecx_reg_answer *a,
+                       const ecx_reg_http *q)
+{
+	char why[200], producer[ECX_ADDR_MAX];
+	uint64_t epoch = 0, ttl = 0;
+	cJSON *o = ecx_json_parse(q->body != NULL ? q->body : "", q->len,
+	                          ECX_ENTRY_MAX, why, sizeof(why));
+	int rc = o == NULL ? ECX_EPROTO : 0;
+	if (rc == 0)
+		rc = ecx_json_get_str(o, "producer_zmq", producer,
+		                      sizeof(producer), why, sizeof(why));
+	if (rc == 0)
+		rc = ecx_json_get_u64(o, "ecx_epoch", &epoch, why, sizeof(why));
+	if (rc == 0 && cJSON_GetObjectItemCaseSensitive(o, "ecx_ttl_s"))
+		rc = ecx_json_get_u64(o, "ecx_ttl_s", &ttl, why, sizeof(why));
+	cJSON_Delete(o);
+	if (rc == 0 && ttl > ECX_TTL_MAX_S)
+		rc = ecx_why(why, sizeof(why), ECX_EPROTO,
+		             "\"ecx_ttl_s\" is over %d", ECX_TTL_MAX_S);
+	if (rc != 0)
+		return answer_error(a, MHD_HTTP_BAD_REQUEST, why);
+	if (r->store->ops->renew == NULL)
+		return answer_error(a, MHD_HTTP_NOT_IMPLEMENTED,
+		                    "this registry's store renews entries when "
+		                    "they are written again");
+	if (ttl == 0)
+		ttl = (uint64_t)r->entry_ttl_s;
+	size_t n = 0;
+	rc = r->store->ops->renew(r->store, producer, epoch, (uint32_t)ttl, &n,
+	                          why, sizeof(why));
+	if (rc != 0)
+		return answer_error(a, status_of(rc), why);
+	char body[64];
+	snprintf(body, sizeof(body), "{\"renewed\":%zu}", n);
+	return answer_json(a, MHD_HTTP_OK, strdup(body));
+}
+
 static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
                         const ecx_reg_http *q)
 {
@@ -174,6 +219,9 @@ static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
 	for (size_t i = 0; i < l.n; i++)
 		items[i].id = l.ids[i];
 	rc = r->store->ops->mget(r->store, items, l.n, why, sizeof(why));
+	if (rc == 0)
+		rc = ecx_store_redis_holders(r->store, items, l.n, why,
+		                             sizeof(why));
 	if (rc != 0) {
 		answer_error(a, status_of(rc), why);
 	} else {
@@ -185,6 +233,7 @@ static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
 		count(&r->misses, l.n - hits);
 		answer_json(a, MHD_HTTP_OK, ecx_lookup_resp_encode(items, l.n));
 	}
+	ecx_lookup_items_clear(items, l.n);
 	free(items);
 	free(l.ids);
 	return 0;
@@ -326,7 +375,8 @@ static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 		         ECX_REG_MAX_BODY);
 		return answer_error(a, MHD_HTTP_CONTENT_TOO_LARGE, d);
 	}
-	bool write = put || del;
+	bool renew = post && strcmp(url, "/ec/renew") == 0;
+	bool write = put || del || renew;
 	if ((write || r->token_reads) && !authorized(r, q))
 		return answer_error(a, MHD_HTTP_UNAUTHORIZED,
 		                    "missing or bad token");
@@ -342,6 +392,11 @@ static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 		if (put)
 			return route_info_put(r, a, id, q);
 		return route_info_delete(r, a, id, q);
+	}
+	if (strcmp(url, "/ec/renew") == 0) {
+		if (!post)
+			goto not_allowed;
+		return route_renew(r, a, q);
 	}
 	if (strcmp(url, "/ec/lookup") == 0) {
 		if (!post)
@@ -570,9 +625,16 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	    (m & ECX_REGISTRY_PARAM_THREADS) && p->threads ? p->threads : 2;
 	const char *store =
 	    (m & ECX_REGISTRY_PARAM_STORE) && p->store ? p->store : "memory";
+	int entry_ttl = (m & ECX_REGISTRY_PARAM_ENTRY_TTL)
+	                    ? p->entry_ttl_s
+	                    : ECX_ENTRY_TTL_DEFAULT;
 	if (threads > 64)
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "at most 64 registry threads");
+	if (entry_ttl < 0 || entry_ttl > ECX_TTL_MAX_S)
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "the entry TTL is 0 to %d seconds, not %d",
+		               ECX_TTL_MAX_S, entry_ttl);
 	if (strcmp(store, "memory") != 0 && !ecx_store_is_redis_url(store))
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "unknown registry store '%s' (memory, or "
@@ -585,6 +647,7 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	r->epoch = (ecx_now_ns() ^ ((uint64_t)getpid() << 40)) %
 	               (ECX_JSON_INT_MAX - 1) +
 	           1;
+	r->entry_ttl_s = entry_ttl;
 	r->token_reads = (m & ECX_REGISTRY_PARAM_TOKEN_READS) &&
 	                 p->token_reads && token != NULL;
 	int rc = ECX_ENOMEM;
@@ -682,6 +745,7 @@ int ecx_registry_create_detached(const char *token, ecx_registry **out)
 	if (r == NULL)
 		return ECX_ENOMEM;
 	r->store = ecx_store_mem_create();
+	r->entry_ttl_s = ECX_ENTRY_TTL_DEFAULT;
 	if (token != NULL) {
 		r->token = strdup(token);
 		r->token_len = strlen(token);

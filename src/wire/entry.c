@@ -23,6 +23,10 @@ cJSON *ecx_entry_to_json(const ecx_entry *e)
 	cJSON_AddStringToObject(o, "producer_zmq", e->producer_zmq);
 	if (e->epoch != 0)
 		cJSON_AddItemToObject(o, "ecx_epoch", ecx_json_u64(e->epoch));
+	if (e->ttl_s != 0)
+		cJSON_AddItemToObject(o, "ecx_ttl_s", ecx_json_u64(e->ttl_s));
+	if (e->age_ms != 0)
+		cJSON_AddItemToObject(o, "ecx_age_ms", ecx_json_u64(e->age_ms));
 	/* cJSON reports allocation failures only through missing children. */
 	if (cJSON_GetArraySize(o) < 4 ||
 	    cJSON_GetArraySize(shape) != (int)e->desc.ndim)
@@ -107,6 +111,22 @@ int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
 		if (rc != 0)
 			return rc;
 	}
+	if (cJSON_GetObjectItemCaseSensitive(o, "ecx_ttl_s") != NULL) {
+		uint64_t t = 0;
+		rc = ecx_json_get_u64(o, "ecx_ttl_s", &t, why, whylen);
+		if (rc != 0)
+			return rc;
+		if (t > ECX_TTL_MAX_S)
+			return ecx_why(why, whylen, ECX_EPROTO,
+			               "\"ecx_ttl_s\" is over %d",
+			               ECX_TTL_MAX_S);
+		e.ttl_s = (uint32_t)t;
+	}
+	if (cJSON_GetObjectItemCaseSensitive(o, "ecx_age_ms") != NULL) {
+		rc = ecx_json_get_u64(o, "ecx_age_ms", &e.age_ms, why, whylen);
+		if (rc != 0)
+			return rc;
+	}
 	*out = e;
 	return 0;
 }
@@ -120,6 +140,15 @@ int ecx_entry_decode(const char *buf, size_t len, ecx_entry *out, char *why,
 	int rc = ecx_entry_from_json(o, out, why, whylen);
 	cJSON_Delete(o);
 	return rc;
+}
+
+void ecx_lookup_items_clear(ecx_lookup_item *items, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(items[i].alt);
+		items[i].alt = NULL;
+		items[i].nalt = 0;
+	}
 }
 
 char *ecx_lookup_req_encode(const char *const *ids, size_t n)
@@ -216,6 +245,7 @@ char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n)
 	cJSON *o = cJSON_CreateObject();
 	cJSON *found = cJSON_AddObjectToObject(o, "found");
 	cJSON *missing = cJSON_AddArrayToObject(o, "missing");
+	cJSON *holders = NULL;
 	if (found == NULL || missing == NULL)
 		goto fail;
 	for (size_t i = 0; i < n; i++) {
@@ -229,6 +259,25 @@ char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n)
 			cJSON_AddItemToObject(found, items[i].id, c);
 		else
 			cJSON_AddItemToArray(missing, c);
+		if (!items[i].found || items[i].nalt == 0)
+			continue;
+		/* Several holders: all of them, for clients that fail over
+		 * (the reference's clients read "found" only). */
+		if (holders == NULL)
+			holders = cJSON_AddObjectToObject(o, "ecx_holders");
+		cJSON *arr = cJSON_CreateArray();
+		if (holders == NULL || arr == NULL) {
+			cJSON_Delete(arr);
+			goto fail;
+		}
+		cJSON_AddItemToObject(holders, items[i].id, arr);
+		cJSON_AddItemToArray(arr, ecx_entry_to_json(&items[i].entry));
+		for (uint32_t k = 0;
+		     k < items[i].nalt && k < ECX_HOLDERS_MAX - 1; k++)
+			cJSON_AddItemToArray(
+			    arr, ecx_entry_to_json(&items[i].alt[k]));
+		if (cJSON_GetArraySize(arr) != (int)items[i].nalt + 1)
+			goto fail;
 	}
 	free(dup);
 	return json_print_free(o);
@@ -241,6 +290,11 @@ fail:
 int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
                            size_t n, char *why, size_t whylen)
 {
+	/* Output only: what items held before is not freed here. */
+	for (size_t i = 0; i < n; i++) {
+		items[i].alt = NULL;
+		items[i].nalt = 0;
+	}
 	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
 	if (o == NULL)
 		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
@@ -289,6 +343,48 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 			goto out;
 		}
 	}
+	/* The other holders of an id found, when the registry has them. */
+	const cJSON *holders =
+	    cJSON_GetObjectItemCaseSensitive(o, "ecx_holders");
+	if (!cJSON_IsObject(holders))
+		holders = NULL;
+	cJSON_ArrayForEach (c, holders) {
+		if (!cJSON_IsArray(c) ||
+		    cJSON_GetArraySize(c) > ECX_HOLDERS_MAX) {
+			rc =
+			    ecx_why(why, whylen, ECX_EPROTO,
+			            "lookup reply's \"ecx_holders\" of '%.64s' "
+			            "is not an array of at most %d entries",
+			            c->string, ECX_HOLDERS_MAX);
+			goto out;
+		}
+		for (size_t i = 0; i < n; i++) {
+			if (!items[i].found ||
+			    strcmp(items[i].id, c->string) != 0)
+				continue;
+			free(items[i].alt);
+			items[i].nalt = 0;
+			items[i].alt = malloc((ECX_HOLDERS_MAX - 1) *
+			                      sizeof(*items[i].alt));
+			if (items[i].alt == NULL) {
+				rc = ecx_why(why, whylen, ECX_ENOMEM,
+				             "out of memory");
+				goto out;
+			}
+			const cJSON *h;
+			cJSON_ArrayForEach (h, c) {
+				ecx_entry e;
+				rc = ecx_entry_from_json(h, &e, why, whylen);
+				if (rc != 0)
+					goto out;
+				if (strcmp(e.producer_zmq,
+				           items[i].entry.producer_zmq) == 0 ||
+				    items[i].nalt == ECX_HOLDERS_MAX - 1)
+					continue;
+				items[i].alt[items[i].nalt++] = e;
+			}
+		}
+	}
 	cJSON_ArrayForEach (c, missing) {
 		bool known = false;
 		for (size_t i = 0; i < n && !known; i++)
@@ -304,9 +400,11 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 		}
 	}
 out:
-	if (rc != 0)
+	if (rc != 0) {
+		ecx_lookup_items_clear(items, n);
 		for (size_t i = 0; i < n; i++)
 			items[i].found = false;
+	}
 	cJSON_Delete(o);
 	return rc;
 }

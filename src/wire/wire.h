@@ -40,7 +40,19 @@ typedef struct ecx_entry {
 	ecx_tensor_desc desc;
 	char producer_zmq[ECX_ADDR_MAX];
 	uint64_t epoch;
+	/* ecx's lease ("ecx_ttl_s"; 0 when absent): a producer asks that the
+	 * entry live this long past each renewal; 0 takes the registry's. */
+	uint32_t ttl_s;
+	/* In a registry's answers ("ecx_age_ms"): how long ago the holder
+	 * renewed it (0 when absent). */
+	uint64_t age_ms;
 } ecx_entry;
+
+/* Holders of one id a registry keeps: each producer's entry, live ones
+ * only. A lookup answers the most recently renewed first. */
+#define ECX_HOLDERS_MAX 4
+#define ECX_TTL_MAX_S 86400      /* the longest lease an entry may ask for */
+#define ECX_ENTRY_TTL_DEFAULT 30 /* seconds, on both stores */
 
 cJSON *ecx_entry_to_json(const ecx_entry *e);
 char *ecx_entry_encode(const ecx_entry *e);
@@ -67,11 +79,23 @@ int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,
 typedef struct ecx_lookup_item {
 	const char *id;
 	bool found;
-	ecx_entry entry;
+	ecx_entry entry; /* the holder to try first */
+	/* The other holders ("ecx_holders": {id: [entry, ...]}, the first
+	 * included, in the reply), in the order to try them: nalt entries,
+	 * malloc'd (NULL when none). Whoever fills items frees them with
+	 * ecx_lookup_items_clear. (Out of line: most ids have one holder, and
+	 * a batch of items stays small.) */
+	uint32_t nalt;
+	ecx_entry *alt;
 } ecx_lookup_item;
 
+/* Frees the other holders of n items (alt) and sets nalt to 0. */
+void ecx_lookup_items_clear(ecx_lookup_item *items, size_t n);
+
 char *ecx_lookup_resp_encode(const ecx_lookup_item *items, size_t n);
-/* Fills items[i].found and .entry for the n ids already set in items[i].id.
+/* Fills items[i].found, .entry and .alt/.nalt (the other holders; set, not
+ * freed, so items need not be initialised beyond .id) for the n ids
+ * already set in items[i].id.
  * Every requested id must be under "found" or in "missing", and nothing
  * else may be; otherwise ECX_EPROTO. */
 int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,

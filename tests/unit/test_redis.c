@@ -436,6 +436,141 @@ static void test_many_producers(void **state)
 	assert_false(in_redis("mp2-3"));
 }
 
+/* A producer publishing through an HTTP registry in front of Redis: its
+ * entries live while it renews them (by writing them again: the Redis
+ * store has no /ec/renew), and leave within its TTL once it is killed. */
+static void test_lease_through_http(void **state)
+{
+	(void)state;
+	char why[200], url[64];
+	ecx_registry_params rp = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
+	                                        ECX_REGISTRY_PARAM_PORT |
+	                                        ECX_REGISTRY_PARAM_STORE,
+	                          .bind_host = "127.0.0.1",
+	                          .port = 0,
+	                          .store = redis_url};
+	ecx_registry *r;
+	assert_int_equal(ecx_registry_create(&rp, &r, why, 200), 0);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%u", ecx_registry_port(r));
+	char path[512];
+	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
+	char *argv[] = {path, "producer", "--registry", url, "--registry-ttl",
+	                "2",  NULL};
+	producer p;
+	assert_true(tu_spawn(&p.ch, argv));
+	char line[512];
+	unsigned port;
+	assert_true(tu_line(&p.ch, line, sizeof(line)));
+	assert_int_equal(sscanf(line, "ready %u %255s", &port, p.zmq), 2);
+	put(&p, "lh-a", "4096");
+	usleep(4500000); /* over twice the TTL */
+	assert_true(in_redis("lh-a"));
+	kill(p.ch.pid, SIGKILL);
+	tu_reap(&p.ch, 1000);
+	uint64_t t0 = now_ms();
+	while (in_redis("lh-a") && now_ms() - t0 < 4000)
+		usleep(100000);
+	assert_false(in_redis("lh-a"));
+	assert_true(now_ms() - t0 <= 2500);
+	ecx_registry_destroy(r);
+}
+
+/* The producer address of id's entry in Redis ("" when absent). */
+static void redis_holder(const char *id, char *out, size_t n)
+{
+	char why[200];
+	ecx_store *s = ecx_store_redis_create(redis_url, 1000, 0, why, 200);
+	ecx_lookup_item it = {.id = id};
+	s->ops->mget(s, &it, 1, why, 200);
+	ecx_store_destroy(s);
+	ecx_strlcpy(out, it.found ? it.entry.producer_zmq : "", n);
+}
+
+/* Two producers hold one id on Redis (one entry per id there): stop either
+ * and the id resolves to the other within one renewal period (its renewal
+ * writes its entry again), and loads from it. */
+static void test_two_holders_redis(void **state)
+{
+	(void)state;
+	producer a, b;
+	producer_start(&a, "4194304");
+	producer_start(&b, "4194304");
+	put(&a, "rd-two", "65536");
+	put(&b, "rd-two", "65536");
+	char line[256], who[256];
+	/* Both holders are kept: the batched route names them. */
+	{
+		ecx_regclient_opts o = {.urls = redis_url, .timeout_ms = 1000};
+		ecx_regclient *rc;
+		char why[200];
+		assert_int_equal(ecx_regclient_create(&o, &rc, why, 200), 0);
+		ecx_lookup_item it = {.id = "rd-two"};
+		assert_int_equal(
+		    ecx_regclient_lookup_holders(rc, &it, 1, why, 200), 0);
+		assert_true(it.found);
+		assert_int_equal(it.nalt, 1);
+		assert_string_equal(it.entry.producer_zmq, b.zmq);
+		assert_string_equal(it.alt[0].producer_zmq, a.zmq);
+		ecx_lookup_items_clear(&it, 1);
+		ecx_regclient_destroy(rc);
+	}
+	/* First the last writer stops (its removal takes the entry: the
+	 * other writes it again), then the other one (nothing to take). */
+	for (int round = 0; round < 2; round++) {
+		producer *gone = round == 0 ? &b : &a;
+		producer *stays = round == 0 ? &a : &b;
+		assert_true(tu_ask(&gone->ch, line, sizeof(line), "quit"));
+		tu_reap(&gone->ch, 5000);
+		uint64_t t0 = now_ms();
+		redis_holder("rd-two", who, sizeof(who));
+		while (strcmp(who, stays->zmq) != 0 && now_ms() - t0 < 2000) {
+			usleep(50000);
+			redis_holder("rd-two", who, sizeof(who));
+		}
+		assert_string_equal(who, stays->zmq);
+		print_message("the id resolved to the other holder %llu ms "
+		              "after one stopped\n",
+		              (unsigned long long)(now_ms() - t0));
+		ecx_consumer *c = consumer(redis_url);
+		ecx_item it = {.id = "rd-two"};
+		assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+		it.dst = malloc(65536);
+		assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+		assert_string_equal(it.producer, stays->zmq);
+		assert_true(tu_check("rd-two", it.dst, 65536));
+		free(it.dst);
+		ecx_consumer_destroy(c);
+		if (round == 0) {
+			producer_start(&b, "4194304");
+			put(&b, "rd-two", "65536");
+		}
+	}
+	/* A holder SIGKILLed while its entry is still there: a load that
+	 * tries it first fails over to the other. */
+	producer_start(&a, "4194304");
+	put(&a, "rd-two", "65536");
+	kill(b.ch.pid, SIGKILL);
+	tu_reap(&b.ch, 1000);
+	ecx_consumer *c = consumer(redis_url);
+	ecx_item it = {.id = "rd-two"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	ecx_strlcpy(it.producer, b.zmq, sizeof(it.producer));
+	it.dst = malloc(65536);
+	if (ecx_consumer_load(c, &it, 1) != 0)
+		fail_msg("failover on Redis: %s", ecx_last_error());
+	assert_string_equal(it.producer, a.zmq);
+	assert_true(tu_check("rd-two", it.dst, 65536));
+	free(it.dst);
+	ecx_consumer_destroy(c);
+	assert_true(tu_ask(&a.ch, line, sizeof(line), "quit"));
+	tu_reap(&a.ch, 5000);
+	/* b's holder entry leaves with its TTL (2 s). */
+	uint64_t t0 = now_ms();
+	while (in_redis("rd-two") && now_ms() - t0 < 4000)
+		usleep(100000);
+	assert_false(in_redis("rd-two"));
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -446,6 +581,8 @@ int main(void)
 	    cmocka_unit_test(test_http_over_redis),
 	    cmocka_unit_test(test_producer_lifecycle),
 	    cmocka_unit_test(test_many_producers),
+	    cmocka_unit_test(test_two_holders_redis),
+	    cmocka_unit_test(test_lease_through_http),
 	};
 	return cmocka_run_group_tests(tests, redis_start, redis_stop);
 }

@@ -234,6 +234,108 @@ static void test_routes(void **state)
 	ecx_registry_destroy(r);
 }
 
+/* Entries live by a lease (the registry's, or their own); an id keeps
+ * each producer's entry; POST /ec/renew renews one producer's entries. */
+static void test_lease_and_holders(void **state)
+{
+	(void)state;
+	ecx_registry_params p = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
+	                                       ECX_REGISTRY_PARAM_PORT |
+	                                       ECX_REGISTRY_PARAM_ENTRY_TTL,
+	                         .bind_host = "127.0.0.1",
+	                         .port = 0,
+	                         .entry_ttl_s = 1};
+	ecx_registry *r = NULL;
+	char why[200], url[64], body[8192];
+	assert_int_equal(ecx_registry_create(&p, &r, why, sizeof(why)), 0);
+	url_of(r, url, sizeof(url));
+	ecx_regclient *c = client(url, NULL, 2000);
+	/* The registry's lease: 1 s. */
+	ecx_entry e = entry_for(4, "tcp://a:1");
+	e.epoch = 5; /* an earlier start of a: not renewed below */
+	assert_int_equal(ecx_regclient_put(c, "short", &e, why, 200), 0);
+	e.epoch = 7;
+	/* Its own lease: 3 s; two holders of one id. */
+	e.ttl_s = 3;
+	assert_int_equal(ecx_regclient_put(c, "both", &e, why, 200), 0);
+	ecx_entry f = entry_for(4, "tcp://b:1");
+	f.epoch = 8;
+	f.ttl_s = 3;
+	usleep(20000);
+	assert_int_equal(ecx_regclient_put(c, "both", &f, why, 200), 0);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/info/both", NULL, NULL, body, sizeof(body)),
+	    200);
+	assert_non_null(strstr(body, "tcp://b:1")); /* the newest */
+	assert_non_null(strstr(body, "\"ecx_age_ms\":"));
+	ecx_lookup_item it = {.id = "both"};
+	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
+	assert_true(it.found);
+	assert_int_equal(it.nalt, 1);
+	assert_string_equal(it.entry.producer_zmq, "tcp://b:1");
+	assert_string_equal(it.alt[0].producer_zmq, "tcp://a:1");
+
+	/* Renewals: by producer and epoch; bad bodies change nothing. */
+	const char *ren = "{\"producer_zmq\":\"tcp://a:1\",\"ecx_epoch\":7,"
+	                  "\"ecx_ttl_s\":3}";
+	assert_int_equal(
+	    raw(r, "POST", "/ec/renew", ren, NULL, body, sizeof(body)), 200);
+	assert_string_equal(body, "{\"renewed\":1}");
+	const char *other = "{\"producer_zmq\":\"tcp://a:1\",\"ecx_epoch\":9}";
+	assert_int_equal(
+	    raw(r, "POST", "/ec/renew", other, NULL, body, sizeof(body)), 200);
+	assert_string_equal(body, "{\"renewed\":0}");
+	assert_int_equal(raw(r, "POST", "/ec/renew", "{\"ecx_epoch\":7}", NULL,
+	                     body, sizeof(body)),
+	                 400);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/renew", NULL, NULL, body, sizeof(body)), 405);
+
+	/* After 1.5 s the registry's lease is over; the others live. */
+	usleep(1500000);
+	assert_int_equal(
+	    raw(r, "GET", "/ec/info/short", NULL, NULL, body, sizeof(body)),
+	    404);
+	ecx_lookup_items_clear(&it, 1);
+	it = (ecx_lookup_item){.id = "both"};
+	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
+	assert_int_equal(it.nalt, 1);
+	/* Renewed at 0.02 s, a's at about 0.05 s: a is the newest now. */
+	assert_string_equal(it.entry.producer_zmq, "tcp://a:1");
+	/* b stops renewing: gone after its 3 s; a is renewed. */
+	usleep(1000000);
+	assert_int_equal(
+	    raw(r, "POST", "/ec/renew", ren, NULL, body, sizeof(body)), 200);
+	usleep(1000000);
+	ecx_lookup_items_clear(&it, 1);
+	it = (ecx_lookup_item){.id = "both"};
+	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
+	assert_true(it.found);
+	assert_int_equal(it.nalt, 0);
+	assert_string_equal(it.entry.producer_zmq, "tcp://a:1");
+	assert_non_null(strstr(
+	    (raw(r, "GET", "/ec/list", NULL, NULL, body, sizeof(body)), body),
+	    "\"total\":1"));
+
+	/* A producer's removal takes its own entry only. */
+	assert_int_equal(ecx_regclient_put(c, "both", &f, why, 200), 0);
+	assert_int_equal(ecx_regclient_delete(c, "both", "tcp://b:1", why, 200),
+	                 0);
+	ecx_lookup_items_clear(&it, 1);
+	it = (ecx_lookup_item){.id = "both"};
+	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
+	assert_true(it.found);
+	assert_string_equal(it.entry.producer_zmq, "tcp://a:1");
+	assert_int_equal(ecx_regclient_delete(c, "both", NULL, why, 200), 0);
+	ecx_lookup_items_clear(&it, 1);
+	it = (ecx_lookup_item){.id = "both"};
+	assert_int_equal(ecx_regclient_lookup_holders(c, &it, 1, why, 200), 0);
+	assert_false(it.found);
+	ecx_lookup_items_clear(&it, 1);
+	ecx_regclient_destroy(c);
+	ecx_registry_destroy(r);
+}
+
 static void test_token(void **state)
 {
 	(void)state;
@@ -511,6 +613,7 @@ int main(void)
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_routes),
+	    cmocka_unit_test(test_lease_and_holders),
 	    cmocka_unit_test(test_token),
 	    cmocka_unit_test(test_concurrent),
 	    cmocka_unit_test(test_down),

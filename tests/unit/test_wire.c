@@ -256,6 +256,67 @@ static void test_lookup(void **state)
 	                 ECX_EPROTO);
 }
 
+/* The lease and age fields, and an id's several holders: kept through a
+ * round trip; a reply without ecx_holders (an older registry, or one
+ * holder) reads as no alternates; bad holder lists are refused. */
+static void test_holders(void **state)
+{
+	(void)state;
+	char why[160];
+	ecx_entry e = sample_entry();
+	e.ttl_s = 30;
+	e.age_ms = 1234;
+	char *s = ecx_entry_encode(&e);
+	assert_non_null(strstr(s, "\"ecx_ttl_s\":30"));
+	assert_non_null(strstr(s, "\"ecx_age_ms\":1234"));
+	ecx_entry back;
+	assert_int_equal(ecx_entry_decode(s, strlen(s), &back, why, 160), 0);
+	assert_int_equal(back.ttl_s, 30);
+	assert_int_equal(back.age_ms, 1234);
+	free(s);
+	const char *longer =
+	    "{\"nbytes\":2,\"shape\":[1],\"dtype\":\"float16\","
+	    "\"producer_zmq\":\"tcp://h:1\",\"ecx_ttl_s\":"
+	    "86401}";
+	assert_int_equal(
+	    ecx_entry_decode(longer, strlen(longer), &back, why, 160),
+	    ECX_EPROTO);
+
+	ecx_lookup_item it[2] = {{.id = "a"}, {.id = "b"}};
+	it[0].found = true;
+	it[0].entry = sample_entry();
+	ecx_entry alts[2];
+	it[0].nalt = 2;
+	it[0].alt = alts;
+	it[0].alt[0] = sample_entry();
+	ecx_strlcpy(it[0].alt[0].producer_zmq, "tcp://other:1",
+	            sizeof(it[0].alt[0].producer_zmq));
+	it[0].alt[1] = sample_entry();
+	ecx_strlcpy(it[0].alt[1].producer_zmq, "tcp://third:1",
+	            sizeof(it[0].alt[1].producer_zmq));
+	it[1].found = true;
+	it[1].entry = sample_entry();
+	char *resp = ecx_lookup_resp_encode(it, 2);
+	assert_non_null(strstr(resp, "\"ecx_holders\""));
+	ecx_lookup_item b[2] = {{.id = "a"}, {.id = "b"}};
+	assert_int_equal(
+	    ecx_lookup_resp_decode(resp, strlen(resp), b, 2, why, 160), 0);
+	assert_true(b[0].found && b[1].found);
+	assert_int_equal(b[0].nalt, 2);
+	assert_string_equal(b[0].alt[0].producer_zmq, "tcp://other:1");
+	assert_string_equal(b[0].alt[1].producer_zmq, "tcp://third:1");
+	assert_int_equal(b[1].nalt, 0);
+	ecx_lookup_items_clear(b, 2);
+	free(resp);
+	/* Holders that are not an array of entries. */
+	const char *bad = "{\"found\":{},\"missing\":[\"a\"],"
+	                  "\"ecx_holders\":{\"a\":{}}}";
+	ecx_lookup_item one[1] = {{.id = "a"}};
+	assert_int_equal(
+	    ecx_lookup_resp_decode(bad, strlen(bad), one, 1, why, 160),
+	    ECX_EPROTO);
+}
+
 static void test_pull_roundtrip(void **state)
 {
 	(void)state;
@@ -548,6 +609,7 @@ int main(void)
 	    cmocka_unit_test(test_entry_reference),
 	    cmocka_unit_test(test_entry_rejects),
 	    cmocka_unit_test(test_lookup),
+	    cmocka_unit_test(test_holders),
 	    cmocka_unit_test(test_pull_roundtrip),
 	    cmocka_unit_test(test_pull_rejects),
 	    cmocka_unit_test(test_zmsg),
