@@ -126,6 +126,26 @@ static int hello(ecx_consumer *c, const char *address, ecx_zresp *out,
 	                     c->timeout_ms, out, why, whylen);
 }
 
+ucp_ep_h cons_pconn_cut_locked(pconn *pc)
+{
+	pc->failed = true;
+	if (pc->transport != ECX_TR_TCP || pc->ep == NULL)
+		return NULL;
+	if (pc->sending > 0) {
+		pc->cut = true; /* the last sender closes it */
+		return NULL;
+	}
+	ucp_ep_h ep = pc->ep;
+	pc->ep = NULL;
+	return ep;
+}
+
+void cons_pconn_cut(ecx_consumer *c, ucp_ep_h ep)
+{
+	/* Forced: nothing is flushed, in either direction. */
+	ecx_ucx_ep_close(c->ucx, ep, ECX_TR_TCP, 100);
+}
+
 void cons_pconn_close(ecx_consumer *c, pconn *pc)
 {
 	ecx_ucx_ep_close(c->ucx, pc->ep, pc->transport, 100);

@@ -40,6 +40,8 @@ typedef struct pconn {
 	uint64_t stale_epoch; /* an entry's epoch known not to be this one's */
 	ucp_ep_h ep;
 	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, agreed in the hello */
+	unsigned sending;   /* threads sending on ep now (under c->lock) */
+	bool cut;           /* ep to be closed by the last sender */
 	bool failed;
 	/* The producer's wall clock in the hello's answer, and our monotonic
 	 * clock at the midpoint of that round trip: a pull's expiry is the
@@ -49,6 +51,14 @@ typedef struct pconn {
 	bool has_clock; /* false for a producer that sent no clock */
 	struct ecx_consumer *c;
 } pconn;
+
+/* Marks pc failed and, over TCP, closes its endpoint now (or as soon as
+ * no thread sends on it): UCX lands TCP puts through this side's worker,
+ * so once the endpoint is closed nothing the producer posted earlier can
+ * land. Called with c->lock; returns the endpoint for the caller to close
+ * with cons_pconn_cut after unlocking, or NULL. */
+ucp_ep_h cons_pconn_cut_locked(pconn *pc);
+void cons_pconn_cut(ecx_consumer *c, ucp_ep_h ep);
 
 /* A registration of memory that loads write into. */
 typedef struct region {

@@ -209,15 +209,28 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	}
 	p->next = c->inflight;
 	c->inflight = p;
+	pconn *pc = p->pc;
+	ucp_ep_h ep = pc->ep;
+	if (ep != NULL)
+		pc->sending++;
 	pthread_mutex_unlock(&c->lock);
-	int err =
-	    ecx_ucx_am_send(p->pc->ep, ECX_AM_PULL, p->pc->id, p->req, msg);
-	if (err != 0) {
-		pthread_mutex_lock(&c->lock);
-		if (cons_pull_take(c, p->req) != NULL)
-			cons_pull_fail(p, err);
-		pthread_mutex_unlock(&c->lock);
+	int err = ep != NULL
+	              ? ecx_ucx_am_send(ep, ECX_AM_PULL, pc->id, p->req, msg)
+	              : ECX_ECLOSED;
+	if (ep == NULL)
+		free(msg);
+	pthread_mutex_lock(&c->lock);
+	ucp_ep_h cut = NULL;
+	if (ep != NULL && --pc->sending == 0 && pc->cut) {
+		pc->cut = false;
+		cut = pc->ep;
+		pc->ep = NULL;
 	}
+	if (err != 0 && cons_pull_take(c, p->req) != NULL)
+		cons_pull_fail(p, err);
+	pthread_mutex_unlock(&c->lock);
+	if (cut != NULL)
+		cons_pconn_cut(c, cut);
 	ecx_ucx_wake(c->ucx);
 }
 
@@ -392,6 +405,9 @@ static int load_wait_once(ecx_load *l, char *why, size_t whylen)
 	ecx_ucx_waiting(c->ucx, false);
 	int first = 0;
 	uint64_t ok = 0, bad = 0, bytes = 0;
+	/* One pull per producer: at most npulls endpoints to close. */
+	ucp_ep_h *cut = calloc(l->npulls + 1, sizeof(*cut));
+	size_t ncut = 0;
 	pthread_mutex_lock(&c->lock);
 	for (size_t k = 0; k < l->npulls; k++) {
 		pull *p = l->pulls[k];
@@ -403,8 +419,15 @@ static int load_wait_once(ecx_load *l, char *why, size_t whylen)
 			 * until the producer's reply says it is done. */
 			bool inflight = cons_pull_take(c, p->req) != NULL;
 			cons_pull_fail(p, ECX_ETIMEDOUT);
-			if (p->pc != NULL)
-				p->pc->failed = true;
+			/* Suspect: the next load makes a new connection.
+			 * Over TCP this one is closed before the load
+			 * returns, so no put in transit lands later. */
+			if (p->pc != NULL && cut != NULL)
+				cut[ncut] = cons_pconn_cut_locked(p->pc);
+			else if (p->pc != NULL)
+				p->pc->failed = true; /* no memory: as before */
+			if (cut != NULL && cut[ncut] != NULL)
+				ncut++;
 			if (inflight) {
 				cons_zombie_make(c, p);
 				p->next = c->inflight;
@@ -419,6 +442,9 @@ static int load_wait_once(ecx_load *l, char *why, size_t whylen)
 		free(p);
 	}
 	pthread_mutex_unlock(&c->lock);
+	for (size_t i = 0; i < ncut; i++)
+		cons_pconn_cut(c, cut[i]);
+	free(cut);
 	/* Every item's status is final now (the pulls are gone): the
 	 * integrity check needs no lock. */
 	if (l->xxh != NULL)
