@@ -481,13 +481,15 @@ ECX_API int ecx_load_test(ecx_load *l);
  * A load is final: once this returns, with any status, no byte of its
  * destinations is written again (producers write nothing of a pull past
  * its expiry; receive-arena buffers a late producer could still reach are
- * kept out of ecx_consumer_alloc until it answers). Returns within the
- * timeout + 100 ms; docs/protocol.md has the contract and its one window
- * for caller memory. An item that fails on its holder with ECX_ECONNECT,
- * ECX_ECLOSED, ECX_EIO or ECX_ENOTFOUND is loaded from another holder the
- * registry names, within the same deadline (its producer and epoch are
- * then that holder's); ecx_last_error names the first failed item's
- * holder and how long ago its entry was renewed. */
+ * kept out of ecx_consumer_alloc until it answers; a TCP connection whose
+ * pull timed out is closed before this returns, so nothing in transit
+ * lands later). Returns within the timeout + 200 ms; docs/protocol.md has
+ * the contract and its one window (caller memory, shared memory, a
+ * producer stopped mid-copy). An item that fails on its holder with
+ * ECX_ECONNECT, ECX_ECLOSED, ECX_EIO or ECX_ENOTFOUND is loaded from another
+ * holder the registry names, within the same deadline (its producer and epoch
+ * are then that holder's); ecx_last_error names the first failed item's holder
+ * and how long ago its entry was renewed. */
 ECX_API int ecx_load_wait(ecx_load *l);
 
 /* ecx_consumer_load is start then wait. */
