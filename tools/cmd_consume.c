@@ -3,6 +3,8 @@
  * demo's consumer process. */
 #include "tool.h"
 
+#include <cjson/cJSON.h>
+
 #include "gen.h"
 #include "safetensors.h"
 #include "stats.h"
@@ -61,14 +63,22 @@ static void report(const result *r, bool json, const char *what,
 	double p99 = (double)samples_pct(&s, 99) / 1e6;
 	double gbps = r->ns ? (double)r->bytes / (double)r->ns : 0;
 	if (json) {
-		printf("{\"what\": \"%s\", \"memory\": \"%s\", \"items\": "
-		       "%zu, \"bytes\": %llu, "
-		       "\"seconds\": %.6f, \"gbps\": %.3f, \"batch_p50_ms\": "
-		       "%.3f, \"batch_p99_ms\": %.3f, \"verified\": %zu, "
-		       "\"failed\": %zu}\n",
-		       what, memory, r->items, (unsigned long long)r->bytes,
-		       (double)r->ns / 1e9, gbps, p50, p99, r->verified,
-		       r->failed);
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "what", what);
+		cJSON_AddStringToObject(o, "memory", memory);
+		cJSON_AddNumberToObject(o, "items", (double)r->items);
+		cJSON_AddNumberToObject(o, "bytes", (double)r->bytes);
+		cJSON_AddNumberToObject(o, "seconds", (double)r->ns / 1e9);
+		cJSON_AddNumberToObject(o, "gbps", gbps);
+		cJSON_AddNumberToObject(o, "batch_p50_ms", p50);
+		cJSON_AddNumberToObject(o, "batch_p99_ms", p99);
+		cJSON_AddNumberToObject(o, "verified", (double)r->verified);
+		cJSON_AddNumberToObject(o, "failed", (double)r->failed);
+		char *s = cJSON_PrintUnformatted(o);
+		if (s != NULL)
+			printf("%s\n", s);
+		free(s);
+		cJSON_Delete(o);
 	} else {
 		char b[32];
 		printf("%s (%s memory): %zu items, %s in %.3f s: %.2f GB/s; "

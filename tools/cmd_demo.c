@@ -326,27 +326,40 @@ int cmd_demo(int argc, char **argv)
 		ok_file += (size_t)num(fileres[m], "verified");
 	}
 	if (json) {
-		char *l0 = cJSON_PrintUnformatted(loaded[0]);
-		char *l1 = cJSON_PrintUnformatted(loaded[1]);
-		char *f0 = cJSON_PrintUnformatted(fileres[0]);
-		char *f1 = cJSON_PrintUnformatted(fileres[1]);
-		printf(
-		    "{\"items\": %zu, \"bytes\": %.0f, \"batch\": %s, "
-		    "\"ecx\": {\"save_gbps\": %.3f, \"load_prefaulted\": %s, "
-		    "\"load_fresh\": %s}, "
-		    "\"file\": {\"save_gbps\": %.3f, \"load_prefaulted\": "
-		    "%s, \"load_fresh\": %s}, "
-		    "\"load_speedup_prefaulted\": %.2f, "
-		    "\"load_speedup_fresh\": %.2f}\n",
-		    count, bytes, batch, put_s > 0 ? bytes / put_s / 1e9 : 0,
-		    l0 != NULL ? l0 : "null", l1 != NULL ? l1 : "null",
-		    save_s > 0 ? bytes / save_s / 1e9 : 0,
-		    f0 != NULL ? f0 : "null", f1 != NULL ? f1 : "null",
-		    ratio[0], ratio[1]);
-		free(l0);
-		free(l1);
-		free(f0);
-		free(f1);
+		cJSON *o = cJSON_CreateObject(), *e = cJSON_CreateObject(),
+		      *f = cJSON_CreateObject();
+		cJSON_AddNumberToObject(o, "items", (double)count);
+		cJSON_AddNumberToObject(o, "bytes", bytes);
+		cJSON_AddNumberToObject(o, "batch", atof(batch));
+		cJSON_AddNumberToObject(e, "save_gbps",
+		                        put_s > 0 ? bytes / put_s / 1e9 : 0);
+		cJSON_AddItemToObject(e, "load_prefaulted",
+		                      loaded[0] != NULL
+		                          ? cJSON_Duplicate(loaded[0], true)
+		                          : cJSON_CreateNull());
+		cJSON_AddItemToObject(e, "load_fresh",
+		                      loaded[1] != NULL
+		                          ? cJSON_Duplicate(loaded[1], true)
+		                          : cJSON_CreateNull());
+		cJSON_AddNumberToObject(f, "save_gbps",
+		                        save_s > 0 ? bytes / save_s / 1e9 : 0);
+		cJSON_AddItemToObject(f, "load_prefaulted",
+		                      fileres[0] != NULL
+		                          ? cJSON_Duplicate(fileres[0], true)
+		                          : cJSON_CreateNull());
+		cJSON_AddItemToObject(f, "load_fresh",
+		                      fileres[1] != NULL
+		                          ? cJSON_Duplicate(fileres[1], true)
+		                          : cJSON_CreateNull());
+		cJSON_AddItemToObject(o, "ecx", e);
+		cJSON_AddItemToObject(o, "file", f);
+		cJSON_AddNumberToObject(o, "load_speedup_prefaulted", ratio[0]);
+		cJSON_AddNumberToObject(o, "load_speedup_fresh", ratio[1]);
+		char *s = cJSON_PrintUnformatted(o);
+		if (s != NULL)
+			printf("%s\n", s);
+		free(s);
+		cJSON_Delete(o);
 	} else {
 		static const char *title[2] = {
 		    "Into pre-faulted memory, reused every batch (ecx: its "
