@@ -79,8 +79,10 @@ synth=$(sed -n 's/.*registry \(http:[^ ]*\).*/\1/p' "$work/s2")
 for m in prefaulted fresh; do
 	if timeout 60 "$ECX" consume --verify --memory "$m" --json "$synth" \
 		>"$work/out" 2>"$work/err" &&
-		grep -q '"verified": 5, "failed": 0' "$work/out" &&
-		grep -q "\"memory\": \"$m\"" "$work/out"; then
+		/usr/bin/python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["verified"] == 5 and r["failed"] == 0 and r["memory"] == sys.argv[2]
+' "$work/out" "$m"; then
 		ok "consume --verify --memory $m: 5 verified"
 	else
 		bad "consume --verify --memory $m: $(cat "$work/out" "$work/err")"
