@@ -404,7 +404,8 @@ int cmd_demo(int argc, char **argv)
 out:
 	if (prod.pid > 0) {
 		int st = proc_stop(&prod, SIGTERM, 10000);
-		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		/* ecx serve ends with 128 + the signal, once it unpublished */
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 128 + SIGTERM) {
 			tool_fail("demo", EXIT_FAIL,
 			          "the producer did not stop "
 			          "cleanly");

@@ -74,9 +74,9 @@ static const char help[] =
     "evicted for room), or with --json {\"registry\": URL, \"producer\":\n"
     "ADDR, \"items\": N, \"bytes\": B, \"put\": ITEMS PUT, \"put_bytes\": B,\n"
     "\"evicted\": N, \"capacity\": B, \"put_seconds\": S}.\n"
-    "Exit codes: 0 stopped by a signal once serving, 1 failure, 2 usage\n"
-    "error, 128+N stopped by signal N before it was serving (130 SIGINT,\n"
-    "143 SIGTERM).\n";
+    "Exit codes: 128+N stopped by signal N, at any time, after\n"
+    "unpublishing what it published (130 SIGINT, 143 SIGTERM); 1 failure;\n"
+    "2 usage error.\n";
 
 typedef struct serve_opts {
 	ecx_producer_params p;
@@ -724,5 +724,5 @@ int cmd_serve(int argc, char **argv)
 	        sig, (unsigned long long)st.items_served,
 	        tool_bytes(st.bytes_served, b, sizeof(b)),
 	        (unsigned long long)st.pulls, (unsigned long long)st.items);
-	return EXIT_OK;
+	return 128 + sig; /* as a shell reports a process a signal ended */
 }

@@ -187,7 +187,7 @@ check "all six of them" grep -q "^6 entries" "$work/ls-back"
 kill -TERM "$servepid"
 for _ in $(seq 100); do kill -0 "$servepid" 2>/dev/null || break; sleep 0.1; done
 wait "$servepid"
-check "serve exits 0 on SIGTERM" test $? = 0
+check "serve exits 143 on SIGTERM" test $? = 143
 "$ECX" ls "$regurl" >"$work/ls2"
 check "its items are unpublished" grep -q "^0 entries" "$work/ls2"
 

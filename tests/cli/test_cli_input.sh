@@ -192,7 +192,7 @@ check "ready line: 16 items (1.0 MiB; 24 more were evicted" \
 	grep -q "^serving 16 items (1.0 MiB; 24 more were evicted for room" evict.out
 kill -INT "$epid"
 wait "$epid"
-check "stopped by SIGINT once serving: exit 0" test $? = 0
+check "stopped by SIGINT once serving: exit 130" test $? = 130
 
 # --- SIGTERM and SIGINT while serve is still putting items ---
 for sig in TERM INT; do
@@ -268,7 +268,7 @@ rows = [json.loads(l) for l in open('both.json')]
 sys.exit(not (len(rows) == 5 and all('registry' in r for r in rows)))"
 kill -TERM "$latepid"
 wait "$latepid"
-check "serve exits 0 on SIGTERM once serving" test $? = 0
+check "serve exits 143 on SIGTERM once serving" test $? = 143
 kill -TERM "$npypid"
 wait "$npypid"
 

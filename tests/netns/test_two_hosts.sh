@@ -148,7 +148,7 @@ done
 kill -TERM "${pids[0]}"
 wait "${pids[0]}"
 rc=$?
-[ "$rc" = 0 ] && ok "producer stops cleanly" ||
+[ "$rc" = 143 ] && ok "producer stops cleanly (143: SIGTERM)" ||
 	bad "producer stop: rc=$rc $(tail -3 "$work/serve.err")"
 
 # The same pair over IPv6 only: the IPv4 addresses go, so neither UCX
@@ -192,7 +192,7 @@ rc=$?
 kill -TERM "$p6"
 wait "$p6"
 rc=$?
-[ "$rc" = 0 ] && ok "IPv6 producer stops cleanly" ||
+[ "$rc" = 143 ] && ok "IPv6 producer stops cleanly (143: SIGTERM)" ||
 	bad "IPv6 producer stop: rc=$rc $(tail -3 "$work/serve6.err")"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
