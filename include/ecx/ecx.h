@@ -227,6 +227,7 @@ enum {
 	ECX_PRODUCER_PARAM_TRANSPORT = 1u << 7,
 	ECX_PRODUCER_PARAM_TIMEOUT = 1u << 8,
 	ECX_PRODUCER_PARAM_REGISTRY_TTL = 1u << 9,
+	ECX_PRODUCER_PARAM_IDLE = 1u << 10,
 };
 
 #define ECX_CAPACITY_DEFAULT ((uint64_t)1 << 30)
@@ -254,7 +255,16 @@ typedef struct ecx_producer_params {
 	                               renewing them (it renews every third of
 	                               it), so a producer that dies leaves
 	                               nothing behind; default 30, 0: never */
+	int idle_ms;                /* a consumer connection with no pull in
+	                               flight and none for this long is closed
+	                               and the consumer's memory unmapped (a
+	                               consumer that died is forgotten within
+	                               idle_ms + about 200 ms); a live consumer
+	                               makes a new connection by itself on its
+	                               next load. Default ECX_IDLE_MS_DEFAULT */
 } ecx_producer_params;
+
+#define ECX_IDLE_MS_DEFAULT 15000
 
 /* ecx_producer_create maps and populates the arena (capacity bytes touched
  * once, now), binds its sockets, starts its threads, and returns once it
@@ -292,7 +302,8 @@ typedef struct ecx_producer_stats {
 	uint64_t items_failed;  /* items answered with an error */
 	uint64_t bytes_served;  /* bytes written to consumers */
 	uint64_t registrations; /* memory registrations made (1: the arena) */
-	uint64_t connections;   /* consumer endpoints open now */
+	uint64_t connections;   /* consumer connections open now (from hello
+	                           to goodbye, idle close or failure) */
 } ecx_producer_stats;
 
 ECX_API void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out);
@@ -367,8 +378,11 @@ typedef struct ecx_load ecx_load;
 /* ecx_consumer_load_start sends one pull per producer for the n items
  * (producers are served in parallel) and returns at once with the load in
  * *out; items and their dst memory must stay valid until the load ends.
- * Connecting to a producer for the first time blocks for that handshake,
- * bounded by the timeout. */
+ * Connecting to producers not connected yet blocks for those handshakes,
+ * all at once (pulls to producers already connected, and to each producer
+ * as soon as its handshake is answered, go first): bounded by the load's
+ * deadline, the timeout counted from this call, however many producers
+ * are dead or stalled. No lock is held across the network. */
 ECX_API int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                                     ecx_load **out);
 
@@ -381,9 +395,10 @@ ECX_API int ecx_load_test(ecx_load *l);
  * A load is final: once this returns, with any status, no byte of its
  * destinations is written again (producers write nothing of a pull past
  * its expiry; receive-arena buffers a late producer could still reach are
- * kept out of ecx_consumer_alloc until it answers). Returns within the
- * timeout + 100 ms; docs/protocol.md has the contract and its one window
- * for caller memory. */
+ * kept out of ecx_consumer_alloc until it answers, says goodbye, or its
+ * connection is known closed). Returns within the timeout + 100 ms of
+ * ecx_consumer_load_start's call, handshakes included; docs/protocol.md
+ * has the contract and its one window for caller memory. */
 ECX_API int ecx_load_wait(ecx_load *l);
 
 /* ecx_consumer_load is start then wait. */
@@ -408,9 +423,14 @@ typedef struct ecx_consumer_stats {
 ECX_API void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out);
 ECX_API const char *ecx_consumer_last_error(void);
 
-/* ecx_consumer_destroy closes its endpoints and frees everything, the
- * receive arena included. Wait for loads in flight first (ecx_load_wait
- * returns within the timeout). Accepts NULL. */
+/* ecx_consumer_destroy says goodbye to every producer it is connected to
+ * (all at once; each closes its connection and unmaps this consumer's
+ * memory, and answers once none of its pulls is in flight), closes its
+ * endpoints and frees everything, the receive arena included. Blocks up to
+ * min(timeout, 1 s) for the goodbyes: a producer that does not answer by
+ * then (dead, or stopped) is left to forget this consumer by its idle
+ * bound. Wait for loads in flight first (ecx_load_wait returns within the
+ * timeout). Accepts NULL. */
 ECX_API void ecx_consumer_destroy(ecx_consumer *c);
 
 /* ---- Registry client ------------------------------------------------------

@@ -34,6 +34,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	    HAS(TOKEN) && pp->token && pp->token[0] ? pp->token : NULL;
 	int timeout =
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
+	int idle =
+	    HAS(IDLE) && pp->idle_ms > 0 ? pp->idle_ms : ECX_IDLE_MS_DEFAULT;
 	int reg_port =
 	    HAS(REGISTRY_PORT) ? pp->registry_port : ECX_REGISTRY_PORT_DEFAULT;
 	const char *remote = HAS(REGISTRY) && pp->registry && pp->registry[0]
@@ -68,6 +70,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	pthread_mutex_init(&p->remote_lock, NULL);
 	p->epoch = ecx_random_epoch();
 	p->timeout_ms = timeout;
+	p->idle_ms = idle;
 	p->st.capacity = cap;
 	int rc = ECX_ENOMEM;
 	p->nbuckets = 1024;
@@ -135,6 +138,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		goto fail;
 	ecx_strlcpy(p->address, ecx_rdv_server_address(p->rdv),
 	            sizeof(p->address));
+	if (p->registry != NULL)
+		ecx_registry_set_metrics(p->registry, prod_metrics, p);
 	ecx_info(MOD, "serving at %s, arena %llu bytes, registry %s",
 	         p->address, (unsigned long long)cap,
 	         remote != NULL ? remote : "embedded");
@@ -165,6 +170,27 @@ void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
 	out->bytes_used = p->alloc.used;
 	out->connections = p->nconns;
 	pthread_mutex_unlock(&p->lock);
+}
+
+size_t prod_metrics(void *arg, char *buf, size_t len)
+{
+	ecx_producer_stats s;
+	ecx_producer_stats_get(arg, &s);
+	/* The leases' gauges (pinned bytes, leases) go here too. */
+	int n = snprintf(
+	    buf, len,
+	    "# HELP ecx_producer_connections Consumer connections open.\n"
+	    "# TYPE ecx_producer_connections gauge\n"
+	    "ecx_producer_connections %llu\n"
+	    "# HELP ecx_producer_items Items held in the arena.\n"
+	    "# TYPE ecx_producer_items gauge\n"
+	    "ecx_producer_items %llu\n"
+	    "# HELP ecx_producer_bytes Arena bytes taken by items.\n"
+	    "# TYPE ecx_producer_bytes gauge\n"
+	    "ecx_producer_bytes %llu\n",
+	    (unsigned long long)s.connections, (unsigned long long)s.items,
+	    (unsigned long long)s.bytes_used);
+	return n < 0 ? 0 : (size_t)n;
 }
 
 void ecx_producer_destroy(ecx_producer *p)

@@ -44,6 +44,30 @@ typedef struct ecx_rdv_client ecx_rdv_client;
 int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen);
 void ecx_rdv_client_destroy(ecx_rdv_client *c);
 
+/* One round trip of ecx_rdv_call_many. */
+typedef struct ecx_rdv_call {
+	const char *address; /* the producer's "tcp://HOST:PORT" */
+	const char *req;     /* the request (ecx_zreq_encode_*) */
+	int err;             /* out: 0, or why the call failed */
+	ecx_zresp resp;      /* out when err is 0: free with ecx_zresp_free */
+	char why[200];       /* out when err is not 0 */
+	/* Called (when not NULL) in the calling thread as soon as this call
+	 * ends, answered or not, so an answer is used before the slowest
+	 * peer's. It owns k->resp then (when k->err is 0). */
+	void (*done)(void *arg, struct ecx_rdv_call *k);
+	void *arg;
+} ecx_rdv_call;
+
+/* Sends every call's request at once, each on a socket of its own, and
+ * waits for all the answers until deadline_ns (monotonic clock): the time
+ * is the slowest peer's, not the sum, with any number of dead or stalled
+ * peers. A call with no answer by then fails with ECX_ETIMEDOUT; an
+ * answer {"ok":false} fails with the producer's error and its detail.
+ * Blocks on the network only; takes no lock. Safe from several threads at
+ * once. */
+void ecx_rdv_call_many(ecx_rdv_client *c, ecx_rdv_call *calls, size_t n,
+                       uint64_t deadline_ns);
+
 /* The hello: sends this worker's address (and token) to the producer at
  * address, and returns its answer in *out (free with ecx_zresp_free).
  * Blocks up to timeout_ms. A refusal is returned as the producer's error

@@ -153,9 +153,11 @@ typedef struct ecx_am_hdr {
 typedef enum ecx_zop {
 	ECX_ZOP_HELLO = 1, /* ecx: exchange UCX worker addresses */
 	ECX_ZOP_PULL = 2,  /* the reference's single-item pull */
+	ECX_ZOP_BYE = 3,   /* ecx: a consumer closes its connection */
 } ecx_zop;
 
-/* {"op":"hello","worker":"<base64>","token":"..."} or the reference's
+/* {"op":"hello","worker":"<base64>","token":"..."},
+ * {"op":"bye","conn":C,"epoch":E,"token":"..."} or the reference's
  * {"op":"pull","mm_hash","dst_session","dst_ptr","nbytes"}. */
 typedef struct ecx_zreq {
 	ecx_zop op;
@@ -163,6 +165,8 @@ typedef struct ecx_zreq {
 	/* hello */
 	size_t worker_len;
 	unsigned char *worker; /* malloc'd; free with ecx_zreq_free */
+	/* bye: the connection the hello gave, at the producer of epoch */
+	uint64_t conn, epoch;
 	/* pull */
 	char mm_hash[ECX_ID_MAX + 1];
 	char dst_session[ECX_ADDR_MAX];
@@ -172,6 +176,7 @@ typedef struct ecx_zreq {
 
 char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
                             const char *token);
+char *ecx_zreq_encode_bye(uint64_t conn, uint64_t epoch, const char *token);
 char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
                            uint64_t dst_ptr, uint64_t nbytes);
 /* An unknown op gives ECX_EUNSUPPORTED with why "unknown op". */
@@ -187,15 +192,22 @@ typedef struct ecx_zresp {
 	char detail[160];
 	size_t worker_len; /* hello reply */
 	unsigned char *worker;
-	uint64_t epoch;  /* the producer's epoch */
-	uint64_t conn;   /* the consumer's connection number at the producer */
-	uint64_t now_ms; /* the producer's wall clock when it answered; 0 when
-	                    absent (then pulls carry no expiry) */
+	uint64_t epoch;   /* the producer's epoch */
+	uint64_t conn;    /* the consumer's connection number at the producer */
+	uint64_t now_ms;  /* the producer's wall clock when it answered; 0 when
+	                     absent (then pulls carry no expiry) */
+	uint64_t idle_ms; /* hello: the producer closes a connection idle this
+	                     long; 0 when absent */
+	bool closed; /* bye: nothing of the connection is in flight any more */
 } ecx_zresp;
 
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
-                             uint64_t epoch, uint64_t conn, uint64_t now_ms);
+                             uint64_t epoch, uint64_t conn, uint64_t now_ms,
+                             uint64_t idle_ms);
+/* {"ok":true,"closed":B}: whether the connection is gone (B false: the
+ * producer's wait for its pulls in flight ran out). */
+char *ecx_zresp_encode_bye(bool closed);
 int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
                      size_t whylen);
 void ecx_zresp_free(ecx_zresp *r);

@@ -67,6 +67,19 @@ char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
 	return json_print_free(o);
 }
 
+char *ecx_zreq_encode_bye(uint64_t conn, uint64_t epoch, const char *token)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddStringToObject(o, "op", "bye");
+	if (token != NULL && token[0] != '\0')
+		cJSON_AddStringToObject(o, "token", token);
+	cJSON_AddItemToObject(o, "conn", ecx_json_u64(conn));
+	cJSON_AddItemToObject(o, "epoch", ecx_json_u64(epoch));
+	return json_print_free(o);
+}
+
 char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
                            uint64_t dst_ptr, uint64_t nbytes)
 {
@@ -115,6 +128,12 @@ int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
 		r.op = ECX_ZOP_HELLO;
 		rc = b64_field(o, "worker", &r.worker, &r.worker_len, why,
 		               whylen);
+	} else if (strcmp(op, "bye") == 0) {
+		r.op = ECX_ZOP_BYE;
+		if ((rc = ecx_json_get_u64(o, "conn", &r.conn, why, whylen)) ==
+		    0)
+			rc =
+			    ecx_json_get_u64(o, "epoch", &r.epoch, why, whylen);
 	} else if (strcmp(op, "pull") == 0) {
 		r.op = ECX_ZOP_PULL;
 		const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "mm_hash");
@@ -168,7 +187,8 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 }
 
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
-                             uint64_t epoch, uint64_t conn, uint64_t now_ms)
+                             uint64_t epoch, uint64_t conn, uint64_t now_ms,
+                             uint64_t idle_ms)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *w = b64_node(worker, worker_len);
@@ -183,6 +203,18 @@ char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
 	cJSON_AddItemToObject(o, "conn", ecx_json_u64(conn));
 	if (now_ms != 0)
 		cJSON_AddItemToObject(o, "now_ms", ecx_json_u64(now_ms));
+	if (idle_ms != 0)
+		cJSON_AddItemToObject(o, "idle_ms", ecx_json_u64(idle_ms));
+	return json_print_free(o);
+}
+
+char *ecx_zresp_encode_bye(bool closed)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddBoolToObject(o, "ok", true);
+	cJSON_AddBoolToObject(o, "closed", closed);
 	return json_print_free(o);
 }
 
@@ -235,7 +267,12 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 		    cJSON_GetObjectItemCaseSensitive(o, "now_ms") != NULL)
 			rc = ecx_json_get_u64(o, "now_ms", &r.now_ms, why,
 			                      whylen);
+		if (rc == 0 &&
+		    cJSON_GetObjectItemCaseSensitive(o, "idle_ms") != NULL)
+			rc = ecx_json_get_u64(o, "idle_ms", &r.idle_ms, why,
+			                      whylen);
 	}
+	r.closed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "closed"));
 out:
 	cJSON_Delete(o);
 	if (rc == 0)
