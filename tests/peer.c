@@ -5,6 +5,7 @@
  *   ecx-test-peer producer [--capacity BYTES] [--transport T] [--token T]
  *                          [--registry URL] [--bind HOST] [--timeout MS]
  *                          [--registry-port P] [--zmq-port P]
+ *                          [--idle MS]
  *     prints "ready REGISTRY_PORT PRODUCER_ZMQ", then takes:
  *     put ID DTYPE D0xD1...   -> ok | err NAME detail
  *     remove ID               -> ok | err NAME detail
@@ -12,7 +13,8 @@
  *     quit                    -> bye (after destroying the producer)
  *
  *   ecx-test-peer consumer REGISTRY [--transport T] [--token T]
- *                          [--timeout MS]
+ *                          [--timeout MS] [--recv BYTES] [--arena]
+ *     (--arena: loads land in the receive arena, else in malloc'd memory)
  *     prints "ready", then takes:
  *     load ID...   -> ok | err NAME: per-item names (verifies bytes)
  *     loop N ID... -> loads the ids N times ("ok COUNT" at the end)
@@ -59,6 +61,7 @@ static int run_producer(int argc, char **argv)
 	    {"registry-port", required_argument, NULL, 'R'},
 	    {"zmq-port", required_argument, NULL, 'Z'},
 	    {"registry-ttl", required_argument, NULL, 'L'},
+	    {"idle", required_argument, NULL, 'I'},
 	    {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -92,6 +95,10 @@ static int run_producer(int argc, char **argv)
 		case 'L':
 			p.field_mask |= ECX_PRODUCER_PARAM_REGISTRY_TTL;
 			p.registry_ttl_s = atoi(optarg);
+			break;
+		case 'I':
+			p.field_mask |= ECX_PRODUCER_PARAM_IDLE;
+			p.idle_ms = atoi(optarg);
 			break;
 		case 'Z':
 			p.field_mask |= ECX_PRODUCER_PARAM_ZMQ_PORT;
@@ -166,6 +173,8 @@ static int run_producer(int argc, char **argv)
 	return 0;
 }
 
+static bool into_arena; /* --arena */
+
 static int load_ids(ecx_consumer *cons, char **ids, size_t n, char *report,
                     size_t rlen)
 {
@@ -174,9 +183,13 @@ static int load_ids(ecx_consumer *cons, char **ids, size_t n, char *report,
 		items[i].id = ids[i];
 	int rc = ecx_consumer_lookup(cons, items, n);
 	for (size_t i = 0; i < n; i++) {
-		if (items[i].status == 0) {
-			items[i].dst = malloc(items[i].desc.nbytes + 1);
-		}
+		if (items[i].status == 0)
+			items[i].dst =
+			    into_arena
+			        ? ecx_consumer_alloc(cons, items[i].desc.nbytes)
+			        : malloc(items[i].desc.nbytes + 1);
+		if (items[i].status == 0 && items[i].dst == NULL)
+			items[i].status = ECX_ENOSPC;
 	}
 	if (rc == 0)
 		rc = ecx_consumer_load(cons, items, n);
@@ -189,7 +202,10 @@ static int load_ids(ecx_consumer *cons, char **ids, size_t n, char *report,
 			s = ECX_EINTERNAL, rc = rc ? rc : ECX_EINTERNAL;
 		off += (size_t)snprintf(report + off, rlen - off, " %s",
 		                        s == 0 ? "ok" : ecx_err_name(s));
-		free(items[i].dst);
+		if (into_arena)
+			ecx_consumer_free(cons, items[i].dst);
+		else
+			free(items[i].dst);
 	}
 	free(items);
 	return rc;
@@ -209,6 +225,8 @@ static int run_consumer(int argc, char **argv)
 	    {"transport", required_argument, NULL, 't'},
 	    {"token", required_argument, NULL, 'k'},
 	    {"timeout", required_argument, NULL, 'T'},
+	    {"recv", required_argument, NULL, 'V'},
+	    {"arena", no_argument, NULL, 'A'},
 	    {NULL, 0, NULL, 0}};
 	int c;
 	optind = 2;
@@ -221,6 +239,10 @@ static int run_consumer(int argc, char **argv)
 			p.token = optarg;
 		} else if (c == 'T') {
 			p.timeout_ms = atoi(optarg);
+		} else if (c == 'V') {
+			p.recv_capacity = strtoull(optarg, NULL, 10);
+		} else if (c == 'A') {
+			into_arena = true;
 		} else {
 			return 2;
 		}
