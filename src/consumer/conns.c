@@ -185,8 +185,10 @@ static pconn *pconn_find(ecx_consumer *c, want *w, uint64_t now_ms,
 		bool idle = pc->idle_ms != 0 && now_ms > pc->used_ms &&
 		            now_ms - pc->used_ms > pc->idle_ms / 2;
 		if (pc->failed || restarted || idle) {
-			bool zombies_only;
-			if (!pconn_busy(c, pc, &zombies_only)) {
+			bool zombies_only = false;
+			/* One with a goodbye in flight is its caller's to
+			 * free. */
+			if (!pc->byeing && !pconn_busy(c, pc, &zombies_only)) {
 				*pp = pc->next;
 				pc->next = *stale;
 				*stale = pc;
