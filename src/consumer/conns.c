@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MOD "consumer"
 
@@ -482,7 +483,8 @@ void cons_pconns_bye(ecx_consumer *c)
 	pconn **pcs = calloc(n + 1, sizeof(*pcs));
 	ecx_rdv_call *calls = calloc(n + 1, sizeof(*calls));
 	char **msgs = calloc(n + 1, sizeof(*msgs));
-	if (pcs == NULL || calls == NULL || msgs == NULL)
+	bool *closed = calloc(n + 1, sizeof(*closed));
+	if (pcs == NULL || calls == NULL || msgs == NULL || closed == NULL)
 		goto out;
 	size_t k = 0;
 	pthread_mutex_lock(&c->lock);
@@ -492,34 +494,55 @@ void cons_pconns_bye(ecx_consumer *c)
 		pc->byeing = true;
 		pcs[k] = pc;
 		msgs[k] = ecx_zreq_encode_bye(pc->id, pc->epoch, c->token);
-		calls[k].address = pc->address;
-		calls[k].req = msgs[k] ? msgs[k] : "";
 		k++;
 	}
 	pthread_mutex_unlock(&c->lock);
 	int ms =
 	    c->timeout_ms < ECX_BYE_WAIT_MS ? c->timeout_ms : ECX_BYE_WAIT_MS;
-	if (k > 0)
-		ecx_rdv_call_many(c->rdv, calls, k,
-		                  ecx_now_ns() + (uint64_t)ms * 1000000u);
+	uint64_t deadline = ecx_now_ns() + (uint64_t)ms * 1000000u;
+	/* A producer answers "not yet" after a short wait of its own; ask
+	 * again (a goodbye for a connection gone is answered "closed") until
+	 * every one is closed or the bound. */
+	for (;;) {
+		size_t m = 0;
+		for (size_t i = 0; i < k; i++) {
+			if (closed[i])
+				continue;
+			calls[m] = (ecx_rdv_call){.address = pcs[i]->address,
+			                          .req = msgs[i] ? msgs[i] : "",
+			                          .arg = &closed[i]};
+			m++;
+		}
+		if (m == 0 || ecx_now_ns() >= deadline)
+			break;
+		ecx_rdv_call_many(c->rdv, calls, m, deadline);
+		bool answered = false;
+		for (size_t j = 0; j < m; j++) {
+			if (calls[j].err != 0)
+				continue;
+			answered = true;
+			*(bool *)calls[j].arg = calls[j].resp.closed;
+			ecx_zresp_free(&calls[j].resp);
+		}
+		if (!answered)
+			break; /* none answers: dead or stopped */
+		usleep(5000);
+	}
 	for (size_t i = 0; i < k; i++) {
-		if (calls[i].err != 0 || !calls[i].resp.closed)
+		if (!closed[i])
 			ecx_info(MOD,
-			         "no goodbye from %s: %s; its pulls that "
-			         "timed out may still write",
-			         pcs[i]->address,
-			         calls[i].err ? calls[i].why : "still busy");
-		bool closed = calls[i].err == 0 && calls[i].resp.closed;
-		if (calls[i].err == 0)
-			ecx_zresp_free(&calls[i].resp);
+			         "no goodbye from %s within %d ms: its pulls "
+			         "that timed out may still write",
+			         pcs[i]->address, ms);
 		pthread_mutex_lock(&c->lock);
 		pcs[i]->byeing = false;
-		if (closed)
+		if (closed[i])
 			pconn_zombies_end(c, pcs[i]);
 		pthread_mutex_unlock(&c->lock);
 		free(msgs[i]);
 	}
 out:
+	free(closed);
 	free(msgs);
 	free(calls);
 	free(pcs);

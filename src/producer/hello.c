@@ -61,8 +61,9 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
  * the answer says "closed" once nothing of its pulls is in flight (jobs
  * that have not started then never will: they find no connection). The
  * wait is bounded by BYE_WAIT_MS (and the producer's timeout); it holds
- * up this thread, which is why it is short. A goodbye for another epoch's
- * connection is answered closed: nothing of it is here. */
+ * up this thread, which is why it is short: a consumer told "not yet"
+ * asks again, and a goodbye for a connection already gone, or another
+ * epoch's, is answered closed at once: nothing of it is here. */
 static char *bye_answer(ecx_producer *p, const ecx_zreq *r)
 {
 	if (r->epoch != p->epoch || !prod_conn_drop(p, r->conn))

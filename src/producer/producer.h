@@ -27,8 +27,9 @@
 #define RKEY_CACHE 64 /* as many as one pull may name */
 #define PREFAULT_CHUNK (2u << 20)
 /* How long a goodbye waits for the connection's pulls in flight to end
- * before it answers (on the rendezvous thread). */
-#define BYE_WAIT_MS 500
+ * before it answers (on the rendezvous thread, which serves hellos too:
+ * short). A consumer that is told "not yet" asks again. */
+#define BYE_WAIT_MS 50
 
 typedef struct item {
 	struct item *hnext;               /* hash chain */
