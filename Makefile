@@ -56,7 +56,7 @@ tsan: deps
 		ECX_TEST_BIN=$$PWD ./test_transfer
 
 valgrind: deps build
-	cd $(BUILD)/tests && ECX_TEST_BIN=$$PWD valgrind --error-exitcode=9 \
+	cd $(BUILD)/tests && ECX_TEST_BIN=$$PWD ECX_TEST_TIME_SCALE=10 valgrind --error-exitcode=9 \
 		--leak-check=full --errors-for-leak-kinds=definite \
 		--show-leak-kinds=definite ./test_transfer
 

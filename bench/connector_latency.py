@@ -15,7 +15,12 @@ items, the producer connector in another process, both flows in one run:
 
 Baselines printed beside, from the same run: the reference's lookup (a new
 HTTP connection per has_cache_item, as httpx.get does) and a torch copy of
-the same bytes (the least a load into a fresh tensor can cost)."""
+the same bytes (the least a load into a fresh tensor can cost).
+
+Then the save path: save_caches of a CPU tensor on a producer worker (a
+new id each time, so each is a real put: reserve, one copy into the
+arena, publish to the embedded registry) beside a torch copy of the same
+bytes into a destination touched before, as the arena is: one memcpy."""
 import os
 import pickle
 import statistics
@@ -200,6 +205,44 @@ def main():
         c.shutdown()
     prod.stdin.close()
     prod.wait(10)
+    save_rows()
+
+
+def save_rows():
+    cfg = VllmConfig(ec_transfer_config=ECTransferConfig(
+        ec_connector="ECXConnector", ec_role="ec_producer",
+        ec_buffer_device="cpu",
+        ec_connector_extra_config={"registry_http_port": 0,
+                                   "bind_host": "127.0.0.1",
+                                   "capacity_bytes": 512 << 20}))
+    w = ECXConnector(cfg, ECConnectorRole.WORKER)
+    print(f"\nsave_caches of a CPU tensor (new id each round), beside one "
+          f"torch copy of it into memory touched before; {ROUNDS} rounds, "
+          f"alternating, medians")
+    print(f"{'item':>6} | {'save_caches us':>14} {'GB/s':>6} | "
+          f"{'copy us':>8} {'GB/s':>6} | {'copy/save':>9}")
+    for name, shape in SIZES.items():
+        src = torch.randn(shape).to(torch.bfloat16)
+        dst = torch.empty_like(src)
+        dst.fill_(0)  # touched, like the arena
+        save, copy = [], []
+        for r in range(ROUNDS + 2):
+            h = f"save-{name}-{r}"
+            t0 = time.perf_counter()
+            w.save_caches({h: src}, h)
+            t1 = time.perf_counter()
+            dst.copy_(src)
+            t2 = time.perf_counter()
+            if r >= 2:
+                save.append(t1 - t0)
+                copy.append(t2 - t1)
+        med = statistics.median
+        nbytes = src.numel() * 2
+        print(f"{name:>6} | {med(save) * 1e6:>14.1f} "
+              f"{nbytes / med(save) / 1e9:>6.2f} | "
+              f"{med(copy) * 1e6:>8.1f} {nbytes / med(copy) / 1e9:>6.2f} | "
+              f"{med(copy) / med(save):>9.2f}")
+    w.shutdown()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		for (size_t i = 0; i < p.nitems; i++)
 			if (p.status[i] > 0)
 				abort();
-		free(p.status);
+		ecx_pull_resp_free(&p);
 	}
 	return 0;
 }

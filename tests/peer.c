@@ -4,16 +4,19 @@
  *
  *   ecx-test-peer producer [--capacity BYTES] [--transport T] [--token T]
  *                          [--registry URL] [--bind HOST] [--timeout MS]
- *                          [--registry-port P] [--zmq-port P]
+ *                          [--registry-port P] [--zmq-port P] [--integrity]
  *                          [--idle MS]
  *     prints "ready REGISTRY_PORT PRODUCER_ZMQ", then takes:
  *     put ID DTYPE D0xD1...   -> ok | err NAME detail
  *     remove ID               -> ok | err NAME detail
+ *     corrupt ID              -> ok (flips a byte of ID in the arena, after
+ *                                its hash was taken: memory going bad)
  *     stats                   -> stats items N used N pinned N ...
  *     quit                    -> bye (after destroying the producer)
  *
  *   ecx-test-peer consumer REGISTRY [--transport T] [--token T]
- *                          [--timeout MS] [--recv BYTES] [--arena]
+ *                          [--timeout MS] [--integrity] [--recv BYTES]
+ *                          [--arena]
  *     (--arena: loads land in the receive arena, else in malloc'd memory)
  *     prints "ready", then takes:
  *     load ID...   -> ok | err NAME: per-item names (verifies bytes)
@@ -22,6 +25,7 @@
  *     quit         -> bye
  */
 #include "common/testutil.h"
+#include "producer/producer.h" /* for "corrupt" */
 
 #include <getopt.h>
 #include <time.h>
@@ -61,7 +65,8 @@ static int run_producer(int argc, char **argv)
 	    {"registry-port", required_argument, NULL, 'R'},
 	    {"zmq-port", required_argument, NULL, 'Z'},
 	    {"registry-ttl", required_argument, NULL, 'L'},
-	    {"idle", required_argument, NULL, 'I'},
+	    {"integrity", no_argument, NULL, 'I'},
+	    {"idle", required_argument, NULL, 'D'},
 	    {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -97,6 +102,10 @@ static int run_producer(int argc, char **argv)
 			p.registry_ttl_s = atoi(optarg);
 			break;
 		case 'I':
+			p.field_mask |= ECX_PRODUCER_PARAM_INTEGRITY;
+			p.integrity = 1;
+			break;
+		case 'D':
 			p.field_mask |= ECX_PRODUCER_PARAM_IDLE;
 			p.idle_ms = atoi(optarg);
 			break;
@@ -140,6 +149,15 @@ static int run_producer(int argc, char **argv)
 			else
 				printf("err %s %s\n", ecx_err_name(rc),
 				       ecx_last_error());
+		} else if (n == 2 && strcmp(cmd, "corrupt") == 0) {
+			/* Reaches into the producer (this is its test peer):
+			 * the bytes change after put hashed them. */
+			pthread_mutex_lock(&prod->lock);
+			item *it = prod_item_find(prod, id);
+			if (it != NULL && it->desc.nbytes > 0)
+				((unsigned char *)prod->base)[it->off] ^= 0x5a;
+			pthread_mutex_unlock(&prod->lock);
+			printf(it != NULL ? "ok\n" : "err ENOTFOUND\n");
 		} else if (n == 2 && strcmp(cmd, "remove") == 0) {
 			int rc = ecx_producer_remove(prod, id);
 			printf(rc == 0 ? "ok\n" : "err %s\n", ecx_err_name(rc));
@@ -225,6 +243,7 @@ static int run_consumer(int argc, char **argv)
 	    {"transport", required_argument, NULL, 't'},
 	    {"token", required_argument, NULL, 'k'},
 	    {"timeout", required_argument, NULL, 'T'},
+	    {"integrity", no_argument, NULL, 'I'},
 	    {"recv", required_argument, NULL, 'V'},
 	    {"arena", no_argument, NULL, 'A'},
 	    {NULL, 0, NULL, 0}};
@@ -239,6 +258,9 @@ static int run_consumer(int argc, char **argv)
 			p.token = optarg;
 		} else if (c == 'T') {
 			p.timeout_ms = atoi(optarg);
+		} else if (c == 'I') {
+			p.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
+			p.integrity = 1;
 		} else if (c == 'V') {
 			p.recv_capacity = strtoull(optarg, NULL, 10);
 		} else if (c == 'A') {

@@ -26,6 +26,8 @@ static const char help[] =
     "  -o, --output FILE    where to write (required; '-' is not allowed)\n"
     "  --verify             check the bytes against 'ecx serve --synthetic'\n"
     "                       (they depend only on the id)\n"
+    "  --verify-hash        check the bytes against the xxh64 the producer\n"
+    "                       took at put (it must run with --verify-hash)\n"
     "  --transport T        auto (default), tcp or shm\n"
     "  --token T            bearer token (default $ECX_TOKEN)\n"
     "  --timeout MS         bound on each step (default 5s)\n"
@@ -39,12 +41,13 @@ int cmd_get(int argc, char **argv)
 	static const struct option opts[] = {
 	    {"output", required_argument, NULL, 'o'},
 	    {"verify", no_argument, NULL, 'v'},
+	    {"verify-hash", no_argument, NULL, 'H'},
 	    {"transport", required_argument, NULL, 'T'},
 	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
 	const char *out = NULL, *transport = NULL;
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
-	bool verify = false;
+	bool verify = false, hash = false;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
@@ -54,6 +57,9 @@ int cmd_get(int argc, char **argv)
 			break;
 		case 'v':
 			verify = true;
+			break;
+		case 'H':
+			hash = true;
 			break;
 		case 'T':
 			transport = optarg;
@@ -77,12 +83,13 @@ int cmd_get(int argc, char **argv)
 	    .field_mask =
 	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
 	        ECX_CONSUMER_PARAM_TIMEOUT | ECX_CONSUMER_PARAM_RECV_CAPACITY |
-	        ECX_CONSUMER_PARAM_TRANSPORT,
+	        ECX_CONSUMER_PARAM_TRANSPORT | ECX_CONSUMER_PARAM_INTEGRITY,
 	    .registry = argv[optind],
 	    .token = t.token,
 	    .timeout_ms = t.timeout_ms,
 	    .recv_capacity = 0,
-	    .transport = transport};
+	    .transport = transport,
+	    .integrity = hash};
 	ecx_consumer *cons;
 	int rc = ecx_consumer_create(&cp, &cons, why, sizeof(why));
 	if (rc != 0)
@@ -108,12 +115,17 @@ int cmd_get(int argc, char **argv)
 	}
 	rc = ecx_consumer_load(cons, &it, 1);
 	uint64_t took = tool_now_ns() - t0;
+	/* "1 of 1 items failed; first: WHY": the why is what to print. */
+	const char *detail = strstr(ecx_last_error(), "first: ");
+	char msg[512];
+	snprintf(msg, sizeof(msg), "%s",
+	         detail != NULL ? detail + 7 : ecx_strerror(it.status));
 	ecx_consumer_destroy(cons);
 	if (rc != 0) {
 		free(it.dst);
 		return tool_fail(
 		    "get", rc == ECX_ENOTFOUND ? EXIT_NOTFOUND : EXIT_FAIL,
-		    "%s from %s: %s", id, it.producer, ecx_strerror(it.status));
+		    "%s from %s: %s", id, it.producer, msg);
 	}
 	if (verify && !gen_check(id, it.dst, it.desc.nbytes)) {
 		free(it.dst);

@@ -46,6 +46,8 @@ static const char help[] =
     "  --token T            required on pulls and registry writes\n"
     "                       (default $ECX_TOKEN)\n"
     "  --timeout MS         bound on transfers and registry calls (5s)\n"
+    "  --verify-hash        hash each item at put (xxh64) and send the hash\n"
+    "                       with every pull, for consumers that check it\n"
     "  --json               print the ready line as JSON\n"
     "  -h, --help           this text\n"
     "\n"
@@ -247,6 +249,7 @@ int cmd_serve(int argc, char **argv)
 	    {"shape", required_argument, NULL, 's'},
 	    {"dtype", required_argument, NULL, 'd'},
 	    {"registry-ttl", required_argument, NULL, 'L'},
+	    {"verify-hash", no_argument, NULL, 'H'},
 	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
 	serve_opts o = {.count = 200};
@@ -323,6 +326,10 @@ int cmd_serve(int argc, char **argv)
 			break;
 		case 'd':
 			o.dtype = optarg;
+			break;
+		case 'H':
+			p->field_mask |= ECX_PRODUCER_PARAM_INTEGRITY;
+			p->integrity = 1;
 			break;
 		case 'L':
 			p->registry_ttl_s = atoi(optarg);

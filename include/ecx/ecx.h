@@ -67,7 +67,8 @@ ECX_API int ecx_version_number(void);
 	XX(EDTYPE, -15, "unknown dtype")              \
 	XX(EID, -16, "invalid id")                    \
 	XX(EUNSUPPORTED, -17, "not supported")        \
-	XX(EINTERNAL, -18, "internal error")
+	XX(EINTERNAL, -18, "internal error")          \
+	XX(ECORRUPT, -19, "bytes differ from the producer's hash")
 
 typedef enum ecx_err {
 #define ECX_ERR_ENUM(name, code, msg) ECX_##name = code,
@@ -227,7 +228,8 @@ enum {
 	ECX_PRODUCER_PARAM_TRANSPORT = 1u << 7,
 	ECX_PRODUCER_PARAM_TIMEOUT = 1u << 8,
 	ECX_PRODUCER_PARAM_REGISTRY_TTL = 1u << 9,
-	ECX_PRODUCER_PARAM_IDLE = 1u << 10,
+	ECX_PRODUCER_PARAM_INTEGRITY = 1u << 10,
+	ECX_PRODUCER_PARAM_IDLE = 1u << 11,
 };
 
 #define ECX_CAPACITY_DEFAULT ((uint64_t)1 << 30)
@@ -255,6 +257,9 @@ typedef struct ecx_producer_params {
 	                               renewing them (it renews every third of
 	                               it), so a producer that dies leaves
 	                               nothing behind; default 30, 0: never */
+	int integrity;              /* hash each item at put (xxh64) and send
+	                               the hash with every pull's answer, for
+	                               consumers that check; default false */
 	int idle_ms;                /* a consumer connection with no pull in
 	                               flight and none for this long is closed
 	                               and the consumer's memory unmapped (a
@@ -286,6 +291,28 @@ ECX_API int ecx_producer_create(const ecx_producer_params *params,
  * registry, on one HTTP request. */
 ECX_API int ecx_producer_put(ecx_producer *p, const char *id,
                              const ecx_tensor_desc *desc, const void *src);
+
+/* ecx_producer_reserve is put in two steps, for callers that write the
+ * bytes themselves (a GPU copy straight into the arena, no staging copy):
+ * it takes room for id as put does and sets *dst to it; the caller writes
+ * desc->nbytes bytes there, then calls ecx_producer_commit, which publishes
+ * id (and hashes it, with integrity on), or ecx_producer_cancel, which
+ * gives the room back. Until then id is invisible to lookups and pulls,
+ * cannot be evicted, and a put or reserve of it fails with ECX_EBUSY: a
+ * reservation never committed nor cancelled keeps its room for good. When
+ * id is already held with the same descriptor, reserve returns 0 with *dst
+ * NULL: nothing to write, nothing to commit (as put keeps the first bytes).
+ * Errors as put. commit and cancel belong to the caller that reserved:
+ * ECX_ENOTFOUND when id is not reserved; a commit whose publish fails
+ * frees the room, as a failed put does. */
+ECX_API int ecx_producer_reserve(ecx_producer *p, const char *id,
+                                 const ecx_tensor_desc *desc, void **dst);
+ECX_API int ecx_producer_commit(ecx_producer *p, const char *id);
+ECX_API int ecx_producer_cancel(ecx_producer *p, const char *id);
+
+/* The arena's address and size (*capacity), e.g. to page-lock it for
+ * device copies (cudaHostRegister). Valid until ecx_producer_destroy. */
+ECX_API void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity);
 
 /* ecx_producer_remove unpublishes id and frees its space once no pull reads
  * it. ECX_ENOTFOUND if not held. */
@@ -336,6 +363,7 @@ enum {
 	ECX_CONSUMER_PARAM_TRANSPORT = 1u << 4,
 	ECX_CONSUMER_PARAM_BIND_HOST = 1u << 5,
 	ECX_CONSUMER_PARAM_REGCACHE_MAX = 1u << 6,
+	ECX_CONSUMER_PARAM_INTEGRITY = 1u << 7,
 };
 
 typedef struct ecx_consumer_params {
@@ -349,6 +377,11 @@ typedef struct ecx_consumer_params {
 	                           interface; default none */
 	unsigned regcache_max;  /* caller-memory registrations kept, default
 	                           64 */
+	int integrity;          /* check each loaded item against the xxh64
+	                           its producer computed at put: a mismatch
+	                           fails the item with ECX_ECORRUPT, and a
+	                           producer that sends no hash fails it with
+	                           ECX_EUNSUPPORTED; default false */
 } ecx_consumer_params;
 
 ECX_API int ecx_consumer_create(const ecx_consumer_params *params,
@@ -408,6 +441,11 @@ ECX_API int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n);
  * has no room (ecx_last_error says so). ecx_consumer_free gives it back. */
 ECX_API void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes);
 ECX_API void ecx_consumer_free(ecx_consumer *c, void *ptr);
+
+/* The receive arena's address and size (*capacity), e.g. to page-lock it
+ * for device copies (cudaHostRegister); NULL and 0 without one. Valid
+ * until ecx_consumer_destroy. */
+ECX_API void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity);
 
 typedef struct ecx_consumer_stats {
 	uint64_t lookups;       /* ids looked up */

@@ -19,8 +19,8 @@ import weakref
 
 __version__ = "0.1.0"
 __all__ = ["Producer", "Consumer", "Client", "Item", "Load", "Found",
-           "EcxError", "NotFound", "Timeout", "load_library", "DTYPES",
-           "__version__"]
+           "EcxError", "NotFound", "Timeout", "Corrupt", "load_library",
+           "DTYPES", "__version__"]
 
 # ---- the library ---------------------------------------------------------
 
@@ -100,7 +100,9 @@ class _ProducerParams(ctypes.Structure):
                 ("registry_port", ctypes.c_int),
                 ("registry", ctypes.c_char_p), ("token", ctypes.c_char_p),
                 ("transport", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int)]
+                ("timeout_ms", ctypes.c_int),
+                ("registry_ttl_s", ctypes.c_int),
+                ("integrity", ctypes.c_int)]
 
 
 class _ConsumerParams(ctypes.Structure):
@@ -110,7 +112,8 @@ class _ConsumerParams(ctypes.Structure):
                 ("recv_capacity", ctypes.c_uint64),
                 ("transport", ctypes.c_char_p),
                 ("bind_host", ctypes.c_char_p),
-                ("regcache_max", ctypes.c_uint)]
+                ("regcache_max", ctypes.c_uint),
+                ("integrity", ctypes.c_int)]
 
 
 _PRODUCER_STATS = ["items", "bytes_used", "capacity", "pinned", "evictions",
@@ -146,6 +149,15 @@ _producer_put = _fn("ecx_producer_put", ctypes.c_int, _P, ctypes.c_char_p,
                     ctypes.POINTER(_Desc), ctypes.c_void_p)
 _producer_remove = _fn("ecx_producer_remove", ctypes.c_int, _P,
                        ctypes.c_char_p)
+_producer_reserve = _fn("ecx_producer_reserve", ctypes.c_int, _P,
+                        ctypes.c_char_p, ctypes.POINTER(_Desc),
+                        ctypes.POINTER(ctypes.c_void_p))
+_producer_commit = _fn("ecx_producer_commit", ctypes.c_int, _P,
+                       ctypes.c_char_p)
+_producer_cancel = _fn("ecx_producer_cancel", ctypes.c_int, _P,
+                       ctypes.c_char_p)
+_producer_arena = _fn("ecx_producer_arena", ctypes.c_void_p, _P,
+                      ctypes.POINTER(ctypes.c_uint64))
 _producer_stats = _fn("ecx_producer_stats_get", None, _P,
                       ctypes.POINTER(_ProducerStats))
 _producer_address = _fn("ecx_producer_address", ctypes.c_char_p, _P)
@@ -165,6 +177,8 @@ _consumer_destroy = _fn("ecx_consumer_destroy", None, _P)
 _consumer_alloc = _fn("ecx_consumer_alloc", ctypes.c_void_p, _P,
                       ctypes.c_size_t)
 _consumer_free = _fn("ecx_consumer_free", None, _P, ctypes.c_void_p)
+_consumer_arena = _fn("ecx_consumer_arena", ctypes.c_void_p, _P,
+                      ctypes.POINTER(ctypes.c_uint64))
 _consumer_load_start = _fn("ecx_consumer_load_start", ctypes.c_int, _P,
                            ctypes.POINTER(_Item), ctypes.c_size_t,
                            ctypes.POINTER(_P))
@@ -241,7 +255,12 @@ class Timeout(EcxError):
     """ETIMEDOUT: a peer did not answer within the timeout."""
 
 
-_ERRORS = {-5: NotFound, -7: Timeout}
+class Corrupt(EcxError):
+    """ECORRUPT: with integrity on, the loaded bytes differ from the
+    producer's hash of them."""
+
+
+_ERRORS = {-5: NotFound, -7: Timeout, -19: Corrupt}
 
 
 def _error(code, detail=None):
@@ -262,6 +281,38 @@ def _token(token):
 
 
 # ---- tensors ---------------------------------------------------------------
+
+
+def _is_cuda(t):
+    return type(t).__module__.startswith("torch") and t.device.type == "cuda"
+
+
+def _cuda_register(base, size):
+    """Page-locks [base, base + size) for CUDA copies; False without CUDA
+    (or when the driver refuses: copies then stage through the driver)."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return False
+        cudart = torch.cuda.cudart()
+        res = cudart.cudaHostRegister(base, size, 0)
+        return res == cudart.cudaError.success
+    except (ImportError, AttributeError, RuntimeError):
+        return False
+
+
+def _cuda_unregister(base):
+    import torch
+    torch.cuda.cudart().cudaHostUnregister(base)
+
+
+def _copy_into(dst, src):
+    """dst (a CPU tensor in an arena) <- src, from any device; returns when
+    the bytes are in place."""
+    if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
+        raise ValueError(f"copy of {src.dtype}{tuple(src.shape)} into "
+                         f"{dst.dtype}{tuple(dst.shape)}")
+    dst.copy_(src)
 
 
 def _describe(t):
@@ -428,7 +479,8 @@ class Producer:
 
     registry_port: embedded registry port (default 9018; 0 picks one; None
     for none, with `registry` given). registry: a remote registry URL to
-    publish to instead. token: None reads ECX_TOKEN.
+    publish to instead. token: None reads ECX_TOKEN. integrity: hash
+    each item at put (xxh64) for consumers that check it.
 
     The arena (capacity_bytes) is mapped and touched here, so construction
     takes as long as populating it (seconds for GiBs); puts never do.
@@ -436,7 +488,8 @@ class Producer:
 
     def __init__(self, capacity_bytes=None, bind_host=None,
                  advertise_host=None, zmq_port=None, registry_port=9018,
-                 registry=None, token=None, transport=None, timeout_ms=None):
+                 registry=None, token=None, transport=None, timeout_ms=None,
+                 integrity=False):
         p = _ProducerParams()
         m = 0
         if capacity_bytes is not None:
@@ -458,12 +511,12 @@ class Producer:
             p.transport, m = _b(transport), m | 128
         if timeout_ms is not None:
             p.timeout_ms, m = int(timeout_ms), m | 256
+        if integrity:
+            p.integrity, m = 1, m | 1024
         p.field_mask = m
         self._keep = p
         self._h = None
-        # put and remove through this object are serialized, so put can
-        # tell a new item from one already held (see put).
-        self._lock = threading.Lock()
+        self._cuda_pinned = None  # (address, size) once page-locked
         h = _P()
         why = ctypes.create_string_buffer(256)
         rc = _producer_create(ctypes.byref(p), ctypes.byref(h), why, 256)
@@ -480,29 +533,97 @@ class Producer:
         (put("a", zeros(4)) then put("a", ones(4)) leaves the zeros). To
         replace an item, remove(id) first. The same id with another dtype or
         shape raises EcxError EINVAL.
+
+        A torch tensor, on the CPU or a GPU, is copied once, straight into
+        its place in the arena (reserve, copy_, commit); the first CUDA one
+        page-locks the arena (cudaHostRegister) so that copy is a DMA.
         """
+        if type(tensor).__module__.startswith("torch"):
+            if _is_cuda(tensor):
+                self.pin_for_cuda()
+            name = str(tensor.dtype).split(".")[-1]
+            dst = self.reserve(id, name, tuple(tensor.shape))
+            if dst is None:
+                return False
+            try:
+                _copy_into(dst, tensor)
+            except BaseException:
+                self.cancel(id)
+                raise
+            self.commit(id)
+            return True
         name, shape, nbytes, ptr, keep = _describe(tensor)
         d = _desc(name, shape)
         h = self._handle()
-        s = _ProducerStats()
-        with self._lock:
-            # libecx's put does not say whether it stored; the count of
-            # items plus evictions grows by one exactly when it did.
-            _producer_stats(h, ctypes.byref(s))
-            before = s.items + s.evictions
-            rc = _producer_put(h, _b(id), ctypes.byref(d), ptr)
-            _producer_stats(h, ctypes.byref(s))
-            after = s.items + s.evictions
-        del keep
+        # reserve says whether the id was already held (dst NULL).
+        dst = ctypes.c_void_p()
+        rc = _producer_reserve(h, _b(id), ctypes.byref(d), ctypes.byref(dst))
         if rc != 0:
             raise _error(rc)
-        return after > before
+        if not dst.value:
+            return False
+        ctypes.memmove(dst.value, ptr, nbytes)
+        del keep
+        rc = _producer_commit(h, _b(id))
+        if rc != 0:
+            raise _error(rc)
+        return True
+
+    def reserve(self, id, dtype, shape):
+        """Takes room for id and returns a torch tensor over it, in the
+        arena, for the caller to fill (t.copy_(src), from any device);
+        then commit(id) publishes it, or cancel(id) gives the room back.
+        Until then id is invisible to consumers. Returns None when id is
+        already held with this dtype and shape (nothing to fill)."""
+        import torch
+        d = _desc(dtype, tuple(shape))
+        dst = ctypes.c_void_p()
+        rc = _producer_reserve(self._handle(), _b(id), ctypes.byref(d),
+                               ctypes.byref(dst))
+        if rc != 0:
+            raise _error(rc)
+        if not dst.value:
+            return None
+        n = int(d.nbytes)
+        if n == 0:
+            return torch.empty(tuple(shape), dtype=getattr(torch, dtype))
+        buf = (ctypes.c_char * n).from_address(dst.value)
+        t = torch.frombuffer(buf, dtype=torch.uint8)
+        return t.view(getattr(torch, dtype)).view(tuple(shape))
+
+    def commit(self, id):
+        """Publishes a reserved id (see reserve)."""
+        rc = _producer_commit(self._handle(), _b(id))
+        if rc != 0:
+            raise _error(rc)
+
+    def cancel(self, id):
+        """Gives a reserved id's room back (see reserve)."""
+        rc = _producer_cancel(self._handle(), _b(id))
+        if rc != 0:
+            raise _error(rc)
+
+    def pin_for_cuda(self):
+        """Page-locks the arena for CUDA (cudaHostRegister), once; False
+        when CUDA is not available. put does it at its first CUDA tensor."""
+        if self._cuda_pinned:
+            return True
+        base, size = self.arena()
+        if not _cuda_register(base, size):
+            return False
+        self._cuda_pinned = (base, size)
+        return True
+
+    def arena(self):
+        """(address, size) of the arena."""
+        cap = ctypes.c_uint64()
+        base = _producer_arena(self._handle(), ctypes.byref(cap))
+        return base, cap.value
 
     def remove(self, id):
         """Unpublishes id and frees its space once no pull reads it;
         NotFound when it is not held."""
-        with self._lock:
-            rc = _producer_remove(self._handle(), _b(id))
+        rc = _producer_remove(self._handle(), _b(id))
         if rc != 0:
             raise _error(rc)
 
@@ -528,6 +649,9 @@ class Producer:
     def close(self):
         """Unpublishes everything and stops serving."""
         if getattr(self, "_h", None) is not None:
+            if self._cuda_pinned:
+                _cuda_unregister(self._cuda_pinned[0])
+                self._cuda_pinned = None
             _producer_destroy(self._h)
             self._h = None
 
@@ -546,10 +670,13 @@ class Consumer:
     registry: one URL or several (a list, or comma-separated). token: None
     reads ECX_TOKEN. recv_capacity: the receive arena (arena_tensor, and
     load/load_start when given Items); 0 (the default here) for none.
+    integrity: check every loaded item against its producer's hash (a
+    mismatch is Corrupt; a producer without integrity fails the item).
     """
 
     def __init__(self, registry, token=None, timeout_ms=5000,
-                 recv_capacity=0, transport=None, bind_host=None):
+                 recv_capacity=0, transport=None, bind_host=None,
+                 integrity=False):
         if not registry:
             raise ValueError("a consumer needs a registry URL")
         if not isinstance(registry, str):
@@ -566,11 +693,14 @@ class Consumer:
             p.transport, p.field_mask = _b(transport), p.field_mask | 16
         if bind_host is not None:
             p.bind_host, p.field_mask = _b(bind_host), p.field_mask | 32
+        if integrity:
+            p.integrity, p.field_mask = 1, p.field_mask | 128
         self._keep = p
         self._arena = recv_capacity > 0
         self._live = 0          # arena tensors alive
         self._closing = False
         self._h = None
+        self._cuda_pinned = None  # (address, size) once page-locked
         self._loads = weakref.WeakSet()  # loads in flight
         h = _P()
         why = ctypes.create_string_buffer(256)
@@ -722,8 +852,30 @@ class Consumer:
         self._destroy()
 
     def _destroy(self):
+        if self._cuda_pinned:
+            _cuda_unregister(self._cuda_pinned[0])
+            self._cuda_pinned = None
         _consumer_destroy(self._h)
         self._h = None
+
+    def arena(self):
+        """(address, size) of the receive arena; (None, 0) without one."""
+        cap = ctypes.c_uint64()
+        base = _consumer_arena(self._handle(), ctypes.byref(cap))
+        return base, cap.value
+
+    def pin_for_cuda(self):
+        """Page-locks the receive arena for CUDA (cudaHostRegister), once,
+        so copies from arena tensors to a GPU are DMAs that can run on a
+        side stream (t.to("cuda", non_blocking=True)); False when CUDA is
+        not available or there is no arena."""
+        if self._cuda_pinned:
+            return True
+        base, size = self.arena()
+        if not base or not _cuda_register(base, size):
+            return False
+        self._cuda_pinned = (base, size)
+        return True
 
     __del__ = close
 

@@ -351,6 +351,7 @@ class ECXConnector(ECConnectorBase):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._failed_new: dict = {}
         self._seen_meta = None
+        self._side = None  # CUDA stream of copies to the device
         if role == ECConnectorRole.SCHEDULER and self.is_consumer:
             # No data plane: a persistent connection per registry.
             c = self._cfg
@@ -402,9 +403,9 @@ class ECXConnector(ECConnectorBase):
             return
         if not _first_rank():
             return  # tensor-parallel ranks hold the same output
+        # A CUDA tensor is copied once, from the device straight into its
+        # place in the producer's (page-locked) arena.
         tensor = encoder_cache[mm_hash]
-        if tensor.device.type != "cpu":
-            tensor = tensor.to("cpu")
         try:
             self._ensure_producer().put(mm_hash, tensor)
         except ecx.EcxError as e:
@@ -419,6 +420,23 @@ class ECXConnector(ECConnectorBase):
                                "CUDA is not available")
         return device
 
+    def _to_device(self, t, device):
+        """A loaded host tensor as vLLM reads it: itself on the CPU; on a
+        GPU, a copy made on a side stream from the page-locked receive
+        arena, which the current stream waits for before reading it."""
+        if device.type == "cpu":
+            return t
+        if self._side is None:
+            self._ensure_consumer().pin_for_cuda()
+            self._side = torch.cuda.Stream(device)
+        cur = torch.cuda.current_stream(device)
+        self._side.wait_stream(cur)  # the destination's memory is free
+        with torch.cuda.stream(self._side):
+            g = t.to(device, non_blocking=True)
+        cur.wait_stream(self._side)
+        g.record_stream(cur)  # freed on the stream that reads it
+        return g
+
     def _new_tensor(self, cons, spec):
         t = cons.arena_tensor(spec.item())
         return t if t is not None else torch.empty(
@@ -430,6 +448,8 @@ class ECXConnector(ECConnectorBase):
                 meta, ECXConnectorMetadata):
             return
         self._seen_meta = meta
+        if meta.releases and self._side is not None:
+            self._side.synchronize()  # no copy still reads what goes
         for h in meta.releases:
             self._held.pop(h, None)
             self._want.pop(h, None)
@@ -556,9 +576,7 @@ class ECXConnector(ECConnectorBase):
                 logger.error("ECXConnector: %s was scheduled as loaded but "
                              "rank %d does not hold it", h, self._rank)
                 continue
-            t = held[1]
-            encoder_cache[h] = t if device.type == "cpu" else \
-                t.to(device, non_blocking=True)
+            encoder_cache[h] = self._to_device(held[1], device)
         self._stats.add("items_handed_over", len(ready))
         self._stats.add("step_wait_s", time.perf_counter() - t0)
 
@@ -578,9 +596,7 @@ class ECXConnector(ECConnectorBase):
                   if e is not None]
         for s, t, e in zip(specs, outs, errors):
             if e is None:
-                encoder_cache[s.mm_hash] = (
-                    t if device.type == "cpu" else
-                    t.to(device, non_blocking=True))
+                encoder_cache[s.mm_hash] = self._to_device(t, device)
                 self._stats.add("items_loaded")
                 self._stats.add("bytes_loaded", s.nbytes)
         if failed:

@@ -60,7 +60,7 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 			cons_zombie_end(c, p);
 		pthread_mutex_unlock(&c->lock);
 		if (rc == 0)
-			free(r.status);
+			ecx_pull_resp_free(&r);
 		return UCS_OK;
 	}
 	if (rc != 0) {
@@ -75,13 +75,19 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 		cons_pull_fail(p, ECX_EPROTO);
 	} else {
 		p->pc->used_ms = ecx_now_ms();
-		for (size_t i = 0; i < p->n; i++)
-			p->load->items[p->idx[i]].status = r.status[i];
+		ecx_load *l = p->load;
+		for (size_t i = 0; i < p->n; i++) {
+			l->items[p->idx[i]].status = r.status[i];
+			if (l->xxh != NULL && r.hash != NULL && r.has_hash[i]) {
+				l->xxh[p->idx[i]] = r.hash[i];
+				l->has_xxh[p->idx[i]] = 1;
+			}
+		}
 		__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (rc == 0)
-		free(r.status);
+		ecx_pull_resp_free(&r);
 	return UCS_OK;
 }
 
@@ -114,7 +120,7 @@ static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 
 void cons_pconn_close(ecx_consumer *c, pconn *pc)
 {
-	ecx_ucx_ep_close(c->ucx, pc->ep, 100);
+	ecx_ucx_ep_close(c->ucx, pc->ep, pc->transport, 100);
 	free(pc);
 }
 
@@ -225,8 +231,13 @@ static int pconn_fill(ecx_consumer *c, pconn *pc, ecx_zresp *z, uint64_t mid_ms,
 	pc->hello_mono_ms = mid_ms;
 	pc->idle_ms = z->idle_ms;
 	pc->used_ms = mid_ms;
+	/* A producer from before transports were agreed: what it does. */
+	pc->transport = z->transport != 0 ? z->transport
+	                : ecx_ucx_transports(c->ucx) == ECX_TR_TCP ? ECX_TR_TCP
+	                                                           : ECX_TR_SHM;
 	return ecx_ucx_ep_create(c->ucx, z->worker, z->worker_len,
-	                         pconn_on_error, pc, &pc->ep, why, whylen);
+	                         pc->transport, pconn_on_error, pc, &pc->ep,
+	                         why, whylen);
 }
 
 static void pconn_unlink(ecx_consumer *c, pconn *pc)
@@ -299,6 +310,11 @@ static void hello_done(void *arg, ecx_rdv_call *k)
 	if (err != 0) {
 		pconn_unlink(c, pc);
 		ecx_warn(MOD, "%s", why);
+		/* The load's error names the first failed hello's detail. */
+		if (g->l->why_err == 0) {
+			snprintf(g->l->why, sizeof(g->l->why), "%s", why);
+			g->l->why_err = err;
+		}
 		cons_pull_fail(w->p, err);
 	} else {
 		pc->connecting = false;
@@ -415,8 +431,8 @@ void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
 		for (size_t k = 0; k < n; k++) {
 			if (w[k].mine == NULL)
 				continue;
-			msgs[ncalls] =
-			    ecx_zreq_encode_hello(waddr, walen, c->token);
+			msgs[ncalls] = ecx_rdv_hello_encode(c->rdv, waddr,
+			                                    walen, c->token);
 			calls[ncalls] = (ecx_rdv_call){
 			    .address = w[k].address,
 			    .req = msgs[ncalls] ? msgs[ncalls] : "",

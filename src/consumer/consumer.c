@@ -38,6 +38,7 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	pthread_mutex_init(&c->reg_lock, NULL);
 	c->timeout_ms =
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
+	c->integrity = HAS(INTEGRITY) && pp->integrity;
 	int rc = ECX_ENOMEM;
 	if (HAS(TOKEN) && pp->token && pp->token[0] &&
 	    (c->token = strdup(pp->token)) == NULL)
@@ -82,6 +83,9 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	rc = ecx_rdv_client_create(&c->rdv, why, whylen);
 	if (rc != 0)
 		goto fail;
+	char domain[ECX_DOMAIN_MAX];
+	ecx_shm_domain(domain, sizeof(domain));
+	ecx_rdv_client_offer(c->rdv, ecx_ucx_transports(c->ucx), domain);
 	c->hooked = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0,
 	                                  cons_on_unmap, c) == UCS_OK;
 	if (!c->hooked)

@@ -46,6 +46,7 @@ typedef struct pconn {
 	uint64_t epoch, id;
 	uint64_t stale_epoch; /* an entry's epoch known not to be this one's */
 	ucp_ep_h ep;
+	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, agreed in the hello */
 	bool failed;
 	/* The producer's wall clock in the hello's answer, and our monotonic
 	 * clock at the midpoint of that round trip: a pull's expiry is the
@@ -99,6 +100,11 @@ struct ecx_load {
 	pull **pulls;
 	size_t npulls;
 	uint64_t deadline_ns;
+	char why[400]; /* the detail of a failure of error why_err */
+	int why_err;
+	/* With integrity on: each item's xxh64 from its producer's reply. */
+	uint64_t *xxh;
+	unsigned char *has_xxh;
 };
 
 typedef struct arena_alloc {
@@ -113,6 +119,7 @@ struct ecx_consumer {
 	ecx_regclient *rc;
 	char *token;
 	int timeout_ms;
+	bool integrity; /* check loaded bytes against producers' xxh64 */
 	ecx_ucx *ucx;
 	ecx_rdv_client *rdv;
 	pconn *conns;

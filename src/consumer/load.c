@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define MOD "consumer"
 
@@ -236,9 +237,16 @@ int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	l->deadline_ns = ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u;
 	l->pulls = calloc(n + 1, sizeof(*l->pulls));
 	size_t *group = calloc(n + 1, sizeof(*group));
-	if (l->pulls == NULL || group == NULL) {
+	if (c->integrity) {
+		l->xxh = calloc(n + 1, sizeof(*l->xxh));
+		l->has_xxh = calloc(n + 1, 1);
+	}
+	if (l->pulls == NULL || group == NULL ||
+	    (c->integrity && (l->xxh == NULL || l->has_xxh == NULL))) {
 		free(group);
 		free(l->pulls);
+		free(l->xxh);
+		free(l->has_xxh);
 		free(l);
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
 	}
@@ -308,6 +316,34 @@ int ecx_load_test(ecx_load *l)
 	           : ECX_EBUSY;
 }
 
+/* With integrity on: every item that arrived is hashed where it landed and
+ * compared with the producer's hash of its arena copy. */
+static void load_verify(ecx_load *l)
+{
+	for (size_t i = 0; i < l->n; i++) {
+		ecx_item *x = &l->items[i];
+		if (x->status != 0)
+			continue;
+		if (!l->has_xxh[i]) {
+			ecx_warn(MOD,
+			         "%s: producer %s sends no hash (start it with "
+			         "integrity on, ecx serve --verify-hash)",
+			         x->id, x->producer);
+			x->status = ECX_EUNSUPPORTED;
+			continue;
+		}
+		uint64_t h = XXH64(item_dst(l->c, x), x->desc.nbytes, 0);
+		if (h != l->xxh[i]) {
+			ecx_warn(MOD,
+			         "%s from %s: xxh64 %016llx, the producer's "
+			         "%016llx: bytes corrupted",
+			         x->id, x->producer, (unsigned long long)h,
+			         (unsigned long long)l->xxh[i]);
+			x->status = ECX_ECORRUPT;
+		}
+	}
+}
+
 int ecx_load_wait(ecx_load *l)
 {
 	ecx_consumer *c = l->c;
@@ -355,6 +391,12 @@ int ecx_load_wait(ecx_load *l)
 		free(p->idx);
 		free(p);
 	}
+	pthread_mutex_unlock(&c->lock);
+	/* Every item's status is final now (the pulls are gone): the
+	 * integrity check needs no lock. */
+	if (l->xxh != NULL)
+		load_verify(l);
+	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < l->n; i++) {
 		int s = l->items[i].status;
 		if (s == ECX_EBUSY)
@@ -372,13 +414,18 @@ int ecx_load_wait(ecx_load *l)
 	c->st.failed += bad;
 	c->st.bytes += bytes;
 	pthread_mutex_unlock(&c->lock);
+	char why[sizeof(l->why)];
+	snprintf(why, sizeof(why), "%s",
+	         l->why_err == first ? l->why : ecx_strerror(first));
 	free(l->pulls);
+	free(l->xxh);
+	free(l->has_xxh);
 	free(l);
 	if (first != 0)
-		return ecx_set_error(
-		    first, "%llu of %llu items failed; first: %s",
-		    (unsigned long long)bad, (unsigned long long)(ok + bad),
-		    ecx_strerror(first));
+		return ecx_set_error(first,
+		                     "%llu of %llu items failed; first: %s",
+		                     (unsigned long long)bad,
+		                     (unsigned long long)(ok + bad), why);
 	return 0;
 }
 

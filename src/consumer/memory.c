@@ -113,6 +113,14 @@ region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n,
 	return r;
 }
 
+void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity)
+{
+	bool live = c->arena.live;
+	if (capacity != NULL)
+		*capacity = live ? c->alloc.capacity : 0;
+	return live ? c->arena_base : NULL;
+}
+
 void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
 {
 	uint64_t off;

@@ -114,6 +114,12 @@ void ecx_default_host(char *out, size_t len);
 /* ecx_random_epoch returns a fresh non-zero number below 2^53 that tells
  * one start of a process from another. */
 uint64_t ecx_random_epoch(void);
+/* ecx_shm_domain writes who this process can share memory with: the boot,
+ * the IPC, PID and mount namespaces, and the effective user. Two processes
+ * with equal domains can map each other's segments (UCX's posix and sysv
+ * transports) and write with cross-memory attach; otherwise they must use
+ * TCP. */
+void ecx_shm_domain(char *out, size_t len);
 
 /* ---- the calling thread's last error detail (ecx_last_error) ---- */
 

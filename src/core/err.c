@@ -48,7 +48,7 @@ int ecx_why(char *why, size_t whylen, int err, const char *fmt, ...)
 	return err;
 }
 
-static __thread char last_error[256];
+static __thread char last_error[512];
 
 const char *ecx_last_error(void)
 {

@@ -6,6 +6,9 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void ecx_default_host(char *out, size_t len)
@@ -25,6 +28,30 @@ void ecx_default_host(char *out, size_t len)
 		break;
 	}
 	freeifaddrs(ifs);
+}
+
+/* The inode of one of this process's namespaces, or 0. */
+static unsigned long long ns_inode(const char *name)
+{
+	char path[64];
+	struct stat st;
+	snprintf(path, sizeof(path), "/proc/self/ns/%s", name);
+	return stat(path, &st) == 0 ? (unsigned long long)st.st_ino : 0;
+}
+
+void ecx_shm_domain(char *out, size_t len)
+{
+	char boot[64] = "";
+	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t n = read(fd, boot, sizeof(boot) - 1);
+		boot[n > 0 ? n : 0] = '\0';
+		boot[strcspn(boot, "\n")] = '\0';
+		close(fd);
+	}
+	snprintf(out, len, "%s/ipc:%llu/pid:%llu/mnt:%llu/uid:%u", boot,
+	         ns_inode("ipc"), ns_inode("pid"), ns_inode("mnt"),
+	         (unsigned)geteuid());
 }
 
 uint64_t ecx_random_epoch(void)

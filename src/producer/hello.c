@@ -14,12 +14,63 @@
 
 /* ---- the ZeroMQ socket ---- */
 
+static const char *tr_setting(unsigned t)
+{
+	return t == (ECX_TR_SHM | ECX_TR_TCP) ? "auto"
+	       : t == ECX_TR_TCP              ? "tcp"
+	       : t == ECX_TR_SHM              ? "shm"
+	                                      : "none";
+}
+
+/* The transport of a new connection: shared memory where both sides allow
+ * it and the consumer can map this producer's memory (same host, user and
+ * namespaces), else TCP where both allow it; 0, with why naming both
+ * sides' settings, where nothing fits. A consumer from before transports
+ * were agreed gets what it got then. */
+static unsigned agree(ecx_producer *p, const ecx_zreq *r, char *why,
+                      size_t whylen)
+{
+	unsigned mine = ecx_ucx_transports(p->ucx), theirs = r->transports;
+	if (theirs == 0)
+		return mine == ECX_TR_TCP ? ECX_TR_TCP : ECX_TR_SHM;
+	unsigned both = mine & theirs;
+	bool near = strcmp(r->domain, p->domain) == 0;
+	if ((both & ECX_TR_SHM) && near)
+		return ECX_TR_SHM;
+	if (both & ECX_TR_TCP)
+		return ECX_TR_TCP;
+	if (both == 0)
+		snprintf(
+		    why, whylen,
+		    "no transport in common: this producer's transport "
+		    "is %s, the consumer's is %s (use auto or tcp on both)",
+		    tr_setting(mine), tr_setting(theirs));
+	else
+		snprintf(why, whylen,
+		         "shared memory is the only transport both allow "
+		         "(producer %s, consumer %s), and the consumer cannot "
+		         "map this producer's memory (another host, user or "
+		         "namespace): allow tcp on the %s",
+		         tr_setting(mine), tr_setting(theirs),
+		         !(mine & ECX_TR_TCP) && !(theirs & ECX_TR_TCP)
+		             ? "producer and the consumer"
+		         : !(mine & ECX_TR_TCP) ? "producer"
+		                                : "consumer");
+	return 0;
+}
+
 /* A hello records the consumer's worker address; the endpoint to it is
  * made at its first pull (conn_connect), once the consumer's own endpoint
  * to this worker is wired up. Creating both at once races in UCX's
  * endpoint matching, and a pull then loses its reply. */
 static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 {
+	char why[320];
+	unsigned transport = agree(p, r, why, sizeof(why));
+	if (transport == 0) {
+		ecx_warn(MOD, "hello refused: %s", why);
+		return ecx_zresp_encode_error(ECX_EUNSUPPORTED, why);
+	}
 	conn *c = calloc(1, sizeof(*c));
 	void *addr = malloc(r->worker_len);
 	if (c == NULL || addr == NULL) {
@@ -30,6 +81,7 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	memcpy(addr, r->worker, r->worker_len);
 	c->addr = addr;
 	c->addr_len = r->worker_len;
+	c->transport = transport;
 	c->p = p;
 	c->used_ns = ecx_now_ns();
 	c->hello_wall_ms = ecx_wall_ms();
@@ -52,9 +104,11 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	const void *waddr;
 	size_t alen;
 	ecx_ucx_address(p->ucx, &waddr, &alen);
-	ecx_debug(MOD, "consumer connection %llu", (unsigned long long)id);
+	ecx_debug(MOD, "consumer connection %llu over %s",
+	          (unsigned long long)id,
+	          transport == ECX_TR_SHM ? "shared memory" : "tcp");
 	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id, hello_wall,
-	                              (uint64_t)p->idle_ms);
+	                              transport, (uint64_t)p->idle_ms);
 }
 
 /* A consumer's goodbye: its connection is closed, its memory unmapped, and

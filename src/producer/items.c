@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #define MOD "producer"
 
@@ -142,24 +143,24 @@ static int make_room(ecx_producer *p, uint64_t n, uint64_t *off, evicted *ev)
 	return ecx_alloc_take(&p->alloc, n, off) ? 0 : ECX_ENOSPC;
 }
 
-int ecx_producer_put(ecx_producer *p, const char *id,
-                     const ecx_tensor_desc *desc, const void *src)
+/* Checks and takes room for id: *dst is its place in the arena, or NULL
+ * (and 0) when id is already held with the same descriptor. The item is
+ * in the table, not ready: invisible to lookups, pulls and eviction. */
+static int reserve(ecx_producer *p, const char *op, const char *id,
+                   const ecx_tensor_desc *desc, void **dst)
 {
 	char why[256];
-	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
-		return ecx_set_error(ECX_EINVAL, "put: missing argument");
 	if (ecx_id_check(id, why, sizeof(why)) != 0)
-		return ecx_set_error(ECX_EID, "put: %s", why);
+		return ecx_set_error(ECX_EID, "%s: %s", op, why);
 	int rc = ecx_tensor_check(desc, why, sizeof(why));
 	if (rc != 0)
-		return ecx_set_error(rc, "put %s: %s", id, why);
+		return ecx_set_error(rc, "%s %s: %s", op, id, why);
 	if (ecx_alloc_size(desc->nbytes) > p->alloc.capacity)
-		return ecx_set_error(
-		    ECX_ETOOBIG,
-		    "put %s: %llu bytes do not fit in an arena "
-		    "of %llu bytes",
-		    id, (unsigned long long)desc->nbytes,
-		    (unsigned long long)p->alloc.capacity);
+		return ecx_set_error(ECX_ETOOBIG,
+		                     "%s %s: %llu bytes do not fit in an arena "
+		                     "of %llu bytes",
+		                     op, id, (unsigned long long)desc->nbytes,
+		                     (unsigned long long)p->alloc.capacity);
 	evicted ev = {0};
 	pthread_mutex_lock(&p->lock);
 	item *old = prod_item_find(p, id);
@@ -180,14 +181,15 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 		if (!same)
 			return ecx_set_error(
 			    ECX_EINVAL,
-			    "put %s: held with another dtype or "
+			    "%s %s: held with another dtype or "
 			    "shape; remove it first",
-			    id);
+			    op, id);
 		if (!ready)
 			return ecx_set_error(ECX_EBUSY,
-			                     "put %s: another put of it is in "
+			                     "%s %s: another put of it is in "
 			                     "progress",
-			                     id);
+			                     op, id);
+		*dst = NULL;
 		return 0;
 	}
 	uint64_t off = 0;
@@ -213,17 +215,55 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 	if (rc == ECX_ENOSPC)
 		return ecx_set_error(
 		    rc,
-		    "put %s: no room for %llu bytes: every item "
+		    "%s %s: no room for %llu bytes: every item "
 		    "is being read by a pull",
-		    id, (unsigned long long)desc->nbytes);
+		    op, id, (unsigned long long)desc->nbytes);
 	if (rc != 0)
-		return ecx_set_error(rc, "put %s: out of memory", id);
+		return ecx_set_error(rc, "%s %s: out of memory", op, id);
+	*dst = (char *)p->base + off;
+	return 0;
+}
 
-	if (desc->nbytes > 0)
-		memcpy((char *)p->base + off, src, desc->nbytes);
-	rc = prod_publish(p, id, desc, why, sizeof(why));
+int ecx_producer_reserve(ecx_producer *p, const char *id,
+                         const ecx_tensor_desc *desc, void **dst)
+{
+	if (p == NULL || desc == NULL || dst == NULL)
+		return ecx_set_error(ECX_EINVAL, "reserve: missing argument");
+	*dst = NULL;
+	return reserve(p, "reserve", id, desc, dst);
+}
+
+/* The reservation of id (an item not ready), or NULL. With the lock. */
+static item *reserved(ecx_producer *p, const char *id)
+{
+	item *it = id != NULL ? prod_item_find(p, id) : NULL;
+	return it != NULL && !it->ready ? it : NULL;
+}
+
+int ecx_producer_commit(ecx_producer *p, const char *id)
+{
+	if (p == NULL)
+		return ecx_set_error(ECX_EINVAL, "commit: missing argument");
+	pthread_mutex_lock(&p->lock);
+	item *it = reserved(p, id);
+	uint64_t off = it != NULL ? it->off : 0;
+	ecx_tensor_desc desc;
+	if (it != NULL)
+		desc = it->desc;
+	pthread_mutex_unlock(&p->lock);
+	/* Nothing but cancel or commit removes an item that is not ready,
+	 * and both are the reserving caller's: it stays while unlocked. */
+	if (it == NULL)
+		return ecx_set_error(ECX_ENOTFOUND, "commit %s: not reserved",
+		                     id != NULL ? id : "(null)");
+	/* Hashed from the arena, after the copy: what pulls will send. */
+	uint64_t xxh =
+	    p->integrity ? XXH64((char *)p->base + off, desc.nbytes, 0) : 0;
+	char why[256];
+	int rc = prod_publish(p, id, &desc, why, sizeof(why));
 	pthread_mutex_lock(&p->lock);
 	if (rc == 0) {
+		it->xxh = xxh;
 		it->ready = true;
 	} else {
 		prod_item_unlink(p, it);
@@ -233,8 +273,46 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 	if (rc != 0)
 		return ecx_set_error(rc, "put %s: cannot publish: %s", id, why);
 	ecx_debug(MOD, "put %s (%llu bytes at offset %llu)", id,
-	          (unsigned long long)desc->nbytes, (unsigned long long)off);
+	          (unsigned long long)desc.nbytes, (unsigned long long)off);
 	return 0;
+}
+
+int ecx_producer_cancel(ecx_producer *p, const char *id)
+{
+	if (p == NULL)
+		return ecx_set_error(ECX_EINVAL, "cancel: missing argument");
+	pthread_mutex_lock(&p->lock);
+	item *it = reserved(p, id);
+	if (it != NULL) {
+		prod_item_unlink(p, it);
+		prod_item_free(p, it);
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (it == NULL)
+		return ecx_set_error(ECX_ENOTFOUND, "cancel %s: not reserved",
+		                     id != NULL ? id : "(null)");
+	return 0;
+}
+
+void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity)
+{
+	if (capacity != NULL)
+		*capacity = p->alloc.capacity;
+	return p->base;
+}
+
+int ecx_producer_put(ecx_producer *p, const char *id,
+                     const ecx_tensor_desc *desc, const void *src)
+{
+	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
+		return ecx_set_error(ECX_EINVAL, "put: missing argument");
+	void *dst = NULL;
+	int rc = reserve(p, "put", id, desc, &dst);
+	if (rc != 0 || dst == NULL)
+		return rc;
+	if (desc->nbytes > 0)
+		memcpy(dst, src, desc->nbytes);
+	return ecx_producer_commit(p, id);
 }
 
 int ecx_producer_remove(ecx_producer *p, const char *id)

@@ -69,8 +69,10 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_mutex_init(&p->remote_lock, NULL);
 	p->epoch = ecx_random_epoch();
+	ecx_shm_domain(p->domain, sizeof(p->domain));
 	p->timeout_ms = timeout;
 	p->idle_ms = idle;
+	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
 	p->st.capacity = cap;
 	int rc = ECX_ENOMEM;
 	p->nbuckets = 1024;

@@ -39,6 +39,7 @@ typedef struct item {
 	unsigned pins; /* pulls reading it now */
 	bool ready;    /* bytes in place and published */
 	bool doomed;   /* removed while pinned: freed at the last unpin */
+	uint64_t xxh;  /* of the bytes, set at put with integrity on */
 	ecx_tensor_desc desc;
 	char id[ECX_ID_MAX + 1];
 } item;
@@ -67,8 +68,9 @@ typedef struct conn {
 	 * then: a pull's expiry (in that wall clock) is turned into monotonic
 	 * time, so a later step of either wall clock changes nothing. */
 	uint64_t hello_wall_ms, hello_mono_ms;
-	bool failed; /* the endpoint reported an error: close it */
-	bool closed; /* its endpoint is closed; freed when jobs is 0 */
+	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, agreed in the hello */
+	bool failed;        /* the endpoint reported an error: close it */
+	bool closed;        /* its endpoint is closed; freed when jobs is 0 */
 	uint64_t closed_ns;
 	unsigned jobs; /* active jobs on it */
 	rkey_ent rk[RKEY_CACHE];
@@ -86,6 +88,7 @@ typedef struct job {
 	ecx_pull_req pr;
 	item **items;     /* pinned item per request item, NULL if failed */
 	int *status;      /* per request item */
+	uint64_t *xxh;    /* per request item, with integrity on */
 	rkey_ent **rkeys; /* per region, entries of the connection's cache */
 	rkey_ent *own;    /* per region, the job's own when the cache is full */
 	conn *c;
@@ -108,7 +111,8 @@ struct ecx_producer {
 	size_t nbuckets, nitems;
 	item *lru_head, *lru_tail;
 	/* identity */
-	char address[ECX_ADDR_MAX]; /* producer_zmq */
+	char address[ECX_ADDR_MAX];  /* producer_zmq */
+	char domain[ECX_DOMAIN_MAX]; /* who can share memory with it */
 	uint64_t epoch;
 	char *token;
 	size_t token_len;
@@ -117,7 +121,8 @@ struct ecx_producer {
 	/* registry */
 	ecx_registry *registry; /* embedded, or NULL */
 	ecx_regclient *remote;  /* remote, or NULL */
-	int ttl_s; /* of Redis entries; renewed every third of it */
+	int ttl_s;      /* of Redis entries; renewed every third of it */
+	bool integrity; /* hash items at put, send hashes with replies */
 	bool redis;
 	uint64_t next_refresh_ms;
 	pthread_mutex_t remote_lock; /* the client is one thread at a time */

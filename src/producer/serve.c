@@ -107,7 +107,8 @@ static void job_reply(job *j, int err, const char *detail)
 	ecx_pull_resp r = {.req = j->req,
 	                   .err = err,
 	                   .nitems = j->pr.nitems,
-	                   .status = j->status};
+	                   .status = j->status,
+	                   .hash = j->xxh};
 	if (detail != NULL)
 		ecx_strlcpy(r.detail, detail, sizeof(r.detail));
 	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
@@ -153,6 +154,7 @@ static void job_release_parts(ecx_producer *p, job *j)
 	ecx_pull_req_free(&j->pr);
 	free(j->items);
 	free(j->status);
+	free(j->xxh);
 	free(j->rkeys);
 	free(j->msg);
 	j->items = NULL;
@@ -326,8 +328,8 @@ static bool job_start(ecx_producer *p, job *j)
 	if (j->c != NULL && j->c->ep == NULL && !j->c->failed) {
 		char ewhy[200];
 		if (ecx_ucx_ep_create(p->ucx, j->c->addr, j->c->addr_len,
-		                      conn_on_error, j->c, &j->c->ep, ewhy,
-		                      sizeof(ewhy)) != 0) {
+		                      j->c->transport, conn_on_error, j->c,
+		                      &j->c->ep, ewhy, sizeof(ewhy)) != 0) {
 			ecx_warn(MOD, "connection %llu: %s",
 			         (unsigned long long)j->c->id, ewhy);
 			j->c->failed = true;
@@ -370,7 +372,10 @@ static bool job_start(ecx_producer *p, job *j)
 	j->items = calloc(n + 1, sizeof(*j->items));
 	j->status = calloc(n + 1, sizeof(*j->status));
 	j->rkeys = calloc(j->pr.nregions + 1, sizeof(*j->rkeys));
-	if (j->items == NULL || j->status == NULL || j->rkeys == NULL) {
+	if (p->integrity)
+		j->xxh = calloc(n + 1, sizeof(*j->xxh));
+	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
+	    (p->integrity && j->xxh == NULL)) {
 		job_reply(j, ECX_ENOMEM, "out of memory");
 		pthread_mutex_lock(&p->lock);
 		job_release(p, j);
@@ -393,6 +398,8 @@ static bool job_start(ecx_producer *p, job *j)
 		prod_lru_unlink(p, it);
 		prod_lru_push(p, it);
 		j->items[i] = it;
+		if (j->xxh != NULL)
+			j->xxh[i] = it->xxh;
 	}
 	pthread_mutex_unlock(&p->lock);
 	for (size_t g = 0; g < j->pr.nregions; g++) {
@@ -531,7 +538,8 @@ static void conns_reap(ecx_producer *p)
 			 * holding them finish with the flush's error. */
 			if (close_it->jobs == 0)
 				rkeys_drop(close_it);
-			ecx_ucx_ep_close(p->ucx, close_it->ep, 100);
+			ecx_ucx_ep_close(p->ucx, close_it->ep,
+			                 close_it->transport, 100);
 			close_it->ep = NULL;
 			continue;
 		}
@@ -625,7 +633,7 @@ void prod_serve_shutdown(ecx_producer *p)
 		conn *c = p->conns;
 		p->conns = c->next;
 		rkeys_drop(c);
-		ecx_ucx_ep_close(p->ucx, c->ep, 100);
+		ecx_ucx_ep_close(p->ucx, c->ep, c->transport, 100);
 		free(c->addr);
 		free(c);
 	}

@@ -13,6 +13,8 @@
 
 struct ecx_rdv_client {
 	void *zctx;
+	unsigned transports;
+	char domain[ECX_DOMAIN_MAX];
 };
 
 int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen)
@@ -30,6 +32,13 @@ int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen)
 	return 0;
 }
 
+void ecx_rdv_client_offer(ecx_rdv_client *c, unsigned transports,
+                          const char *domain)
+{
+	c->transports = transports;
+	ecx_strlcpy(c->domain, domain, sizeof(c->domain));
+}
+
 void ecx_rdv_client_destroy(ecx_rdv_client *c)
 {
 	if (c == NULL)
@@ -38,11 +47,18 @@ void ecx_rdv_client_destroy(ecx_rdv_client *c)
 	free(c);
 }
 
+char *ecx_rdv_hello_encode(ecx_rdv_client *c, const void *worker,
+                           size_t worker_len, const char *token)
+{
+	return ecx_zreq_encode_hello(worker, worker_len, token, c->transports,
+	                             c->domain);
+}
+
 int ecx_rdv_hello(ecx_rdv_client *c, const char *address, const void *worker,
                   size_t worker_len, const char *token, int timeout_ms,
                   ecx_zresp *out, char *why, size_t whylen)
 {
-	char *msg = ecx_zreq_encode_hello(worker, worker_len, token);
+	char *msg = ecx_rdv_hello_encode(c, worker, worker_len, token);
 	if (msg == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	ecx_rdv_call call = {.address = address, .req = msg};

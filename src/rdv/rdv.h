@@ -43,6 +43,11 @@ typedef struct ecx_rdv_client ecx_rdv_client;
 
 int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen);
 void ecx_rdv_client_destroy(ecx_rdv_client *c);
+/* What every hello of this client offers: the transports it allows
+ * (ECX_TR_*) and its shared-memory domain (ecx_shm_domain). Set once,
+ * before the first hello. */
+void ecx_rdv_client_offer(ecx_rdv_client *c, unsigned transports,
+                          const char *domain);
 
 /* One round trip of ecx_rdv_call_many. */
 typedef struct ecx_rdv_call {
@@ -67,6 +72,11 @@ typedef struct ecx_rdv_call {
  * once. */
 void ecx_rdv_call_many(ecx_rdv_client *c, ecx_rdv_call *calls, size_t n,
                        uint64_t deadline_ns);
+
+/* The hello's request: this worker's address, the token, and the client's
+ * offer (transports, domain). Malloc'd; NULL when out of memory. */
+char *ecx_rdv_hello_encode(ecx_rdv_client *c, const void *worker,
+                           size_t worker_len, const char *token);
 
 /* The hello: sends this worker's address (and token) to the producer at
  * address, and returns its answer in *out (free with ecx_zresp_free).

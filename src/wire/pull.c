@@ -252,6 +252,14 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 			goto fail;
 		cJSON_AddItemToArray(items, x);
 		cJSON_AddBoolToObject(x, "ok", r->status[i] == 0);
+		if (r->status[i] == 0 && r->hash != NULL &&
+		    (r->has_hash == NULL || r->has_hash[i])) {
+			char hex[17];
+			snprintf(hex, sizeof(hex), "%016llx",
+			         (unsigned long long)r->hash[i]);
+			if (!cJSON_AddStringToObject(x, "xxh64", hex))
+				goto fail;
+		}
 		if (r->status[i] != 0) {
 			cJSON_AddStringToObject(x, "err",
 			                        ecx_strerror(r->status[i]));
@@ -328,13 +336,52 @@ int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
 			             r.nitems);
 			goto fail;
 		}
+		const cJSON *h = cJSON_GetObjectItemCaseSensitive(x, "xxh64");
+		if (h != NULL) {
+			char *end = NULL;
+			if (!cJSON_IsString(h) ||
+			    strlen(h->valuestring) != 16) {
+				rc = ecx_why(why, whylen, ECX_EPROTO,
+				             "item %zu's \"xxh64\" is not 16 "
+				             "hex digits",
+				             r.nitems);
+				goto fail;
+			}
+			if (r.hash == NULL)
+				r.hash = calloc((size_t)n, sizeof(*r.hash));
+			if (r.has_hash == NULL)
+				r.has_hash = calloc((size_t)n, 1);
+			if (r.hash == NULL || r.has_hash == NULL) {
+				rc = ecx_why(why, whylen, ECX_ENOMEM,
+				             "out of memory");
+				goto fail;
+			}
+			r.hash[r.nitems] = strtoull(h->valuestring, &end, 16);
+			if (end == NULL || *end != '\0') {
+				rc = ecx_why(why, whylen, ECX_EPROTO,
+				             "item %zu's \"xxh64\" is not hex",
+				             r.nitems);
+				goto fail;
+			}
+			r.has_hash[r.nitems] = 1;
+		}
 		r.status[r.nitems++] = cJSON_IsTrue(iok) ? 0 : wire_err(x);
 	}
 	cJSON_Delete(o);
 	*out = r;
 	return 0;
 fail:
-	free(r.status);
+	ecx_pull_resp_free(&r);
 	cJSON_Delete(o);
 	return rc;
+}
+
+void ecx_pull_resp_free(ecx_pull_resp *r)
+{
+	free(r->status);
+	free(r->hash);
+	free(r->has_hash);
+	r->status = NULL;
+	r->hash = NULL;
+	r->has_hash = NULL;
 }

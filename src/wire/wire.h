@@ -124,12 +124,18 @@ typedef struct ecx_pull_resp {
 	char detail[160];
 	size_t nitems;
 	int *status; /* ecx_err per item */
+	/* The xxh64 of each item's bytes, from a producer with integrity on
+	 * (sent as "xxh64": 16 hex digits, on items that succeeded); NULL
+	 * when the reply carries none, else has_hash[i] says which do. */
+	uint64_t *hash;
+	unsigned char *has_hash;
 } ecx_pull_resp;
 
 char *ecx_pull_resp_encode(const ecx_pull_resp *r);
-/* Free out->status with free(). */
+/* Free what it allocates with ecx_pull_resp_free. */
 int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
                          char *why, size_t whylen);
+void ecx_pull_resp_free(ecx_pull_resp *r);
 
 /* ---- the pull's framing on UCX active messages ---- */
 
@@ -156,8 +162,14 @@ typedef enum ecx_zop {
 	ECX_ZOP_BYE = 3,   /* ecx: a consumer closes its connection */
 } ecx_zop;
 
-/* {"op":"hello","worker":"<base64>","token":"..."},
- * {"op":"bye","conn":C,"epoch":E,"token":"..."} or the reference's
+/* Transports a side allows, and the one a hello's answer agrees on. */
+#define ECX_TR_SHM 1u /* shared memory: same host, user and namespaces */
+#define ECX_TR_TCP 2u
+#define ECX_DOMAIN_MAX 160
+
+/* {"op":"hello","worker":"<base64>","token":"...","transports":["shm",
+ * "tcp"],"domain":"..."}, {"op":"bye","conn":C,"epoch":E,"token":"..."}
+ * or the reference's
  * {"op":"pull","mm_hash","dst_session","dst_ptr","nbytes"}. */
 typedef struct ecx_zreq {
 	ecx_zop op;
@@ -165,6 +177,8 @@ typedef struct ecx_zreq {
 	/* hello */
 	size_t worker_len;
 	unsigned char *worker; /* malloc'd; free with ecx_zreq_free */
+	unsigned transports;   /* ECX_TR_* the consumer allows; 0: not sent */
+	char domain[ECX_DOMAIN_MAX]; /* where shared memory works for it */
 	/* bye: the connection the hello gave, at the producer of epoch */
 	uint64_t conn, epoch;
 	/* pull */
@@ -175,7 +189,8 @@ typedef struct ecx_zreq {
 } ecx_zreq;
 
 char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
-                            const char *token);
+                            const char *token, unsigned transports,
+                            const char *domain);
 char *ecx_zreq_encode_bye(uint64_t conn, uint64_t epoch, const char *token);
 char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
                            uint64_t dst_ptr, uint64_t nbytes);
@@ -189,22 +204,24 @@ void ecx_zreq_free(ecx_zreq *r);
 typedef struct ecx_zresp {
 	bool ok;
 	int err;
-	char detail[160];
+	char detail[320];
 	size_t worker_len; /* hello reply */
 	unsigned char *worker;
-	uint64_t epoch;   /* the producer's epoch */
-	uint64_t conn;    /* the consumer's connection number at the producer */
-	uint64_t now_ms;  /* the producer's wall clock when it answered; 0 when
-	                     absent (then pulls carry no expiry) */
-	uint64_t idle_ms; /* hello: the producer closes a connection idle this
-	                     long; 0 when absent */
+	uint64_t epoch;  /* the producer's epoch */
+	uint64_t conn;   /* the consumer's connection number at the producer */
+	uint64_t now_ms; /* the producer's wall clock when it answered; 0 when
+	                    absent (then pulls carry no expiry) */
+	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, the producer's choice
+	                       for this connection; 0 when absent */
+	uint64_t idle_ms;   /* hello: the producer closes a connection idle this
+	                       long; 0 when absent */
 	bool closed; /* bye: nothing of the connection is in flight any more */
 } ecx_zresp;
 
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
-                             uint64_t idle_ms);
+                             unsigned transport, uint64_t idle_ms);
 /* {"ok":true,"closed":B}: whether the connection is gone (B false: the
  * producer's wait for its pulls in flight ran out). */
 char *ecx_zresp_encode_bye(bool closed);

@@ -49,8 +49,21 @@ static int b64_field(const cJSON *o, const char *key, unsigned char **out,
 	return 0;
 }
 
+static const char *tr_name(unsigned t)
+{
+	return t == ECX_TR_SHM ? "shm" : "tcp";
+}
+
+static unsigned tr_parse(const char *s)
+{
+	return strcmp(s, "shm") == 0   ? ECX_TR_SHM
+	       : strcmp(s, "tcp") == 0 ? ECX_TR_TCP
+	                               : 0;
+}
+
 char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
-                            const char *token)
+                            const char *token, unsigned transports,
+                            const char *domain)
 {
 	cJSON *o = cJSON_CreateObject();
 	if (o == NULL)
@@ -64,6 +77,16 @@ char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
 		return NULL;
 	}
 	cJSON_AddItemToObject(o, "worker", w);
+	if (transports != 0) {
+		cJSON *a = cJSON_AddArrayToObject(o, "transports");
+		for (unsigned t = ECX_TR_SHM; a != NULL && t <= ECX_TR_TCP;
+		     t <<= 1)
+			if (transports & t)
+				cJSON_AddItemToArray(
+				    a, cJSON_CreateString(tr_name(t)));
+	}
+	if (domain != NULL && domain[0] != '\0')
+		cJSON_AddStringToObject(o, "domain", domain);
 	return json_print_free(o);
 }
 
@@ -128,6 +151,24 @@ int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
 		r.op = ECX_ZOP_HELLO;
 		rc = b64_field(o, "worker", &r.worker, &r.worker_len, why,
 		               whylen);
+		/* Both optional (older consumers send neither); names this
+		 * side does not know are skipped, so a newer transport does
+		 * not end the hello. */
+		const cJSON *ts =
+		    cJSON_GetObjectItemCaseSensitive(o, "transports");
+		const cJSON *t;
+		if (rc == 0 && ts != NULL && !cJSON_IsArray(ts))
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "\"transports\" is not an array");
+		if (rc == 0 && ts != NULL)
+			cJSON_ArrayForEach (t, ts)
+				if (cJSON_IsString(t))
+					r.transports |=
+					    tr_parse(t->valuestring);
+		if (rc == 0 &&
+		    cJSON_GetObjectItemCaseSensitive(o, "domain") != NULL)
+			rc = ecx_json_get_str(o, "domain", r.domain,
+			                      sizeof(r.domain), why, whylen);
 	} else if (strcmp(op, "bye") == 0) {
 		r.op = ECX_ZOP_BYE;
 		if ((rc = ecx_json_get_u64(o, "conn", &r.conn, why, whylen)) ==
@@ -188,7 +229,7 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
-                             uint64_t idle_ms)
+                             unsigned transport, uint64_t idle_ms)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *w = b64_node(worker, worker_len);
@@ -203,6 +244,8 @@ char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
 	cJSON_AddItemToObject(o, "conn", ecx_json_u64(conn));
 	if (now_ms != 0)
 		cJSON_AddItemToObject(o, "now_ms", ecx_json_u64(now_ms));
+	if (transport != 0)
+		cJSON_AddStringToObject(o, "transport", tr_name(transport));
 	if (idle_ms != 0)
 		cJSON_AddItemToObject(o, "idle_ms", ecx_json_u64(idle_ms));
 	return json_print_free(o);
@@ -267,6 +310,14 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 		    cJSON_GetObjectItemCaseSensitive(o, "now_ms") != NULL)
 			rc = ecx_json_get_u64(o, "now_ms", &r.now_ms, why,
 			                      whylen);
+		const cJSON *t =
+		    cJSON_GetObjectItemCaseSensitive(o, "transport");
+		if (rc == 0 && t != NULL &&
+		    (!cJSON_IsString(t) ||
+		     (r.transport = tr_parse(t->valuestring)) == 0))
+			rc = ecx_why(why, whylen, ECX_EPROTO,
+			             "\"transport\" is not \"shm\" or "
+			             "\"tcp\"");
 		if (rc == 0 &&
 		    cJSON_GetObjectItemCaseSensitive(o, "idle_ms") != NULL)
 			rc = ecx_json_get_u64(o, "idle_ms", &r.idle_ms, why,

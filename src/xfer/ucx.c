@@ -6,9 +6,12 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #define MOD "ucx"
@@ -25,8 +28,8 @@ struct ecx_ucx {
 	void (*on_progress)(void *arg);
 	void *arg;
 	uint64_t spin_ns;
-	int waiters; /* callers progressing the worker themselves */
-	ucp_err_handling_mode_t err_mode;
+	int waiters;         /* callers progressing the worker themselves */
+	unsigned transports; /* ECX_TR_* this context may use */
 };
 
 int ecx_ucx_err(ucs_status_t st)
@@ -108,6 +111,37 @@ static void ucx_default(ucp_config_t *cfg, const char *name, const char *val)
 	ucx_default_env(cfg, NULL, name, val);
 }
 
+/* UCX's own messages go to ecx's log, not straight to the terminal: ecx
+ * reports each failure itself, naming the peer and the cause, so UCX's
+ * errors are details, shown at info (ECX_LOG=info, or -v). Only what UCX's
+ * own level (UCX_LOG_LEVEL, default warn) lets through arrives here. */
+static ucs_log_func_rc_t ucx_log(const char *file, unsigned line,
+                                 const char *function, ucs_log_level_t level,
+                                 const ucs_log_component_config_t *comp,
+                                 const char *fmt, va_list ap)
+{
+	(void)function;
+	(void)comp;
+	ecx_log_level l = level <= UCS_LOG_LEVEL_FATAL  ? ECX_LOG_ERROR
+	                  : level <= UCS_LOG_LEVEL_WARN ? ECX_LOG_INFO
+	                                                : ECX_LOG_DEBUG;
+	if (ecx_log_enabled(l)) {
+		char msg[512];
+		vsnprintf(msg, sizeof(msg), fmt, ap);
+		const char *base = strrchr(file, '/');
+		ecx_logf(l, "ucx", "%s (%s:%u)", msg,
+		         base != NULL ? base + 1 : file, line);
+	}
+	return UCS_LOG_FUNC_RC_STOP;
+}
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+static void log_init_once(void)
+{
+	ucs_log_push_handler(ucx_log);
+}
+
 static void *ucx_thread(void *p)
 {
 	ecx_ucx *u = p;
@@ -145,6 +179,7 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 	ecx_ucx *u = calloc(1, sizeof(*u));
 	if (u == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	pthread_once(&log_once, log_init_once);
 	u->efd = -1;
 	u->on_progress = o->on_progress;
 	u->spin_ns = o->spin_ns;
@@ -172,11 +207,9 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 		ucx_default_env(cfg, "UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE",
 		                "1m");
 	}
-	/* UCX's shared-memory transports cannot report a failed peer, and
-	 * asking for that reporting excludes them: only "tcp" asks. Elsewhere
-	 * every wait is bounded by ecx's own timeouts instead. */
-	u->err_mode = strcmp(tr, "tcp") == 0 ? UCP_ERR_HANDLING_MODE_PEER
-	                                     : UCP_ERR_HANDLING_MODE_NONE;
+	u->transports = strcmp(tr, "tcp") == 0   ? ECX_TR_TCP
+	                : strcmp(tr, "shm") == 0 ? ECX_TR_SHM
+	                                         : ECX_TR_SHM | ECX_TR_TCP;
 	if (strcmp(tr, "tcp") == 0)
 		ucx_default(cfg, "TLS", "tcp,self");
 	else if (strcmp(tr, "shm") == 0)
@@ -359,17 +392,26 @@ int ecx_ucx_rkey_pack(ecx_ucx *u, ucp_mem_h memh, void **buf, size_t *len)
 	return 0;
 }
 
+unsigned ecx_ucx_transports(const ecx_ucx *u)
+{
+	return u->transports;
+}
+
 int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
-                      ucp_err_handler_cb_t on_error, void *arg, ucp_ep_h *ep,
-                      char *why, size_t whylen)
+                      unsigned transport, ucp_err_handler_cb_t on_error,
+                      void *arg, ucp_ep_h *ep, char *why, size_t whylen)
 {
 	(void)len;
+	/* UCX's shared-memory transports cannot report a failed peer, and
+	 * asking for that reporting excludes them: so it is asked for
+	 * exactly when the connection is to use TCP. */
 	ucp_ep_params_t ep_params = {
 	    .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
 	                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
 	                  UCP_EP_PARAM_FIELD_ERR_HANDLER,
 	    .address = addr,
-	    .err_mode = u->err_mode,
+	    .err_mode = transport == ECX_TR_TCP ? UCP_ERR_HANDLING_MODE_PEER
+	                                        : UCP_ERR_HANDLING_MODE_NONE,
 	    .err_handler = {.cb = on_error, .arg = arg}};
 	ucs_status_t st = ucp_ep_create(u->worker, &ep_params, ep);
 	if (st != UCS_OK)
@@ -379,18 +421,17 @@ int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
 	return 0;
 }
 
-void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, int timeout_ms)
+void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
+                      int timeout_ms)
 {
 	if (ep == NULL)
 		return;
 	/* UCX defines a forced close only for endpoints made with peer
 	 * error handling (ucp.h); the others close in flush mode, which the
 	 * wait below bounds. */
-	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-	                         .flags =
-	                             u->err_mode == UCP_ERR_HANDLING_MODE_PEER
-	                                 ? UCP_EP_CLOSE_FLAG_FORCE
-	                                 : 0};
+	ucp_request_param_t p = {
+	    .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+	    .flags = transport == ECX_TR_TCP ? UCP_EP_CLOSE_FLAG_FORCE : 0};
 	ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
 	ecx_ucx_wait(u, req, ecx_now_ns() + (uint64_t)timeout_ms * 1000000u);
 }

@@ -79,17 +79,25 @@ void ecx_ucx_mem_unmap(ecx_ucx *u, ucp_mem_h memh);
 /* Packs memh's remote key into a malloc'd buffer. */
 int ecx_ucx_rkey_pack(ecx_ucx *u, ucp_mem_h memh, void **buf, size_t *len);
 
-/* Creates an endpoint to a peer worker's address. With transport "tcp" it
- * asks for peer-failure handling, and on_error runs in a progress context
- * when the peer fails; UCX's shared-memory transports cannot report that,
- * so with "auto" and "shm" a failed peer shows as a timeout. */
+/* The transports this context may use (ECX_TR_SHM, ECX_TR_TCP), from its
+ * "transport" option: what a hello offers or accepts. */
+unsigned ecx_ucx_transports(const ecx_ucx *u);
+
+/* Creates an endpoint to a peer worker's address, for the transport the
+ * hello agreed on (ECX_TR_SHM or ECX_TR_TCP); both ends of a connection
+ * must make theirs for the same one, or UCX refuses the pair ("error
+ * handling level mismatch"). Over TCP the endpoint asks for peer-failure
+ * handling, which also keeps UCX off shared memory, and on_error runs in a
+ * progress context when the peer fails; UCX's shared-memory transports
+ * cannot report that, so over shm a failed peer shows as a timeout. */
 int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
-                      ucp_err_handler_cb_t on_error, void *arg, ucp_ep_h *ep,
-                      char *why, size_t whylen);
-/* Closes an endpoint, bounded by timeout_ms: forced (no flush) where the
- * endpoint has peer error handling ("tcp"), in flush mode otherwise, as
- * UCX requires. Used on failed peers and at shutdown. */
-void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, int timeout_ms);
+                      unsigned transport, ucp_err_handler_cb_t on_error,
+                      void *arg, ucp_ep_h *ep, char *why, size_t whylen);
+/* Closes an endpoint made for transport, bounded by timeout_ms: forced (no
+ * flush) over TCP, where the endpoint has peer error handling, in flush
+ * mode otherwise, as UCX requires. Used on failed peers and at shutdown. */
+void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
+                      int timeout_ms);
 
 /* Waits for req (a status pointer from a *_nbx call) until deadline_ns on
  * the monotonic clock, progressing the worker. Returns 0, ECX_ETIMEDOUT

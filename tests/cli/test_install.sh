@@ -52,11 +52,13 @@ check "libecx.a links (dependencies from Requires.private)" \
 check "and runs without libecx.so" "$tmp/use-a"
 check "only ecx_ symbols are exported" \
 	sh -c "! nm -D --defined-only '$libdir/libecx.so' | awk '{print \$3}' | grep -v '^ecx_' | grep -v '^_'"
-# The public registry client and the entry codecs are exported.
+# The public registry client, the entry codecs and the two-step put are
+# exported.
 for sym in ecx_client_create ecx_client_destroy ecx_client_lookup \
 	ecx_client_publish ecx_client_remove ecx_client_list \
 	ecx_client_health ecx_client_connections ecx_item_to_json \
-	ecx_item_from_json ecx_free; do
+	ecx_item_from_json ecx_free ecx_producer_reserve ecx_producer_commit \
+	ecx_producer_cancel ecx_producer_arena ecx_consumer_arena; do
 	check "exports $sym" \
 		sh -c "nm -D --defined-only '$libdir/libecx.so' | awk '{print \$3}' | grep -qx '$sym'"
 done

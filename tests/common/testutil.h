@@ -148,4 +148,14 @@ static inline const char *tu_bindir(void)
 	return d != NULL ? d : ".";
 }
 
+/* A generous timeout, stretched by ECX_TEST_TIME_SCALE where everything runs
+ * slower on purpose (valgrind: make valgrind sets 10). Bounds that a test
+ * asserts are never scaled: only waits that must not end a correct run. */
+static inline int tu_ms(int ms)
+{
+	const char *s = getenv("ECX_TEST_TIME_SCALE");
+	int k = s != NULL ? atoi(s) : 1;
+	return k > 1 ? ms * k : ms;
+}
+
 #endif

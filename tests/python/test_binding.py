@@ -251,3 +251,51 @@ def test_load_start_runs_in_the_background(pair):
     load3 = c.load_start(found[:2])
     c.close()
     assert load3.done and load3.ok
+
+
+def test_integrity_checks_against_the_producers_hash(pair):
+    plain, _ = pair
+    sent = random_tensor(torch.bfloat16, (256, 3584), 77)
+    with ecx.Producer(capacity_bytes=16 << 20, bind_host="127.0.0.1",
+                      registry_port=0, integrity=True) as p:
+        p.put("int-a", sent)
+        url = f"http://127.0.0.1:{p.registry_port}"
+        with ecx.Consumer(url, integrity=True) as c:
+            (got,) = c.load(c.lookup(["int-a"]))
+            assert torch.equal(got, sent)
+    # A checking consumer refuses bytes that come with no hash.
+    plain.put("int-plain", torch.ones(16))
+    with ecx.Consumer(f"http://127.0.0.1:{plain.registry_port}",
+                      integrity=True) as c:
+        items = c.lookup(["int-plain"])
+        errs = c.load_into([(it, it.empty()) for it in items])
+        assert isinstance(errs[0], ecx.EcxError)
+        assert errs[0].name == "EUNSUPPORTED"
+
+
+def test_reserve_fill_commit(pair):
+    p, c = pair
+    want = random_tensor(torch.float16, (64, 128), 91)
+    dst = p.reserve("rsv-a", "float16", (64, 128))
+    assert dst is not None and dst.dtype == torch.float16
+    base, size = p.arena()
+    assert base <= dst.data_ptr() < base + size  # in the arena itself
+    assert c.lookup(["rsv-a"]) == [None]  # invisible until committed
+    dst.copy_(want)
+    p.commit("rsv-a")
+    (got,) = c.load(c.lookup(["rsv-a"]))
+    assert torch.equal(got, want)
+    # Held already: nothing to fill, and put says it kept the first.
+    assert p.reserve("rsv-a", "float16", (64, 128)) is None
+    assert p.put("rsv-a", torch.zeros(64, 128, dtype=torch.float16)) is False
+    # A cancelled reservation leaves nothing behind.
+    assert p.reserve("rsv-b", "int32", (10,)) is not None
+    p.cancel("rsv-b")
+    with pytest.raises(ecx.NotFound):
+        p.commit("rsv-b")
+    assert c.lookup(["rsv-b"]) == [None]
+    # put of a non-contiguous tensor goes through the same copy.
+    t = random_tensor(torch.float32, (32, 16), 92).t()
+    assert p.put("rsv-t", t) is True
+    (got,) = c.load(c.lookup(["rsv-t"]))
+    assert torch.equal(got, t)

@@ -129,6 +129,105 @@ static ecx_consumer *consumer(const char *url, const char *transport,
 	return c;
 }
 
+static ecx_consumer *consumer_checking(const char *url, const char *transport)
+{
+	ecx_consumer_params cp = {
+	    .field_mask =
+	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TIMEOUT |
+	        ECX_CONSUMER_PARAM_TRANSPORT |
+	        ECX_CONSUMER_PARAM_RECV_CAPACITY | ECX_CONSUMER_PARAM_INTEGRITY,
+	    .registry = url,
+	    .timeout_ms = tu_ms(5000),
+	    .transport = transport,
+	    .recv_capacity = 32 * MiB,
+	    .integrity = 1};
+	ecx_consumer *c = NULL;
+	char why[256];
+	if (ecx_consumer_create(&cp, &c, why, sizeof(why)) != 0)
+		fail_msg("consumer: %s", why);
+	return c;
+}
+
+/* Loads ids (looked up first) into fresh malloc'd memory; each item's
+ * status in st, and whether its bytes are the right ones in good. */
+static void load_ids(ecx_consumer *c, const char **ids, size_t n, int *st,
+                     bool *good)
+{
+	ecx_item it[8];
+	memset(it, 0, sizeof(it));
+	for (size_t i = 0; i < n; i++)
+		it[i].id = ids[i];
+	assert_int_equal(ecx_consumer_lookup(c, it, n), 0);
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(it[i].status, 0);
+		it[i].dst = calloc(1, it[i].desc.nbytes + 1);
+	}
+	ecx_consumer_load(c, it, n);
+	for (size_t i = 0; i < n; i++) {
+		st[i] = it[i].status;
+		good[i] = tu_check(ids[i], it[i].dst, it[i].desc.nbytes);
+		free(it[i].dst);
+	}
+}
+
+/* Integrity: bytes that change in the producer's memory after put are
+ * caught by a consumer that checks (ECX_ECORRUPT), and reach one that
+ * does not (which is what the check is for); a checking consumer refuses
+ * items from a producer that sends no hash. */
+static void integrity(const char *transport)
+{
+	producer p, plain;
+	producer_start(&p, transport, "--integrity", NULL);
+	producer_start(&plain, transport, NULL);
+	producer_put(&p, "ia", "bfloat16", "1024x3584", "ok");
+	producer_put(&p, "ib", "float32", "128x128", "ok");
+	producer_put(&p, "iz", "float16", "0", "ok");
+	producer_put(&plain, "ic", "int8", "4096", "ok");
+	ecx_consumer *c = consumer_checking(p.url, transport);
+	ecx_consumer *blind = consumer(p.url, transport, tu_ms(5000), NULL);
+	const char *ids[] = {"ia", "ib", "iz"};
+	int st[3];
+	bool good[3];
+	load_ids(c, ids, 3, st, good);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(st[i], 0);
+		assert_true(good[i]);
+	}
+	char ans[64];
+	assert_true(tu_ask(&p.ch, ans, sizeof(ans), "corrupt ia"));
+	assert_string_equal(ans, "ok");
+	load_ids(c, ids, 3, st, good);
+	assert_int_equal(st[0], ECX_ECORRUPT);
+	assert_false(good[0]);
+	assert_int_equal(st[1], 0);
+	assert_true(good[1]);
+	assert_int_equal(st[2], 0);
+	load_ids(blind, ids, 1, st, good);
+	assert_int_equal(st[0], 0); /* delivered, and wrong */
+	assert_false(good[0]);
+	ecx_consumer *c2 = consumer_checking(plain.url, transport);
+	const char *plain_ids[] = {"ic"};
+	load_ids(c2, plain_ids, 1, st, good);
+	assert_int_equal(st[0], ECX_EUNSUPPORTED);
+	ecx_consumer_destroy(c2);
+	ecx_consumer_destroy(blind);
+	ecx_consumer_destroy(c);
+	producer_stop(&plain);
+	producer_stop(&p);
+}
+
+static void test_integrity_tcp(void **state)
+{
+	(void)state;
+	integrity("tcp");
+}
+
+static void test_integrity_shm(void **state)
+{
+	(void)state;
+	integrity("shm");
+}
+
 /* Every item of each dtype and size, through the arena and through the
  * caller's memory, byte for byte. */
 static void roundtrip(const char *transport)
@@ -152,7 +251,7 @@ static void roundtrip(const char *transport)
 	for (size_t i = 0; i < n; i++)
 		producer_put(&p, items[i].id, items[i].dtype, items[i].shape,
 		             "ok");
-	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, tu_ms(5000), NULL);
 	ecx_item it[8];
 	memset(it, 0, sizeof(it));
 	for (size_t i = 0; i < n; i++)
@@ -1078,6 +1177,8 @@ int main(void)
 	    cmocka_unit_test(test_late_write_shm_caller),
 	    cmocka_unit_test(test_late_write_tcp_arena),
 	    cmocka_unit_test(test_late_write_tcp_caller),
+	    cmocka_unit_test(test_integrity_tcp),
+	    cmocka_unit_test(test_integrity_shm),
 	    cmocka_unit_test(test_consumers_forgotten),
 	    cmocka_unit_test(test_idle_reconnect),
 	    cmocka_unit_test(test_timeout_dead_producers),

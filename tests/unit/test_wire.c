@@ -306,8 +306,26 @@ static void test_pull_roundtrip(void **state)
 	assert_int_equal(pb.req, 42);
 	assert_int_equal(pb.nitems, 3);
 	assert_memory_equal(pb.status, st, sizeof(st));
-	free(pb.status);
+	assert_null(pb.hash); /* a producer without integrity sends none */
+	ecx_pull_resp_free(&pb);
 	free(s);
+	/* Hashes travel on the items that succeeded, all 64 bits of them. */
+	uint64_t h[3] = {0xfedcba9876543210ull, 1, 2};
+	p.hash = h;
+	s = ecx_pull_resp_encode(&p);
+	assert_non_null(strstr(s, "\"xxh64\":\"fedcba9876543210\""));
+	assert_null(strstr(s, "0000000000000001"));
+	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
+	assert_non_null(pb.hash);
+	assert_int_equal(pb.has_hash[0], 1);
+	assert_int_equal(pb.has_hash[1], 0);
+	assert_true(pb.hash[0] == h[0]);
+	ecx_pull_resp_free(&pb);
+	free(s);
+	const char *bad = "{\"req\":1,\"ok\":true,\"items\":[{\"ok\":true,"
+	                  "\"xxh64\":\"12345678zz345678\"}]}";
+	assert_int_equal(ecx_pull_resp_decode(bad, strlen(bad), &pb, why, 160),
+	                 ECX_EPROTO);
 	ecx_pull_resp whole = {.req = 7, .err = ECX_EAUTH};
 	s = ecx_pull_resp_encode(&whole);
 	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
@@ -397,7 +415,7 @@ static void test_pull_rejects(void **state)
 	assert_int_equal(ecx_pull_resp_decode(odd, strlen(odd), &p, why, 160),
 	                 0);
 	assert_int_equal(p.status[0], ECX_EIO);
-	free(p.status);
+	ecx_pull_resp_free(&p);
 }
 
 static void test_zmsg(void **state)
@@ -406,7 +424,8 @@ static void test_zmsg(void **state)
 	unsigned char w[100];
 	for (int i = 0; i < 100; i++)
 		w[i] = (unsigned char)(i * 7);
-	char *s = ecx_zreq_encode_hello(w, sizeof(w), "tok");
+	char *s = ecx_zreq_encode_hello(w, sizeof(w), "tok",
+	                                ECX_TR_SHM | ECX_TR_TCP, "boot/ipc/0");
 	ecx_zreq r;
 	char why[160];
 	assert_int_equal(ecx_zreq_decode(s, strlen(s), &r, why, 160), 0);
@@ -414,8 +433,25 @@ static void test_zmsg(void **state)
 	assert_string_equal(r.token, "tok");
 	assert_int_equal(r.worker_len, sizeof(w));
 	assert_memory_equal(r.worker, w, sizeof(w));
+	assert_int_equal(r.transports, ECX_TR_SHM | ECX_TR_TCP);
+	assert_string_equal(r.domain, "boot/ipc/0");
 	ecx_zreq_free(&r);
 	free(s);
+	/* An older consumer says neither; a newer one may name transports
+	 * this side does not know, which are skipped. */
+	s = ecx_zreq_encode_hello(w, sizeof(w), NULL, 0, NULL);
+	assert_null(strstr(s, "transports"));
+	assert_int_equal(ecx_zreq_decode(s, strlen(s), &r, why, 160), 0);
+	assert_int_equal(r.transports, 0);
+	assert_string_equal(r.domain, "");
+	ecx_zreq_free(&r);
+	free(s);
+	const char *newer = "{\"op\":\"hello\",\"worker\":\"AAAA\","
+	                    "\"transports\":[\"rdma\",\"tcp\"]}";
+	assert_int_equal(ecx_zreq_decode(newer, strlen(newer), &r, why, 160),
+	                 0);
+	assert_int_equal(r.transports, ECX_TR_TCP);
+	ecx_zreq_free(&r);
 
 	s = ecx_zreq_encode_pull(ID64, "10.0.0.3:17000", 140737488355328ull,
 	                         7340032);
@@ -461,6 +497,8 @@ static void test_zmsg(void **state)
 	    {"{\"op\":\"bye\",\"conn\":1}", ECX_EPROTO},
 	    {"{\"op\":\"bye\",\"conn\":-1,\"epoch\":1}", ECX_EPROTO},
 	    {"{\"op\":\"hello\",\"worker\":\"@@@@\"}", ECX_EPROTO},
+	    {"{\"op\":\"hello\",\"worker\":\"AAAA\",\"transports\":\"tcp\"}",
+	     ECX_EPROTO},
 	    {"{\"op\":\"pull\",\"dst_session\":\"a\",\"dst_ptr\":1,"
 	     "\"nbytes\":1}",
 	     ECX_EPROTO},
@@ -490,22 +528,26 @@ static void test_zmsg(void **state)
 	assert_false(z.ok);
 	assert_int_equal(z.err, ECX_ENOTFOUND);
 	free(s);
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull, 15000);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull, ECX_TR_TCP,
+	                           15000);
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_true(z.ok);
 	assert_int_equal(z.epoch, 99);
 	assert_int_equal(z.conn, 5);
 	assert_int_equal(z.now_ms, 1764521000123ull);
+	assert_int_equal(z.transport, ECX_TR_TCP);
 	assert_int_equal(z.idle_ms, 15000);
 	ecx_zresp_free(&z);
 	free(s);
 	/* A producer from before now_ms: no clock, so pulls carry no
 	 * expiry. */
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0, 0);
 	assert_null(strstr(s, "now_ms"));
-	assert_null(strstr(s, "idle_ms"));
+	assert_null(strstr(s, "transport"));
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_int_equal(z.now_ms, 0);
+	assert_int_equal(z.transport, 0);
+	assert_null(strstr(s, "idle_ms"));
 	assert_int_equal(z.idle_ms, 0);
 	assert_memory_equal(z.worker, w, 10);
 	ecx_zresp_free(&z);
