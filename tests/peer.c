@@ -5,6 +5,7 @@
  *   ecx-test-peer producer [--capacity BYTES] [--transport T] [--token T]
  *                          [--registry URL] [--bind HOST] [--timeout MS]
  *                          [--registry-port P] [--zmq-port P] [--integrity]
+ *                          [--lease-max-ms MS] [--lease-share PCT]
  *                          [--idle MS]
  *     prints "ready REGISTRY_PORT PRODUCER_ZMQ", then takes:
  *     put ID DTYPE D0xD1...   -> ok | err NAME detail
@@ -66,6 +67,8 @@ static int run_producer(int argc, char **argv)
 	    {"zmq-port", required_argument, NULL, 'Z'},
 	    {"registry-ttl", required_argument, NULL, 'L'},
 	    {"integrity", no_argument, NULL, 'I'},
+	    {"lease-max-ms", required_argument, NULL, 'M'},
+	    {"lease-share", required_argument, NULL, 'S'},
 	    {"idle", required_argument, NULL, 'D'},
 	    {NULL, 0, NULL, 0}};
 	int c;
@@ -104,6 +107,14 @@ static int run_producer(int argc, char **argv)
 		case 'I':
 			p.field_mask |= ECX_PRODUCER_PARAM_INTEGRITY;
 			p.integrity = 1;
+			break;
+		case 'M':
+			p.field_mask |= ECX_PRODUCER_PARAM_LEASE_MAX_MS;
+			p.lease_max_ms = atoi(optarg);
+			break;
+		case 'S':
+			p.field_mask |= ECX_PRODUCER_PARAM_LEASE_SHARE;
+			p.lease_share_pct = atoi(optarg);
 			break;
 		case 'D':
 			p.field_mask |= ECX_PRODUCER_PARAM_IDLE;
@@ -178,6 +189,22 @@ static int run_producer(int argc, char **argv)
 			    (unsigned long long)s.bytes_served,
 			    (unsigned long long)s.registrations,
 			    (unsigned long long)s.connections);
+		} else if (n == 1 && strcmp(cmd, "leases") == 0) {
+			ecx_producer_stats s;
+			ecx_producer_stats_get(prod, &s);
+			printf(
+			    "leases held %llu bytes %llu granted %llu refused "
+			    "%llu expired %llu released %llu used %llu "
+			    "items %llu evictions %llu\n",
+			    (unsigned long long)s.leases,
+			    (unsigned long long)s.leased_bytes,
+			    (unsigned long long)s.leases_granted,
+			    (unsigned long long)s.leases_refused,
+			    (unsigned long long)s.leases_expired,
+			    (unsigned long long)s.leases_released,
+			    (unsigned long long)s.leases_used,
+			    (unsigned long long)s.items,
+			    (unsigned long long)s.evictions);
 		} else if (n == 1 && strcmp(cmd, "quit") == 0) {
 			break;
 		} else {

@@ -11,6 +11,7 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static const char help[] =
@@ -20,12 +21,22 @@ static const char help[] =
     "Loads every item REGISTRY lists, BATCH ids per load (as a prefill\n"
     "step asks for the images of its requests), and reports throughput\n"
     "and latency. With --files it reads the file-per-item baseline that\n"
-    "'ecx demo' writes (one safetensors file per item, as vLLM's\n"
+    "'ecx demo' writes (DIR/ID/encoder_cache.safetensors, as vLLM's\n"
     "ECExampleConnector does) instead.\n"
     "\n"
+    "Timed: each load (ecx: ecx_consumer_load, after the lookup; files:\n"
+    "open, parse and read). Where the items land, per --memory:\n"
+    "  prefaulted  memory faulted in before timing, reused every batch\n"
+    "              (ecx: its receive arena; files: one buffer)\n"
+    "  fresh       each item into memory never touched before, every\n"
+    "              item kept to the end (so page faults are timed)\n"
+    "\n"
     "Options:\n"
-    "  --batch N            ids per load (default 8)\n"
-    "  --verify             check every byte against the synthetic items\n"
+    "  --batch N            ids per load, 1 to 256 (default 8)\n"
+    "  --verify             check every byte against the synthetic item of\n"
+    "                       its id (items of 'ecx serve --synthetic' or\n"
+    "                       '--workload'); other items fail it\n"
+    "  --memory M           prefaulted (default) or fresh\n"
     "  --files DIR          read the file baseline in DIR\n"
     "  --transport T        auto (default), tcp or shm\n"
     "  --token T            bearer token (default $ECX_TOKEN)\n"
@@ -33,7 +44,8 @@ static const char help[] =
     "  --json               print the result as one JSON object\n"
     "  -h, --help           this text\n"
     "\n"
-    "Exit codes: 0 every item loaded (and verified), 1 otherwise, 2 usage.\n";
+    "Exit codes: 0 every item loaded (and verified), 1 otherwise (the\n"
+    "message says why: nothing listed, a load or check failed), 2 usage.\n";
 
 typedef struct result {
 	size_t items, verified, failed;
@@ -41,27 +53,30 @@ typedef struct result {
 	samples batch;
 } result;
 
-static void report(const result *r, bool json, const char *what)
+static void report(const result *r, bool json, const char *what,
+                   const char *memory)
 {
 	samples s = r->batch;
 	double p50 = (double)samples_pct(&s, 50) / 1e6;
 	double p99 = (double)samples_pct(&s, 99) / 1e6;
 	double gbps = r->ns ? (double)r->bytes / (double)r->ns : 0;
 	if (json) {
-		printf("{\"what\": \"%s\", \"items\": %zu, \"bytes\": %llu, "
+		printf("{\"what\": \"%s\", \"memory\": \"%s\", \"items\": "
+		       "%zu, \"bytes\": %llu, "
 		       "\"seconds\": %.6f, \"gbps\": %.3f, \"batch_p50_ms\": "
 		       "%.3f, \"batch_p99_ms\": %.3f, \"verified\": %zu, "
 		       "\"failed\": %zu}\n",
-		       what, r->items, (unsigned long long)r->bytes,
+		       what, memory, r->items, (unsigned long long)r->bytes,
 		       (double)r->ns / 1e9, gbps, p50, p99, r->verified,
 		       r->failed);
 	} else {
 		char b[32];
-		printf("%s: %zu items, %s in %.3f s: %.2f GB/s; per batch p50 "
-		       "%.2f ms, p99 %.2f ms; %zu verified, %zu failed\n",
-		       what, r->items, tool_bytes(r->bytes, b, sizeof(b)),
-		       (double)r->ns / 1e9, gbps, p50, p99, r->verified,
-		       r->failed);
+		printf("%s (%s memory): %zu items, %s in %.3f s: %.2f GB/s; "
+		       "per batch p50 %.2f ms, p99 %.2f ms; %zu verified, %zu "
+		       "failed\n",
+		       what, memory, r->items,
+		       tool_bytes(r->bytes, b, sizeof(b)), (double)r->ns / 1e9,
+		       gbps, p50, p99, r->verified, r->failed);
 	}
 }
 
@@ -88,9 +103,11 @@ static int keep_id(void *arg, const ecx_item *it)
 	return 0;
 }
 
-/* Every id the registry lists, page by page; NULL (reported) on failure. */
-static char **list_ids(ecx_client *c, size_t *n)
+/* Every id the registry lists, page by page; *ok false (reported) on
+ * failure. An empty registry gives NULL and *n 0 with *ok true. */
+static char **list_ids(ecx_client *c, size_t *n, bool *ok)
 {
+	*ok = false;
 	char after[ECX_ID_MAX + 1] = "", next[ECX_ID_MAX + 1];
 	idlist l = {0};
 	for (;;) {
@@ -111,12 +128,68 @@ static char **list_ids(ecx_client *c, size_t *n)
 		tool_strlcpy(after, next, sizeof(after));
 	}
 	*n = l.n;
+	*ok = true;
 	return l.ids;
+}
+
+/* Memory never touched before, for --memory fresh (mmap: malloc could
+ * hand back pages an earlier item faulted in). */
+static void *fresh_map(size_t n)
+{
+	void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE,
+	               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* Items kept to the end with --memory fresh. */
+typedef struct kept {
+	void **p;
+	size_t *n;
+	size_t len, cap;
+} kept;
+
+static bool kept_add(kept *k, void *p, size_t n)
+{
+	if (k->len == k->cap) {
+		size_t cap = k->cap ? k->cap * 2 : 256;
+		void **v = realloc(k->p, cap * sizeof(*v));
+		if (v != NULL)
+			k->p = v;
+		size_t *w = realloc(k->n, cap * sizeof(*w));
+		if (w != NULL)
+			k->n = w;
+		if (v == NULL || w == NULL)
+			return false;
+		k->cap = cap;
+	}
+	k->p[k->len] = p;
+	k->n[k->len++] = n;
+	return true;
+}
+
+static void kept_free(kept *k)
+{
+	for (size_t i = 0; i < k->len; i++)
+		munmap(k->p[i], k->n[i] ? k->n[i] : 1);
+	free(k->p);
+	free(k->n);
+}
+
+/* Says why an item failed --verify (the first few only). */
+static void verify_failed(result *r, const char *id)
+{
+	r->failed++;
+	if (r->failed <= 5)
+		fprintf(stderr,
+		        "ecx consume: %s: the bytes are not those of the "
+		        "synthetic item '%s' (--verify checks items made by "
+		        "'ecx serve --synthetic' or '--workload')\n",
+		        id, id);
 }
 
 static int consume_registry(const char *url, const tool_common *t,
                             const char *transport, size_t batch, bool verify,
-                            result *r)
+                            bool fresh, result *r)
 {
 	ecx_client_params p = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
 	                                     ECX_CLIENT_PARAM_TOKEN |
@@ -131,10 +204,16 @@ static int consume_registry(const char *url, const tool_common *t,
 	if (ecx_client_create(&p, &rc, why, sizeof(why)) != 0)
 		return tool_fail("consume", EXIT_USAGE, "%s", why);
 	size_t n;
-	char **ids = list_ids(rc, &n);
+	bool listed;
+	char **ids = list_ids(rc, &n, &listed);
 	ecx_client_destroy(rc);
-	if (ids == NULL && n == 0)
+	if (!listed)
 		return EXIT_FAIL;
+	if (n == 0) {
+		free(ids);
+		return tool_fail("consume", EXIT_FAIL,
+		                 "%s lists no items: nothing to load", url);
+	}
 	ecx_consumer_params cp = {
 	    .field_mask =
 	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
@@ -143,24 +222,41 @@ static int consume_registry(const char *url, const tool_common *t,
 	    .registry = url,
 	    .token = t->token,
 	    .timeout_ms = t->timeout_ms,
-	    .recv_capacity = 512u << 20,
+	    .recv_capacity = fresh ? 0 : 512u << 20,
 	    .transport = transport};
 	ecx_consumer *cons;
-	if (ecx_consumer_create(&cp, &cons, why, sizeof(why)) != 0)
-		return tool_fail("consume", EXIT_FAIL, "%s", why);
+	int err = ecx_consumer_create(&cp, &cons, why, sizeof(why));
+	if (err != 0) {
+		for (size_t i = 0; i < n; i++)
+			free(ids[i]);
+		free(ids);
+		return tool_fail("consume",
+		                 err == ECX_EINVAL ? EXIT_USAGE : EXIT_FAIL,
+		                 "%s", why);
+	}
 	ecx_item *it = calloc(batch, sizeof(*it));
+	kept keep = {0};
 	bool tty = isatty(STDERR_FILENO);
-	for (size_t i = 0; i < n; i += batch) {
+	for (size_t i = 0; i < n && it != NULL; i += batch) {
 		size_t m = n - i < batch ? n - i : batch;
 		memset(it, 0, batch * sizeof(*it));
 		for (size_t k = 0; k < m; k++)
 			it[k].id = ids[i + k];
 		ecx_consumer_lookup(cons, it, m);
-		for (size_t k = 0; k < m; k++)
-			it[k].dst =
-			    it[k].status == 0
-			        ? ecx_consumer_alloc(cons, it[k].desc.nbytes)
-			        : NULL;
+		for (size_t k = 0; k < m; k++) {
+			if (it[k].status != 0)
+				continue;
+			size_t nb = (size_t)it[k].desc.nbytes;
+			it[k].dst = fresh ? fresh_map(nb)
+			                  : ecx_consumer_alloc(cons, nb);
+			if (it[k].dst == NULL)
+				it[k].status = ECX_ENOMEM;
+			else if (fresh && !kept_add(&keep, it[k].dst, nb)) {
+				munmap(it[k].dst, nb ? nb : 1);
+				it[k].dst = NULL;
+				it[k].status = ECX_ENOMEM;
+			}
+		}
 		uint64_t t0 = tool_now_ns();
 		ecx_consumer_load(cons, it, m);
 		uint64_t dt = tool_now_ns() - t0;
@@ -171,9 +267,14 @@ static int consume_registry(const char *url, const tool_common *t,
 			if (it[k].status != 0) {
 				r->failed++;
 				if (r->failed <= 5)
-					fprintf(stderr, "ecx consume: %s: %s\n",
-					        it[k].id,
-					        ecx_strerror(it[k].status));
+					fprintf(
+					    stderr, "ecx consume: %s: %s\n",
+					    it[k].id,
+					    it[k].status == ECX_ENOMEM
+					        ? "no memory to load it into"
+					        : ecx_strerror(it[k].status));
+				if (!fresh && it[k].dst != NULL)
+					ecx_consumer_free(cons, it[k].dst);
 				continue;
 			}
 			r->bytes += it[k].desc.nbytes;
@@ -182,9 +283,10 @@ static int consume_registry(const char *url, const tool_common *t,
 				              it[k].desc.nbytes))
 					r->verified++;
 				else
-					r->failed++;
+					verify_failed(r, it[k].id);
 			}
-			ecx_consumer_free(cons, it[k].dst);
+			if (!fresh)
+				ecx_consumer_free(cons, it[k].dst);
 		}
 		if (tty)
 			fprintf(stderr, "\recx consume: %zu/%zu items",
@@ -192,11 +294,14 @@ static int consume_registry(const char *url, const tool_common *t,
 	}
 	if (tty)
 		fputc('\n', stderr);
+	if (it == NULL)
+		tool_fail("consume", EXIT_FAIL, "out of memory");
 	free(it);
 	for (size_t i = 0; i < n; i++)
 		free(ids[i]);
 	free(ids);
 	ecx_consumer_destroy(cons);
+	kept_free(&keep);
 	return r->failed == 0 && r->items > 0 ? EXIT_OK : EXIT_FAIL;
 }
 
@@ -205,7 +310,14 @@ static int name_cmp(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int consume_files(const char *dir, size_t batch, bool verify, result *r)
+/* The item at DIR/ID/encoder_cache.safetensors (vLLM's layout). */
+static void item_path(char *path, size_t len, const char *dir, const char *id)
+{
+	snprintf(path, len, "%s/%s/encoder_cache.safetensors", dir, id);
+}
+
+static int consume_files(const char *dir, size_t batch, bool verify, bool fresh,
+                         result *r)
 {
 	DIR *d = opendir(dir);
 	if (d == NULL)
@@ -214,41 +326,116 @@ static int consume_files(const char *dir, size_t batch, bool verify, result *r)
 	char **names = NULL;
 	size_t n = 0, cap = 0;
 	struct dirent *e;
-	while ((e = readdir(d)) != NULL) {
+	bool oom = false;
+	while ((e = readdir(d)) != NULL && !oom) {
 		if (e->d_name[0] == '.')
 			continue;
 		if (n == cap) {
-			cap = cap ? cap * 2 : 256;
-			names = realloc(names, cap * sizeof(*names));
+			size_t c2 = cap ? cap * 2 : 256;
+			char **v = realloc(names, c2 * sizeof(*names));
+			if (v == NULL) {
+				oom = true;
+				break;
+			}
+			names = v;
+			cap = c2;
 		}
-		names[n++] = strdup(e->d_name);
+		if ((names[n] = strdup(e->d_name)) == NULL)
+			oom = true;
+		else
+			n++;
 	}
 	closedir(d);
+	int rc = EXIT_OK;
+	kept keep = {0};
+	void *pre = NULL;
+	size_t precap = 0, each = 0;
+	if (oom) {
+		rc = tool_fail("consume", EXIT_FAIL, "out of memory");
+		goto out;
+	}
+	if (n == 0) {
+		rc = tool_fail("consume", EXIT_FAIL,
+		               "%s holds no items (the file baseline keeps "
+		               "each at %s/ID/encoder_cache.safetensors)",
+		               dir, dir);
+		goto out;
+	}
 	qsort(names, n, sizeof(*names), name_cmp);
+	/* Pre-faulted: one buffer for a batch of the largest item, faulted
+	 * in before any load is timed (as ecx's receive arena is). */
+	if (!fresh) {
+		for (size_t i = 0; i < n; i++) {
+			char path[4096];
+			item_path(path, sizeof(path), dir, names[i]);
+			FILE *f = fopen(path, "rb");
+			if (f == NULL)
+				continue;
+			if (fseek(f, 0, SEEK_END) == 0 && ftell(f) > 0 &&
+			    (size_t)ftell(f) > each)
+				each = (size_t)ftell(f);
+			fclose(f);
+		}
+		precap = each * (batch < n ? batch : n);
+		if (precap == 0 || (pre = malloc(precap)) == NULL) {
+			rc = tool_fail("consume", EXIT_FAIL,
+			               "no memory for %zu bytes", precap);
+			goto out;
+		}
+		memset(pre, 0, precap);
+	}
 	for (size_t i = 0; i < n; i += batch) {
 		size_t m = n - i < batch ? n - i : batch;
 		void *bufs[256];
+		size_t lens[256];
 		ecx_tensor_desc ds[256];
 		int rcs[256];
+		char whys[256][160];
+		for (size_t k = 0; k < m; k++) {
+			/* The file's size bounds the tensor's. */
+			char path[4096];
+			item_path(path, sizeof(path), dir, names[i + k]);
+			lens[k] = each;
+			if (fresh) {
+				FILE *f = fopen(path, "rb");
+				lens[k] = 0;
+				if (f != NULL) {
+					if (fseek(f, 0, SEEK_END) == 0 &&
+					    ftell(f) > 0)
+						lens[k] = (size_t)ftell(f);
+					fclose(f);
+				}
+				bufs[k] = fresh_map(lens[k]);
+				if (bufs[k] != NULL &&
+				    !kept_add(&keep, bufs[k], lens[k])) {
+					munmap(bufs[k], lens[k] ? lens[k] : 1);
+					bufs[k] = NULL;
+				}
+			} else {
+				bufs[k] = (char *)pre + k * each;
+			}
+		}
 		uint64_t t0 = tool_now_ns();
-		for (size_t k = 0; k < m && k < 256; k++) {
-			char path[4096], why[256];
-			/* vLLM's layout:
-			 * FOLDER/<mm_hash>/encoder_cache.safetensors */
-			snprintf(path, sizeof(path),
-			         "%s/%s/encoder_cache.safetensors", dir,
-			         names[i + k]);
-			bufs[k] = NULL;
-			rcs[k] =
-			    st_load(path, &ds[k], &bufs[k], why, sizeof(why));
+		for (size_t k = 0; k < m; k++) {
+			char path[4096];
+			item_path(path, sizeof(path), dir, names[i + k]);
+			rcs[k] = bufs[k] == NULL
+			             ? tool_why(whys[k], sizeof(whys[k]),
+			                        ECX_ENOMEM, "out of memory")
+			             : st_load_into(path, &ds[k], bufs[k],
+			                            lens[k] ? lens[k] : 1,
+			                            whys[k], sizeof(whys[k]));
 		}
 		uint64_t dt = tool_now_ns() - t0;
 		r->ns += dt;
 		samples_add(&r->batch, dt);
-		for (size_t k = 0; k < m && k < 256; k++) {
+		for (size_t k = 0; k < m; k++) {
 			r->items++;
 			if (rcs[k] != 0) {
 				r->failed++;
+				if (r->failed <= 5)
+					fprintf(stderr, "ecx consume: %s\n",
+					        whys[k]);
 				continue;
 			}
 			r->bytes += ds[k].nbytes;
@@ -257,15 +444,18 @@ static int consume_files(const char *dir, size_t batch, bool verify, result *r)
 				              ds[k].nbytes))
 					r->verified++;
 				else
-					r->failed++;
+					verify_failed(r, names[i + k]);
 			}
-			free(bufs[k]);
 		}
 	}
+	rc = r->failed == 0 && r->items > 0 ? EXIT_OK : EXIT_FAIL;
+out:
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
 	free(names);
-	return r->failed == 0 && r->items > 0 ? EXIT_OK : EXIT_FAIL;
+	free(pre);
+	kept_free(&keep);
+	return rc;
 }
 
 int cmd_consume(int argc, char **argv)
@@ -275,22 +465,25 @@ int cmd_consume(int argc, char **argv)
 	    {"verify", no_argument, NULL, 'v'},
 	    {"files", required_argument, NULL, 'f'},
 	    {"transport", required_argument, NULL, 'T'},
+	    {"memory", required_argument, NULL, 'm'},
 	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
 	const char *files = NULL, *transport = NULL;
 	size_t batch = 8;
-	bool verify = false;
+	bool verify = false, fresh = false;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'b':
-			batch = strtoul(optarg, NULL, 10);
-			if (batch < 1 || batch > 256)
+		case 'b': {
+			char *end;
+			batch = strtoul(optarg, &end, 10);
+			if (*end != '\0' || batch < 1 || batch > 256)
 				return tool_fail("consume", EXIT_USAGE,
 				                 "--batch takes 1 to 256");
 			break;
+		}
 		case 'v':
 			verify = true;
 			break;
@@ -299,6 +492,23 @@ int cmd_consume(int argc, char **argv)
 			break;
 		case 'T':
 			transport = optarg;
+			if (strcmp(optarg, "auto") != 0 &&
+			    strcmp(optarg, "tcp") != 0 &&
+			    strcmp(optarg, "shm") != 0)
+				return tool_fail(
+				    "consume", EXIT_USAGE,
+				    "--transport takes auto, tcp or "
+				    "shm, not '%s'",
+				    optarg);
+			break;
+		case 'm':
+			if (strcmp(optarg, "prefaulted") != 0 &&
+			    strcmp(optarg, "fresh") != 0)
+				return tool_fail("consume", EXIT_USAGE,
+				                 "--memory takes prefaulted or "
+				                 "fresh, not '%s'",
+				                 optarg);
+			fresh = strcmp(optarg, "fresh") == 0;
 			break;
 		default: {
 			int rc = tool_opt("consume", help, c, optarg, &t);
@@ -313,11 +523,12 @@ int cmd_consume(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	result r = {0};
-	int rc = files != NULL ? consume_files(files, batch, verify, &r)
+	int rc = files != NULL ? consume_files(files, batch, verify, fresh, &r)
 	                       : consume_registry(argv[optind], &t, transport,
-	                                          batch, verify, &r);
+	                                          batch, verify, fresh, &r);
 	if (r.items > 0)
-		report(&r, t.json, files != NULL ? "file" : "ecx");
+		report(&r, t.json, files != NULL ? "file" : "ecx",
+		       fresh ? "fresh" : "prefaulted");
 	samples_free(&r.batch);
 	return rc;
 }

@@ -4,6 +4,7 @@
 #include "gen.h"
 #include "npy.h"
 
+#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,10 +72,21 @@ int cmd_get(int argc, char **argv)
 		}
 		}
 	}
-	if (argc - optind != 2 || out == NULL) {
-		fputs(help, stderr);
-		return EXIT_USAGE;
-	}
+	if (argc - optind == 0)
+		return tool_missing("get", "REGISTRY and ID");
+	if (argc - optind == 1)
+		return tool_missing("get", "ID (after REGISTRY)");
+	if (argc - optind > 2)
+		return tool_fail("get", EXIT_USAGE,
+		                 "one REGISTRY and one ID, then -o FILE; "
+		                 "'%s' is one too many",
+		                 argv[optind + 2]);
+	if (out == NULL)
+		return tool_missing("get", "-o FILE (the .npy file to write)");
+	if (strcmp(out, "-") == 0 || out[0] == '\0')
+		return tool_fail("get", EXIT_USAGE,
+		                 "-o takes a file name ('-' is not allowed: a "
+		                 ".npy file goes to a file)");
 	const char *id = argv[optind + 1];
 	char why[256];
 	if (ecx_id_check(id, why, sizeof(why)) != 0)
@@ -138,14 +150,24 @@ int cmd_get(int argc, char **argv)
 	if (rc != 0)
 		return tool_fail("get", EXIT_FAIL, "%s", why);
 	char b[32];
-	if (t.json)
-		printf("{\"id\": \"%s\", \"dtype\": \"%s\", \"nbytes\": %llu, "
-		       "\"file\": \"%s\", \"seconds\": %.6f, \"verified\": "
-		       "%s}\n",
-		       id, ecx_dtype_name(it.desc.dtype),
-		       (unsigned long long)it.desc.nbytes, out,
-		       (double)took / 1e9, verify ? "true" : "false");
-	else
+	if (t.json) {
+		cJSON *j = cJSON_CreateObject();
+		cJSON_AddStringToObject(j, "id", id);
+		cJSON_AddStringToObject(j, "dtype",
+		                        ecx_dtype_name(it.desc.dtype));
+		cJSON *shape = cJSON_AddArrayToObject(j, "shape");
+		for (uint32_t i = 0; shape != NULL && i < it.desc.ndim; i++)
+			cJSON_AddItemToArray(
+			    shape,
+			    cJSON_CreateNumber((double)it.desc.shape[i]));
+		cJSON_AddNumberToObject(j, "nbytes", (double)it.desc.nbytes);
+		cJSON_AddStringToObject(j, "producer", it.producer);
+		cJSON_AddStringToObject(j, "file", out);
+		cJSON_AddNumberToObject(j, "seconds", (double)took / 1e9);
+		cJSON_AddBoolToObject(j, "verified", verify);
+		if (!tool_json_print(j))
+			return tool_fail("get", EXIT_FAIL, "out of memory");
+	} else
 		printf("%s: %s %s from %s in %.2f ms -> %s%s\n", id,
 		       ecx_dtype_name(it.desc.dtype),
 		       tool_bytes(it.desc.nbytes, b, sizeof(b)), it.producer,

@@ -1,6 +1,7 @@
 /* cmd_info.c - `ecx info` and `ecx ls`: read a registry. */
 #include "tool.h"
 
+#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,11 +27,15 @@ static const char ls_help[] =
     "\n"
     "Lists a registry's entries, sorted by id, fetching pages of --limit\n"
     "(at most 1000) until all are shown. REGISTRY is http://HOST:PORT or\n"
-    "redis://HOST:PORT[/DB] (what producers publish there); of a\n"
-    "comma-separated list, the first is listed.\n"
+    "redis://HOST:PORT[/DB] (what producers publish there), or several\n"
+    "separated by commas: each is listed in turn, in the order given (an\n"
+    "id that several hold is shown once per registry). A registry that\n"
+    "fails is said on stderr and the others are still listed; the exit\n"
+    "code is then 1.\n"
     "\n"
     "Options:\n"
-    "  --json           one JSON object per line (id and entry)\n"
+    "  --json           one JSON object per line (id and entry; with\n"
+    "                   several registries, also the registry's URL)\n"
     "  --limit N        entries per page (default 500)\n"
     "  --token T        bearer token (default $ECX_TOKEN)\n"
     "  --timeout MS     bound on each request (default 5s)\n"
@@ -54,12 +59,15 @@ static int read_args(const char *cmd, const char *help, int argc, char **argv,
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", read_opts, NULL)) != -1) {
 		switch (c) {
-		case 'l':
-			*limit = atoi(optarg);
-			if (limit == NULL || *limit < 1 || *limit > 1000)
-				return tool_fail(cmd, EXIT_USAGE,
-				                 "--limit takes 1 to 1000");
+		case 'l': {
+			uint64_t v;
+			if (limit == NULL ||
+			    !tool_parse_uint(optarg, 1, 1000, &v))
+				return tool_bad_value(cmd, "--limit", optarg,
+				                      "1 to 1000");
+			*limit = (int)v;
 			break;
+		}
 		default: {
 			int rc = tool_opt(cmd, help, c, optarg, t);
 			if (rc >= 0)
@@ -103,10 +111,15 @@ int cmd_info(int argc, char **argv)
 	int rc = read_args("info", info_help, argc, argv, &t, &limit);
 	if (rc >= 0)
 		return rc;
-	if (argc - optind != 2) {
-		fputs(info_help, stderr);
-		return EXIT_USAGE;
-	}
+	if (argc - optind == 0)
+		return tool_missing("info", "REGISTRY and ID");
+	if (argc - optind == 1)
+		return tool_missing("info", "ID (after REGISTRY)");
+	if (argc - optind > 2)
+		return tool_fail(
+		    "info", EXIT_USAGE,
+		    "one REGISTRY and one ID; '%s' is one too many",
+		    argv[optind + 2]);
 	const char *id = argv[optind + 1];
 	char why[256];
 	if (ecx_id_check(id, why, sizeof(why)) != 0)
@@ -158,17 +171,20 @@ static int ls_keep(void *arg, const ecx_item *it)
 	return 0;
 }
 
-static void ls_print(const ecx_item *it, bool json)
+static void ls_print(const ecx_item *it, bool json, const char *url)
 {
 	if (json) {
 		/* The registry's entry with the id last, as GET /ec/list
-		 * gives it (ids need no JSON escaping). */
+		 * gives it; and where it was listed, of several. */
 		char *s = ecx_item_to_json(it);
-		size_t l = s != NULL ? strlen(s) : 0;
-		if (l > 0 && s[l - 1] == '}')
-			printf("%.*s,\"id\":\"%s\"}\n", (int)(l - 1), s,
-			       it->id);
+		cJSON *o = s != NULL ? cJSON_Parse(s) : NULL;
 		ecx_free(s);
+		if (o == NULL)
+			o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "id", it->id);
+		if (url != NULL)
+			cJSON_AddStringToObject(o, "registry", url);
+		tool_json_print(o);
 		return;
 	}
 	char shape[64] = "";
@@ -189,64 +205,97 @@ int cmd_ls(int argc, char **argv)
 	int rc = read_args("ls", ls_help, argc, argv, &t, &limit);
 	if (rc >= 0)
 		return rc;
-	if (argc - optind != 1) {
-		fputs(ls_help, stderr);
-		return EXIT_USAGE;
+	if (argc - optind == 0)
+		return tool_missing("ls", "REGISTRY");
+	if (argc - optind > 1)
+		return tool_fail("ls", EXIT_USAGE,
+		                 "one REGISTRY (several are joined by commas); "
+		                 "'%s' is one too many",
+		                 argv[optind + 1]);
+	/* Each registry of a list in turn. */
+	char urls[8][ECX_ADDR_MAX];
+	size_t nurls = 0;
+	for (const char *p = argv[optind]; *p != '\0';) {
+		size_t n = strcspn(p, ",");
+		const char *q = p;
+		p += n + (p[n] == ',');
+		while (n > 0 && *q == ' ')
+			q++, n--;
+		while (n > 0 && q[n - 1] == ' ')
+			n--;
+		if (n == 0)
+			continue;
+		if (n >= sizeof(urls[0]))
+			return tool_fail("ls", EXIT_USAGE,
+			                 "registry URL too long");
+		if (nurls == sizeof(urls) / sizeof(urls[0]))
+			return tool_fail("ls", EXIT_USAGE,
+			                 "at most %zu registries",
+			                 sizeof(urls) / sizeof(urls[0]));
+		memcpy(urls[nurls], q, n);
+		urls[nurls++][n] = '\0';
 	}
-	/* Of a list, the first registry: it is where a producer publishes. */
-	const char *urls = argv[optind];
-	char first[ECX_ADDR_MAX];
-	size_t fl = strcspn(urls, ",");
-	if (fl >= sizeof(first))
-		return tool_fail("ls", EXIT_USAGE, "registry URL too long");
-	memcpy(first, urls, fl);
-	first[fl] = '\0';
-	ecx_client *c = open_client("ls", first, &t, &rc);
-	if (c == NULL)
-		return rc;
+	if (nurls == 0)
+		return tool_missing("ls", "REGISTRY");
 	ls_page page = {.rows = calloc((size_t)limit, sizeof(ecx_item)),
 	                .ids = calloc((size_t)limit, sizeof(*page.ids)),
 	                .cap = (size_t)limit};
 	if (page.rows == NULL || page.ids == NULL) {
 		free(page.rows);
 		free(page.ids);
-		ecx_client_destroy(c);
 		return tool_fail("ls", EXIT_FAIL, "out of memory");
 	}
-	char after[ECX_ID_MAX + 1] = "";
-	size_t shown = 0;
+	size_t shown = 0, failed = 0;
 	uint64_t bytes = 0;
 	bool header = false;
-	rc = EXIT_OK;
-	for (;;) {
-		char next[ECX_ID_MAX + 1];
-		page.n = 0;
-		if (ecx_client_list(c, after, (size_t)limit, ls_keep, &page,
-		                    next, sizeof(next), NULL) != 0) {
-			rc = tool_fail("ls", EXIT_FAIL, "%s", ecx_last_error());
-			break;
+	for (size_t u = 0; u < nurls; u++) {
+		rc = EXIT_OK;
+		ecx_client *c = open_client("ls", urls[u], &t, &rc);
+		if (c == NULL) { /* a URL that is not one: usage */
+			free(page.rows);
+			free(page.ids);
+			return rc;
 		}
-		if (!t.json && !header) {
-			printf("%-66s %-10s %-14s %10s  %s\n", "ID", "DTYPE",
-			       "SHAPE", "BYTES", "PRODUCER");
-			header = true;
+		char after[ECX_ID_MAX + 1] = "";
+		for (;;) {
+			char next[ECX_ID_MAX + 1];
+			page.n = 0;
+			if (ecx_client_list(c, after, (size_t)limit, ls_keep,
+			                    &page, next, sizeof(next),
+			                    NULL) != 0) {
+				tool_fail("ls", EXIT_FAIL, "%s",
+				          ecx_last_error());
+				failed++;
+				break;
+			}
+			if (!t.json && !header) {
+				printf("%-66s %-10s %-14s %10s  %s\n", "ID",
+				       "DTYPE", "SHAPE", "BYTES", "PRODUCER");
+				header = true;
+			}
+			for (size_t i = 0; i < page.n; i++) {
+				ls_print(&page.rows[i], t.json,
+				         nurls > 1 ? urls[u] : NULL);
+				shown++;
+				bytes += page.rows[i].desc.nbytes;
+			}
+			if (next[0] == '\0')
+				break;
+			tool_strlcpy(after, next, sizeof(after));
 		}
-		for (size_t i = 0; i < page.n; i++) {
-			ls_print(&page.rows[i], t.json);
-			shown++;
-			bytes += page.rows[i].desc.nbytes;
-		}
-		if (next[0] == '\0')
-			break;
-		tool_strlcpy(after, next, sizeof(after));
+		ecx_client_destroy(c);
 	}
 	free(page.rows);
 	free(page.ids);
-	ecx_client_destroy(c);
-	if (rc == EXIT_OK && !t.json) {
+	if (failed < nurls && !t.json) {
 		char b[32];
-		printf("%zu entries, %s\n", shown,
-		       tool_bytes(bytes, b, sizeof(b)));
+		if (nurls > 1)
+			printf("%zu entries, %s, in %zu of %zu registries\n",
+			       shown, tool_bytes(bytes, b, sizeof(b)),
+			       nurls - failed, nurls);
+		else
+			printf("%zu entries, %s\n", shown,
+			       tool_bytes(bytes, b, sizeof(b)));
 	}
-	return rc;
+	return failed > 0 ? EXIT_FAIL : EXIT_OK;
 }

@@ -50,17 +50,27 @@ int cmd_registry(int argc, char **argv)
 	                         .port = ECX_REGISTRY_PORT_DEFAULT,
 	                         .token = getenv("ECX_TOKEN"),
 	                         .threads = 2};
+	char bind[256], why[256], host[260];
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'b':
-			p.bind_host = optarg;
+			if (!tool_host_check(optarg, why, sizeof(why)))
+				return tool_bad_value("registry", "--bind",
+				                      optarg, why);
+			/* [::1] as ::1: the listener takes the address. */
+			if (optarg[0] == '[')
+				snprintf(bind, sizeof(bind), "%.*s",
+				         (int)strlen(optarg) - 2, optarg + 1);
+			else
+				tool_strlcpy(bind, optarg, sizeof(bind));
+			p.bind_host = bind;
 			break;
 		case 'p':
 			if (!tool_parse_port(optarg, &p.port))
-				return tool_fail("registry", EXIT_USAGE,
-				                 "bad --port '%s'", optarg);
+				return tool_bad_value("registry", "--port",
+				                      optarg, "0 to 65535");
 			break;
 		case 't':
 			p.token = optarg;
@@ -68,12 +78,14 @@ int cmd_registry(int argc, char **argv)
 		case 'r':
 			p.token_reads = 1;
 			break;
-		case 'n':
-			p.threads = (unsigned)atoi(optarg);
-			if (p.threads < 1 || p.threads > 64)
-				return tool_fail("registry", EXIT_USAGE,
-				                 "--threads takes 1 to 64");
+		case 'n': {
+			uint64_t v;
+			if (!tool_parse_uint(optarg, 1, 64, &v))
+				return tool_bad_value("registry", "--threads",
+				                      optarg, "1 to 64");
+			p.threads = (unsigned)v;
 			break;
+		}
 		case 's':
 			p.store = optarg;
 			p.field_mask |= ECX_REGISTRY_PARAM_STORE;
@@ -81,25 +93,27 @@ int cmd_registry(int argc, char **argv)
 		case 'h':
 			fputs(help, stdout);
 			return EXIT_OK;
-		default:
-			fputs(help, stderr);
+		default: /* getopt has said what is wrong */
+			fputs("Run 'ecx registry --help' for its options.\n",
+			      stderr);
 			return EXIT_USAGE;
 		}
 	}
-	if (optind != argc) {
-		fputs(help, stderr);
-		return EXIT_USAGE;
-	}
+	if (optind != argc)
+		return tool_fail("registry", EXIT_USAGE,
+		                 "takes no arguments, only options ('%s'); see "
+		                 "'ecx registry --help'",
+		                 argv[optind]);
 	if (p.token_reads && (p.token == NULL || p.token[0] == '\0'))
 		return tool_fail("registry", EXIT_USAGE,
 		                 "--token-reads needs --token or $ECX_TOKEN");
 	tool_block_signals();
 	ecx_registry *r;
-	char why[256];
 	if (ecx_registry_create(&p, &r, why, sizeof(why)) != 0)
 		return tool_fail("registry", EXIT_FAIL, "cannot start: %s",
 		                 why);
-	printf("listening on http://%s:%u\n", p.bind_host,
+	printf("listening on http://%s:%u\n",
+	       tool_url_host(p.bind_host, host, sizeof(host)),
 	       ecx_registry_port(r));
 	fflush(stdout);
 	int sig = tool_wait_signal();

@@ -4,9 +4,14 @@
 #include "gen.h"
 #include "npy.h"
 
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char help[] =
@@ -15,10 +20,13 @@ static const char help[] =
     "Runs a producer: keeps items in a registered arena, publishes them to\n"
     "a registry (its own embedded one, or --registry), and serves pulls\n"
     "until SIGINT, SIGTERM or SIGHUP, then unpublishes what it published.\n"
+    "A signal while it starts or while items are still going in stops it\n"
+    "too (within a second), unpublishing what was published.\n"
     "\n"
-    "Items come from files (a .npy file carries its dtype and shape; any\n"
-    "other file is raw bytes and needs --dtype and --shape), named ID or\n"
-    "else the file's name without its extension, or are synthetic:\n"
+    "Items come from files (a .npy file, known by its first bytes, carries\n"
+    "its dtype and shape; any other file is raw bytes and needs --dtype\n"
+    "and --shape), named ID or else the file's name without its\n"
+    "extension, or are synthetic:\n"
     "  --synthetic N        N items of --shape and --dtype, ids PREFIX-0...\n"
     "  --workload qwen      --count items shaped like Qwen2.5-VL image\n"
     "                       embeddings (64 to 2691 x 3584 bfloat16)\n"
@@ -28,20 +36,26 @@ static const char help[] =
     "  --shape AxB...       shape, e.g. 1024x3584\n"
     "  --dtype D            torch dtype name, e.g. bfloat16\n"
     "Synthetic bytes depend only on the id, so 'ecx get --verify' checks.\n"
+    "Without --synthetic or --workload, --shape and --dtype describe the\n"
+    "files: a .npy file that holds another shape or dtype is refused.\n"
     "\n"
     "Options:\n"
-    "  --bind HOST          listen address (default 0.0.0.0)\n"
+    "  --bind HOST          listen address or host name (default 0.0.0.0;\n"
+    "                       an IPv6 address such as ::1, or :: for all)\n"
     "  --port PORT          embedded registry port (default 9018, the\n"
     "                       reference's registry_http_port; 0 picks one)\n"
     "  --registry URL       publish to this registry instead of embedding\n"
-    "                       one: http://HOST:PORT or redis://HOST:PORT[/DB]\n"
+    "                       one: http://HOST:PORT or redis://HOST:PORT[/DB];\n"
+    "                       while it does not answer, serve waits for it\n"
+    "                       (said on stderr), then publishes and serves\n"
     "  --registry-ttl S     with Redis: entries expire S seconds after this\n"
     "                       producer stops renewing them (default 30)\n"
     "  --advertise HOST     host consumers reach this producer at\n"
     "                       (default: the bind address, or this host's\n"
     "                       first non-loopback IPv4 address)\n"
     "  --zmq-port PORT      rendezvous port (default: a free one)\n"
-    "  --capacity SIZE      arena size, e.g. 512MiB (default 1GiB)\n"
+    "  --capacity SIZE      arena size, 4KiB or more, e.g. 512MiB\n"
+    "                       (default 1GiB)\n"
     "  --transport T        auto (default), tcp or shm\n"
     "  --token T            required on pulls and registry writes\n"
     "                       (default $ECX_TOKEN)\n"
@@ -52,34 +66,67 @@ static const char help[] =
     "  -h, --help           this text\n"
     "\n"
     "Once serving it prints one line to stdout: 'serving N items (SIZE) at\n"
-    "tcp://HOST:PORT, registry URL', or with --json {\"registry\": URL,\n"
-    "\"producer\": ADDR, \"items\": N, \"bytes\": B, \"put_seconds\": S}.\n"
-    "Exit codes: 0 stopped by a signal, 1 failure, 2 usage error.\n";
+    "tcp://HOST:PORT, registry URL', N and SIZE counting the items kept\n"
+    "(when the arena could not hold them all, the line says how many were\n"
+    "evicted for room), or with --json {\"registry\": URL, \"producer\":\n"
+    "ADDR, \"items\": N, \"bytes\": B, \"put\": ITEMS PUT, \"put_bytes\": B,\n"
+    "\"evicted\": N, \"capacity\": B, \"put_seconds\": S}.\n"
+    "Exit codes: 0 stopped by a signal once serving, 1 failure, 2 usage\n"
+    "error, 128+N stopped by signal N before it was serving (130 SIGINT,\n"
+    "143 SIGTERM).\n";
 
 typedef struct serve_opts {
 	ecx_producer_params p;
-	size_t synthetic, count;
+	uint64_t synthetic, count;
 	const char *workload, *prefix, *shape, *dtype;
 	bool json;
 } serve_opts;
 
+/* What the put phase did, for the ready line; and the signal that stopped
+ * it, if one did. */
+typedef struct serve_run {
+	ecx_producer *prod;
+	const char *registry; /* --registry, NULL for the embedded one */
+	uint64_t put, put_bytes;
+	uint64_t put_ns;
+	/* The sizes of the latest puts, a ring as long as the arena holds
+	 * items: eviction takes the least recently used, so the items kept
+	 * are the latest put (pulls before the ready line aside). */
+	uint64_t *sizes;
+	size_t nsizes;
+	bool waited; /* for the registry */
+	int sig;
+} serve_run;
+
+/* Parses AxBxC strictly (digits only); false for anything else. */
 static bool parse_shape(const char *s, uint64_t *dims, uint32_t *nd)
 {
 	*nd = 0;
-	while (*s != '\0') {
-		char *end;
-		if (*nd == ECX_MAX_DIMS)
+	for (;;) {
+		size_t n = strspn(s, "0123456789");
+		if (n == 0 || n > 15 || *nd == ECX_MAX_DIMS)
 			return false;
-		dims[(*nd)++] = strtoull(s, &end, 10);
-		if (end == s || (*end != 'x' && *end != '\0'))
+		dims[(*nd)++] = strtoull(s, NULL, 10);
+		s += n;
+		if (*s == '\0')
+			return true;
+		if (*s != 'x')
 			return false;
-		s = *end == 'x' ? end + 1 : end;
+		s++;
 	}
-	return *nd > 0;
 }
 
-/* Time spent in ecx_producer_put, for the ready line. */
-static uint64_t put_ns;
+static void print_shape(char *buf, size_t len, const ecx_tensor_desc *d)
+{
+	size_t off = 0;
+	buf[0] = '\0';
+	for (uint32_t i = 0; i < d->ndim && off < len; i++)
+		off += (size_t)snprintf(buf + off, len - off, "%s%llu",
+		                        i ? "x" : "",
+		                        (unsigned long long)d->shape[i]);
+	if (d->ndim == 0)
+		snprintf(buf, len, "scalar");
+}
 
 /* A progress line on stderr while items go in, when it is a terminal. */
 static void progress(size_t done, size_t total, uint64_t bytes)
@@ -94,21 +141,157 @@ static void progress(size_t done, size_t total, uint64_t bytes)
 	        tool_bytes(bytes, b, sizeof(b)), done == total ? "\n" : "");
 }
 
-/* Puts one item, reporting failures; returns false on failure. */
-static bool serve_put(ecx_producer *prod, const char *id,
-                      const ecx_tensor_desc *d, const void *data)
+/* Puts one item, reporting failures. A registry that does not answer is
+ * waited for (a producer of a fleet starts before its registry, or
+ * outlives a restart of it): the put is tried again each second until it
+ * answers or a signal comes. Returns EXIT_OK, EXIT_FAIL, or -1 when a
+ * signal stopped it (r->sig). */
+static int serve_put(serve_run *r, const char *id, const ecx_tensor_desc *d,
+                     const void *data)
 {
-	uint64_t t0 = tool_now_ns();
-	int rc = ecx_producer_put(prod, id, d, data);
-	put_ns += tool_now_ns() - t0;
-	if (rc != 0)
-		tool_fail("serve", EXIT_FAIL, "%s", ecx_last_error());
-	return rc == 0;
+	for (;;) {
+		if ((r->sig = tool_poll_signal(0)) != 0)
+			return -1;
+		uint64_t t0 = tool_now_ns();
+		int rc = ecx_producer_put(r->prod, id, d, data);
+		r->put_ns += tool_now_ns() - t0;
+		if (rc == 0)
+			break;
+		if (r->registry == NULL ||
+		    (rc != ECX_ECONNECT && rc != ECX_ETIMEDOUT &&
+		     rc != ECX_EIO))
+			return tool_fail("serve", EXIT_FAIL, "%s",
+			                 ecx_last_error());
+		if (!r->waited)
+			fprintf(stderr,
+			        "ecx serve: registry %s does not answer (%s); "
+			        "waiting for it: items are put and published "
+			        "once it answers, then serving starts\n",
+			        r->registry, ecx_last_error());
+		r->waited = true;
+		if ((r->sig = tool_poll_signal(1000)) != 0)
+			return -1;
+	}
+	if (r->waited) {
+		fprintf(stderr, "ecx serve: registry %s answers\n",
+		        r->registry);
+		r->waited = false;
+	}
+	if (r->nsizes > 0)
+		r->sizes[r->put % r->nsizes] = d->nbytes;
+	r->put++;
+	r->put_bytes += d->nbytes;
+	return EXIT_OK;
 }
 
-static int serve_files(ecx_producer *prod, int n, char **files,
-                       const serve_opts *o, size_t *items, uint64_t *bytes)
+/* Reads a raw file of exactly d->nbytes. */
+static int read_raw(const char *path, const ecx_tensor_desc *d, void **data,
+                    char *why, size_t whylen)
 {
+	FILE *f = fopen(path, "rb");
+	if (f == NULL)
+		return tool_why(why, whylen, ECX_EIO, "cannot read %s: %s",
+		                path, strerror(errno));
+	struct stat sb;
+	int rc = 0;
+	char shape[128];
+	print_shape(shape, sizeof(shape), d);
+	if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+		rc = tool_why(why, whylen, ECX_EIO, "%s is not a regular file",
+		              path);
+	} else if ((uint64_t)sb.st_size != d->nbytes) {
+		rc = tool_why(why, whylen, ECX_ESIZE,
+		              "%s holds %llu bytes, but --shape %s of %s "
+		              "makes %llu",
+		              path, (unsigned long long)sb.st_size, shape,
+		              ecx_dtype_name(d->dtype),
+		              (unsigned long long)d->nbytes);
+	} else if (data != NULL) {
+		*data = malloc(d->nbytes ? d->nbytes : 1);
+		if (*data == NULL)
+			rc = tool_why(why, whylen, ECX_ENOMEM,
+			              "out of memory for %s", path);
+		else if (fread(*data, 1, d->nbytes, f) != d->nbytes)
+			rc = tool_why(
+			    why, whylen, ECX_EIO, "cannot read %s: %s", path,
+			    ferror(f) ? strerror(errno) : "it got shorter");
+	}
+	fclose(f);
+	return rc;
+}
+
+/* Reads one file given to serve: a .npy file (known by its magic bytes,
+ * whatever its name) or raw bytes of --dtype and --shape. Returns an exit
+ * code; on success *data is malloc'd. With data NULL it only checks the
+ * file (before anything starts, so a bad file is said at once). */
+static int read_item(const char *path, const serve_opts *o, bool generated,
+                     ecx_tensor_desc *d, void **data)
+{
+	char why[512];
+	FILE *f = fopen(path, "rb");
+	if (f == NULL)
+		return tool_fail("serve", EXIT_FAIL, "cannot read %s: %s", path,
+		                 strerror(errno));
+	bool npy = npy_sniff(f);
+	fclose(f);
+	ecx_dtype dt = ECX_DTYPE_INVALID;
+	uint64_t dims[ECX_MAX_DIMS];
+	uint32_t nd = 0;
+	if (o->dtype != NULL)
+		ecx_dtype_parse(o->dtype, &dt); /* checked with the options */
+	if (o->shape != NULL)
+		parse_shape(o->shape, dims, &nd);
+	if (npy) {
+		if (npy_read(path, d, data, why, sizeof(why)) != 0)
+			return tool_fail("serve", EXIT_FAIL, "%s", why);
+		/* --dtype and --shape describe files, unless they are for
+		 * the generated items: a .npy file that says otherwise is
+		 * refused rather than served as something else. */
+		ecx_tensor_desc want;
+		char got[128], asked[128];
+		print_shape(got, sizeof(got), d);
+		if (!generated && o->shape != NULL &&
+		    (ecx_tensor_set(&want, d->dtype, nd, dims) != 0 ||
+		     want.ndim != d->ndim ||
+		     memcmp(want.shape, d->shape,
+		            d->ndim * sizeof(d->shape[0])) != 0)) {
+			if (data != NULL)
+				free(*data);
+			return tool_fail("serve", EXIT_USAGE,
+			                 "%s is %s, not --shape %s", path, got,
+			                 o->shape);
+		}
+		if (!generated && o->dtype != NULL && dt != d->dtype) {
+			if (data != NULL)
+				free(*data);
+			snprintf(asked, sizeof(asked), "%s",
+			         ecx_dtype_name(d->dtype));
+			return tool_fail("serve", EXIT_USAGE,
+			                 "%s holds %s, not --dtype %s", path,
+			                 asked, o->dtype);
+		}
+		return EXIT_OK;
+	}
+	if (o->dtype == NULL || o->shape == NULL)
+		return tool_fail("serve", EXIT_USAGE,
+		                 "%s is not a .npy file: raw bytes need "
+		                 "--dtype and --shape",
+		                 path);
+	if (ecx_tensor_set(d, dt, nd, dims) != 0)
+		return tool_fail("serve", EXIT_USAGE,
+		                 "--shape %s of %s is too large", o->shape,
+		                 o->dtype);
+	int rc = read_raw(path, d, data, why, sizeof(why));
+	if (rc != 0) /* a size that differs: the options do not fit it */
+		return tool_fail("serve",
+		                 rc == ECX_ESIZE ? EXIT_USAGE : EXIT_FAIL, "%s",
+		                 why);
+	return EXIT_OK;
+}
+
+static int serve_files(serve_run *r, int n, char **files, const serve_opts *o)
+{
+	bool generated = o->synthetic > 0 || o->workload != NULL;
 	for (int i = 0; i < n; i++) {
 		char id[ECX_ID_MAX + 1], why[256];
 		const char *path = files[i];
@@ -130,105 +313,174 @@ static int serve_files(ecx_producer *prod, int n, char **files,
 			                 why, path);
 		ecx_tensor_desc d;
 		void *data = NULL;
-		size_t plen = strlen(path);
-		int rc;
-		if (plen > 4 && strcmp(path + plen - 4, ".npy") == 0) {
-			rc = npy_read(path, &d, &data, why, sizeof(why));
-		} else {
-			ecx_dtype dt;
-			uint64_t dims[ECX_MAX_DIMS];
-			uint32_t nd;
-			if (o->dtype == NULL || o->shape == NULL ||
-			    ecx_dtype_parse(o->dtype, &dt) != 0 ||
-			    !parse_shape(o->shape, dims, &nd))
-				return tool_fail(
-				    "serve", EXIT_USAGE,
-				    "%s is raw bytes: give --dtype "
-				    "and --shape",
-				    path);
-			rc = ecx_tensor_set(&d, dt, nd, dims);
-			FILE *f = rc == 0 ? fopen(path, "rb") : NULL;
-			data = malloc(d.nbytes ? d.nbytes : 1);
-			if (f == NULL || data == NULL ||
-			    fread(data, 1, d.nbytes, f) != d.nbytes ||
-			    fgetc(f) != EOF)
-				rc = tool_why(
-				    why, sizeof(why), ECX_ESIZE,
-				    "%s is not %llu bytes (its --shape "
-				    "and --dtype)",
-				    path, (unsigned long long)d.nbytes);
-			if (f != NULL)
-				fclose(f);
-		}
-		if (rc != 0) {
-			free(data);
-			return tool_fail("serve", EXIT_FAIL, "%s", why);
-		}
-		bool ok = serve_put(prod, id, &d, data);
+		int rc = read_item(path, o, generated, &d, &data);
+		if (rc != EXIT_OK)
+			return rc;
+		rc = serve_put(r, id, &d, data);
 		free(data);
-		if (!ok)
-			return EXIT_FAIL;
-		(*items)++;
-		*bytes += d.nbytes;
-		progress((size_t)i + 1, (size_t)n, *bytes);
+		if (rc != EXIT_OK)
+			return rc;
+		progress((size_t)i + 1, (size_t)n, r->put_bytes);
 	}
 	return EXIT_OK;
 }
 
-static int serve_generated(ecx_producer *prod, const serve_opts *o,
-                           size_t *items, uint64_t *bytes)
+static int serve_generated(serve_run *r, const serve_opts *o)
 {
-	size_t n = o->workload != NULL ? o->count : o->synthetic;
+	uint64_t n = o->workload != NULL ? o->count : o->synthetic;
 	ecx_tensor_desc fixed;
 	if (o->workload == NULL) {
 		ecx_dtype dt;
 		uint64_t dims[ECX_MAX_DIMS];
 		uint32_t nd;
-		if (o->dtype == NULL || ecx_dtype_parse(o->dtype, &dt) != 0)
-			return tool_fail(
-			    "serve", EXIT_USAGE,
-			    "--synthetic needs --dtype (a torch dtype "
-			    "name such as bfloat16)");
-		if (o->shape == NULL || !parse_shape(o->shape, dims, &nd))
-			return tool_fail("serve", EXIT_USAGE,
-			                 "--synthetic needs --shape, e.g. "
-			                 "1024x3584");
+		if (o->dtype == NULL)
+			return tool_missing("serve",
+			                    "--dtype for --synthetic (a torch "
+			                    "dtype name such as bfloat16)");
+		if (o->shape == NULL)
+			return tool_missing("serve",
+			                    "--shape for --synthetic (e.g. "
+			                    "1024x3584)");
+		ecx_dtype_parse(o->dtype, &dt);
+		parse_shape(o->shape, dims, &nd);
 		if (ecx_tensor_set(&fixed, dt, nd, dims) != 0)
 			return tool_fail("serve", EXIT_USAGE,
-			                 "shape too large");
+			                 "--shape %s of %s is too large",
+			                 o->shape, o->dtype);
 	}
 	const char *prefix = o->prefix != NULL     ? o->prefix
 	                     : o->workload != NULL ? o->workload
 	                                           : "synthetic";
 	void *buf = NULL;
-	size_t cap = 0;
-	for (size_t i = 0; i < n; i++) {
+	uint64_t cap = 0;
+	uint64_t base = r->put_bytes;
+	int rc = EXIT_OK;
+	for (uint64_t i = 0; i < n && rc == EXIT_OK; i++) {
 		ecx_tensor_desc d = fixed;
 		if (o->workload != NULL) {
-			uint64_t dims[2] = {gen_qwen_tokens(i), 3584};
+			uint64_t dims[2] = {gen_qwen_tokens((size_t)i), 3584};
 			ecx_tensor_set(&d, ECX_DTYPE_BFLOAT16, 2, dims);
 		}
-		if (d.nbytes > cap) {
+		if (d.nbytes > cap || buf == NULL) {
 			free(buf);
 			cap = d.nbytes;
-			buf = malloc(cap);
+			buf = malloc(cap ? cap : 1);
 			if (buf == NULL)
 				return tool_fail("serve", EXIT_FAIL,
 				                 "out of memory");
 		}
 		char id[ECX_ID_MAX + 1];
-		snprintf(id, sizeof(id), "%s-%zu", prefix, i);
+		snprintf(id, sizeof(id), "%s-%llu", prefix,
+		         (unsigned long long)i);
 		gen_fill(id, buf, d.nbytes);
-		if (!serve_put(prod, id, &d, buf)) {
-			free(buf);
-			return EXIT_FAIL;
-		}
-		(*items)++;
-		*bytes += d.nbytes;
-		progress(i + 1, n, *bytes);
+		rc = serve_put(r, id, &d, buf);
+		progress((size_t)i + 1, (size_t)n, r->put_bytes - base);
 	}
 	free(buf);
-	return EXIT_OK;
+	return rc;
+}
+
+/* While the producer starts: a signal ends the process at once, or, if
+ * the producer has started meanwhile, is handed to the put phase. */
+static bool started;
+static int handed_sig;
+
+static void *watch_start(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&started, __ATOMIC_ACQUIRE)) {
+		int sig = tool_poll_signal(50);
+		if (sig == 0)
+			continue;
+		if (!__atomic_load_n(&started, __ATOMIC_ACQUIRE)) {
+			fprintf(stderr,
+			        "ecx serve: stopped on signal %d while "
+			        "starting; nothing was published\n",
+			        sig);
+			_exit(128 + sig);
+		}
+		handed_sig = sig;
+		break;
+	}
+	return NULL;
+}
+
+/* Checks the options that need no producer: exit code, or -1 to go on. */
+static int serve_check(const serve_opts *o, int nfiles)
+{
+	ecx_dtype dt;
+	uint64_t dims[ECX_MAX_DIMS];
+	uint32_t nd;
+	if (o->synthetic > 0 && o->workload != NULL)
+		return tool_fail("serve", EXIT_USAGE,
+		                 "give --synthetic or --workload, not both");
+	if (o->dtype != NULL && ecx_dtype_parse(o->dtype, &dt) != 0)
+		return tool_fail("serve", EXIT_USAGE,
+		                 "unknown --dtype '%s' (float16, bfloat16, "
+		                 "float32, float64, int8, uint8, int16, "
+		                 "int32, int64, bool, float8_e4m3fn, "
+		                 "float8_e5m2)",
+		                 o->dtype);
+	if (o->shape != NULL && !parse_shape(o->shape, dims, &nd))
+		return tool_bad_value("serve", "--shape", o->shape,
+		                      "whole numbers joined by x, e.g. "
+		                      "1024x3584, at most 8 of them");
+	char why[256];
+	if (o->prefix != NULL) {
+		char probe[ECX_ID_MAX + 1];
+		snprintf(probe, sizeof(probe), "%s-0", o->prefix);
+		if (ecx_id_check(probe, why, sizeof(why)) != 0)
+			return tool_fail("serve", EXIT_USAGE, "--prefix: %s",
+			                 why);
+	}
+	if (nfiles == 0 && o->synthetic == 0 && o->workload == NULL &&
+	    (o->shape != NULL || o->dtype != NULL))
+		return tool_missing("serve",
+		                    "--synthetic N or files for --shape and "
+		                    "--dtype to describe");
+	return -1;
+}
+
+/* The ready line, on stdout: what is kept, what was evicted for room. */
+static bool serve_ready(const serve_run *r, const serve_opts *o,
+                        const char *reg)
+{
+	ecx_producer_stats st;
+	ecx_producer_stats_get(r->prod, &st);
+	uint64_t kept = st.items, evicted = st.evictions, bytes = 0;
+	if (evicted == 0 || r->nsizes == 0)
+		bytes = r->put_bytes;
+	else
+		for (uint64_t i = 0; i < kept && i < r->put; i++)
+			bytes += r->sizes[(r->put - 1 - i) % r->nsizes];
+	const char *addr = ecx_producer_address(r->prod);
+	double put_s = (double)r->put_ns / 1e9;
+	if (o->json) {
+		cJSON *j = cJSON_CreateObject();
+		cJSON_AddStringToObject(j, "registry", reg);
+		cJSON_AddStringToObject(j, "producer", addr);
+		cJSON_AddNumberToObject(j, "items", (double)kept);
+		cJSON_AddNumberToObject(j, "bytes", (double)bytes);
+		cJSON_AddNumberToObject(j, "put", (double)r->put);
+		cJSON_AddNumberToObject(j, "put_bytes", (double)r->put_bytes);
+		cJSON_AddNumberToObject(j, "evicted", (double)evicted);
+		cJSON_AddNumberToObject(j, "capacity", (double)st.capacity);
+		cJSON_AddNumberToObject(j, "put_seconds", put_s);
+		return tool_json_print(j);
+	}
+	char b[32], c[32];
+	if (evicted == 0)
+		printf("serving %llu items (%s) at %s, registry %s\n",
+		       (unsigned long long)kept,
+		       tool_bytes(bytes, b, sizeof(b)), addr, reg);
+	else
+		printf("serving %llu items (%s; %llu more were evicted for "
+		       "room: the arena holds %s) at %s, registry %s\n",
+		       (unsigned long long)kept,
+		       tool_bytes(bytes, b, sizeof(b)),
+		       (unsigned long long)evicted,
+		       tool_bytes(st.capacity, c, sizeof(c)), addr, reg);
+	return true;
 }
 
 int cmd_serve(int argc, char **argv)
@@ -260,19 +512,27 @@ int cmd_serve(int argc, char **argv)
 	p->bind_host = "0.0.0.0";
 	p->registry_port = ECX_REGISTRY_PORT_DEFAULT;
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
+	char bind[INET6_ADDRSTRLEN + 1], adv[ECX_ADDR_MAX], why[256];
+	bool port_given = false;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		uint16_t port;
+		uint64_t v;
 		switch (c) {
 		case 'b':
-			p->bind_host = optarg;
+			if (!tool_bind_resolve(optarg, bind, sizeof(bind), why,
+			                       sizeof(why)))
+				return tool_bad_value("serve", "--bind", optarg,
+				                      why);
+			p->bind_host = bind;
 			break;
 		case 'p':
 			if (!tool_parse_port(optarg, &port))
-				return tool_fail("serve", EXIT_USAGE,
-				                 "bad --port '%s'", optarg);
+				return tool_bad_value("serve", "--port", optarg,
+				                      "0 to 65535");
 			p->registry_port = port;
+			port_given = true;
 			break;
 		case 'r':
 			p->field_mask |= ECX_PRODUCER_PARAM_REGISTRY;
@@ -280,43 +540,63 @@ int cmd_serve(int argc, char **argv)
 			    ~(uint64_t)ECX_PRODUCER_PARAM_REGISTRY_PORT;
 			p->registry = optarg;
 			break;
-		case 'a':
+		case 'a': {
+			size_t n = strlen(optarg);
+			if (!tool_host_check(optarg, why, sizeof(why)))
+				return tool_bad_value("serve", "--advertise",
+				                      optarg, why);
+			/* One form inside ecx: [::1] is kept as ::1. */
+			if (optarg[0] == '[')
+				snprintf(adv, sizeof(adv), "%.*s", (int)(n - 2),
+				         optarg + 1);
+			else
+				tool_strlcpy(adv, optarg, sizeof(adv));
 			p->field_mask |= ECX_PRODUCER_PARAM_ADVERTISE_HOST;
-			p->advertise_host = optarg;
+			p->advertise_host = adv;
 			break;
+		}
 		case 'z':
 			if (!tool_parse_port(optarg, &p->zmq_port))
-				return tool_fail("serve", EXIT_USAGE,
-				                 "bad --zmq-port '%s'", optarg);
+				return tool_bad_value("serve", "--zmq-port",
+				                      optarg, "0 to 65535");
 			p->field_mask |= ECX_PRODUCER_PARAM_ZMQ_PORT;
 			break;
 		case 'c':
-			if (!tool_parse_size(optarg, &p->capacity_bytes))
-				return tool_fail(
-				    "serve", EXIT_USAGE,
-				    "bad --capacity '%s' (e.g. 1GiB)", optarg);
+			if (!tool_parse_size(optarg, &p->capacity_bytes) ||
+			    p->capacity_bytes < 4096)
+				return tool_bad_value(
+				    "serve", "--capacity", optarg,
+				    "4KiB or more, e.g. 1GiB");
 			p->field_mask |= ECX_PRODUCER_PARAM_CAPACITY;
 			break;
 		case 'T':
+			if (strcmp(optarg, "auto") != 0 &&
+			    strcmp(optarg, "tcp") != 0 &&
+			    strcmp(optarg, "shm") != 0)
+				return tool_bad_value("serve", "--transport",
+				                      optarg,
+				                      "auto, tcp or shm");
 			p->field_mask |= ECX_PRODUCER_PARAM_TRANSPORT;
 			p->transport = optarg;
 			break;
 		case 'S':
-			o.synthetic = strtoul(optarg, NULL, 10);
-			if (o.synthetic == 0)
-				return tool_fail(
-				    "serve", EXIT_USAGE,
-				    "--synthetic takes a count > 0");
+			if (!tool_parse_uint(optarg, 1, UINT32_MAX,
+			                     &o.synthetic))
+				return tool_bad_value("serve", "--synthetic",
+				                      optarg,
+				                      "a count, 1 or more");
 			break;
 		case 'w':
 			if (strcmp(optarg, "qwen") != 0)
-				return tool_fail(
-				    "serve", EXIT_USAGE,
-				    "unknown --workload '%s' (qwen)", optarg);
+				return tool_bad_value("serve", "--workload",
+				                      optarg, "qwen");
 			o.workload = optarg;
 			break;
 		case 'n':
-			o.count = strtoul(optarg, NULL, 10);
+			if (!tool_parse_uint(optarg, 1, UINT32_MAX, &o.count))
+				return tool_bad_value("serve", "--count",
+				                      optarg,
+				                      "a count, 1 or more");
 			break;
 		case 'P':
 			o.prefix = optarg;
@@ -332,11 +612,11 @@ int cmd_serve(int argc, char **argv)
 			p->integrity = 1;
 			break;
 		case 'L':
-			p->registry_ttl_s = atoi(optarg);
-			if (p->registry_ttl_s < 0)
-				return tool_fail("serve", EXIT_USAGE,
-				                 "bad --registry-ttl '%s'",
-				                 optarg);
+			if (!tool_parse_uint(optarg, 0, 86400 * 365, &v))
+				return tool_bad_value(
+				    "serve", "--registry-ttl", optarg,
+				    "whole seconds, 0 for none");
+			p->registry_ttl_s = (int)v;
 			p->field_mask |= ECX_PRODUCER_PARAM_REGISTRY_TTL;
 			break;
 		default: {
@@ -349,58 +629,92 @@ int cmd_serve(int argc, char **argv)
 	p->token = t.token;
 	p->timeout_ms = t.timeout_ms;
 	o.json = t.json;
-	if (o.synthetic > 0 && o.workload != NULL)
+	if (port_given && (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY))
 		return tool_fail("serve", EXIT_USAGE,
-		                 "give --synthetic or --workload, not both");
-	char why[256];
-	if (o.prefix != NULL) {
-		char probe[ECX_ID_MAX + 1];
-		snprintf(probe, sizeof(probe), "%s-0", o.prefix);
-		if (ecx_id_check(probe, why, sizeof(why)) != 0)
-			return tool_fail("serve", EXIT_USAGE, "--prefix: %s",
-			                 why);
+		                 "give --registry (publish there) or --port "
+		                 "(an embedded registry), not both");
+	int rc = serve_check(&o, argc - optind);
+	if (rc >= 0)
+		return rc;
+	for (int i = optind; i < argc; i++) {
+		const char *eq = strchr(argv[i], '=');
+		ecx_tensor_desc d;
+		rc = read_item(
+		    eq != NULL && eq - argv[i] <= ECX_ID_MAX ? eq + 1 : argv[i],
+		    &o, o.synthetic > 0 || o.workload != NULL, &d, NULL);
+		if (rc != EXIT_OK)
+			return rc;
 	}
 	tool_block_signals();
-	ecx_producer *prod;
-	if (ecx_producer_create(p, &prod, why, sizeof(why)) != 0)
+	serve_run r = {.registry = (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY)
+	                               ? p->registry
+	                               : NULL};
+	uint64_t cap = (p->field_mask & ECX_PRODUCER_PARAM_CAPACITY)
+	                   ? p->capacity_bytes
+	                   : (uint64_t)1 << 30;
+	r.nsizes = (size_t)(cap / 4096);
+	r.sizes = calloc(r.nsizes, sizeof(*r.sizes));
+	if (r.sizes == NULL)
+		r.nsizes = 0; /* the ready line then counts bytes put */
+	/* Starting UCX can take seconds on a busy host: a signal meanwhile
+	 * ends the process at once (nothing is published yet). */
+	pthread_t watcher;
+	bool watching = pthread_create(&watcher, NULL, watch_start, NULL) == 0;
+	rc = ecx_producer_create(p, &r.prod, why, sizeof(why));
+	__atomic_store_n(&started, true, __ATOMIC_RELEASE);
+	if (watching)
+		pthread_join(watcher, NULL);
+	r.sig = handed_sig;
+	if (rc != 0) {
+		free(r.sizes);
 		return tool_fail("serve", EXIT_FAIL, "cannot start: %s", why);
-	size_t items = 0;
-	uint64_t bytes = 0;
-	int rc =
-	    serve_files(prod, argc - optind, argv + optind, &o, &items, &bytes);
-	if (rc == EXIT_OK && (o.synthetic > 0 || o.workload != NULL))
-		rc = serve_generated(prod, &o, &items, &bytes);
-	double put_s = (double)put_ns / 1e9;
-	if (rc != EXIT_OK) {
-		ecx_producer_destroy(prod);
-		return rc;
+	}
+	if (r.sig == 0)
+		rc = serve_files(&r, argc - optind, argv + optind, &o);
+	if (rc == EXIT_OK && r.sig == 0 &&
+	    (o.synthetic > 0 || o.workload != NULL))
+		rc = serve_generated(&r, &o);
+	if (rc == EXIT_OK && r.sig == 0)
+		r.sig = tool_poll_signal(0);
+	if (rc != EXIT_OK || r.sig != 0) {
+		ecx_producer_destroy(r.prod);
+		free(r.sizes);
+		if (r.sig == 0)
+			return rc;
+		/* Stopped before it was ready: what it published is
+		 * unpublished (by destroy), and the exit says it did not
+		 * finish, as a shell's would. */
+		fprintf(stderr,
+		        "%secx serve: stopped on signal %d while putting "
+		        "items (%llu put); unpublished them\n",
+		        isatty(STDERR_FILENO) ? "\n" : "", r.sig,
+		        (unsigned long long)r.put);
+		return 128 + r.sig;
 	}
 	char reg[ECX_ADDR_MAX + 32];
-	const char *addr = ecx_producer_address(prod);
-	if (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY) {
-		tool_strlcpy(reg, p->registry, sizeof(reg));
+	const char *addr = ecx_producer_address(r.prod);
+	if (r.registry != NULL) {
+		tool_strlcpy(reg, r.registry, sizeof(reg));
 	} else {
-		/* The advertised host of producer_zmq, with the registry port.
-		 */
+		/* The advertised host of producer_zmq ([::1] for an IPv6
+		 * one), with the registry port. */
 		const char *h = addr + 6; /* after tcp:// */
 		const char *colon = strrchr(h, ':');
 		snprintf(reg, sizeof(reg), "http://%.*s:%u", (int)(colon - h),
-		         h, ecx_producer_registry_port(prod));
+		         h, ecx_producer_registry_port(r.prod));
 	}
-	char b[32];
-	if (o.json)
-		printf(
-		    "{\"registry\": \"%s\", \"producer\": \"%s\", \"items\": "
-		    "%zu, \"bytes\": %llu, \"put_seconds\": %.6f}\n",
-		    reg, addr, items, (unsigned long long)bytes, put_s);
-	else
-		printf("serving %zu items (%s) at %s, registry %s\n", items,
-		       tool_bytes(bytes, b, sizeof(b)), addr, reg);
+	bool ready = serve_ready(&r, &o, reg);
+	free(r.sizes);
+	if (!ready) {
+		ecx_producer_destroy(r.prod);
+		return tool_fail("serve", EXIT_FAIL, "out of memory");
+	}
 	fflush(stdout);
 	int sig = tool_wait_signal();
 	ecx_producer_stats st;
-	ecx_producer_stats_get(prod, &st);
-	ecx_producer_destroy(prod);
+	ecx_producer_stats_get(r.prod, &st);
+	ecx_producer_destroy(r.prod);
+	char b[32];
 	fprintf(stderr,
 	        "ecx serve: stopped on signal %d; served %llu items (%s) in "
 	        "%llu pulls; unpublished %llu items\n",

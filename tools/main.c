@@ -1,11 +1,17 @@
 /* main.c - the ecx command: dispatches to subcommands. */
 #include "tool.h"
 
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char usage[] =
     "usage: ecx COMMAND [OPTIONS]\n"
@@ -58,17 +64,37 @@ int tool_opt(const char *cmd, const char *help, int c, const char *arg,
 	case 'h':
 		fputs(help, stdout);
 		return EXIT_OK;
-	default:
-		fputs(help, stderr);
+	default: /* getopt has said which option, and what is wrong */
+		fprintf(stderr, "Run 'ecx %s --help' for its options.\n", cmd);
 		return EXIT_USAGE;
 	}
+}
+
+/* The number at the start of a size or duration: digits with at most one
+ * '.', nothing else (no sign, spaces, hex, exponent, inf or nan); *end is
+ * set after it, at the unit. */
+static bool tool_strtod(const char *s, double *v, char **end)
+{
+	size_t n = strspn(s, "0123456789.");
+	const char *dot = memchr(s, '.', n);
+	if (n == 0 || n > 30 ||
+	    (dot != NULL &&
+	     memchr(dot + 1, '.', n - (size_t)(dot - s) - 1) != NULL))
+		return false;
+	char num[32];
+	memcpy(num, s, n);
+	num[n] = '\0';
+	char *e;
+	*v = strtod(num, &e);
+	*end = (char *)s + n;
+	return e == num + n && isfinite(*v);
 }
 
 bool tool_parse_ms(const char *s, int *out)
 {
 	char *end;
-	double v = strtod(s, &end);
-	if (end == s || v < 0)
+	double v;
+	if (!tool_strtod(s, &v, &end))
 		return false;
 	if (strcmp(end, "ms") == 0 || *end == '\0')
 		;
@@ -85,8 +111,8 @@ bool tool_parse_ms(const char *s, int *out)
 bool tool_parse_size(const char *s, uint64_t *out)
 {
 	char *end;
-	double v = strtod(s, &end);
-	if (end == s || v < 0)
+	double v;
+	if (!tool_strtod(s, &v, &end))
 		return false;
 	static const struct {
 		const char *suffix;
@@ -108,11 +134,133 @@ bool tool_parse_size(const char *s, uint64_t *out)
 
 bool tool_parse_port(const char *s, uint16_t *out)
 {
-	char *end;
-	long v = strtol(s, &end, 10);
-	if (end == s || *end != '\0' || v < 0 || v > 65535)
+	uint64_t v;
+	if (!tool_parse_uint(s, 0, 65535, &v))
 		return false;
 	*out = (uint16_t)v;
+	return true;
+}
+
+bool tool_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	if (*s == '\0' || strlen(s) > 19)
+		return false;
+	uint64_t v = 0;
+	for (const char *p = s; *p != '\0'; p++) {
+		if (!isdigit((unsigned char)*p))
+			return false;
+		v = v * 10 + (uint64_t)(*p - '0');
+	}
+	if (v < min || v > max)
+		return false;
+	*out = v;
+	return true;
+}
+
+int tool_bad_value(const char *cmd, const char *flag, const char *value,
+                   const char *hint)
+{
+	return tool_fail(cmd, EXIT_USAGE, "bad %s '%s'%s%s%s", flag, value,
+	                 hint != NULL ? " (" : "", hint != NULL ? hint : "",
+	                 hint != NULL ? ")" : "");
+}
+
+int tool_missing(const char *cmd, const char *what)
+{
+	fprintf(stderr,
+	        "ecx %s: missing %s\nRun 'ecx %s --help' for its usage.\n", cmd,
+	        what, cmd);
+	return EXIT_USAGE;
+}
+
+bool tool_host_check(const char *host, char *why, size_t whylen)
+{
+	size_t n = strlen(host);
+	char v6[INET6_ADDRSTRLEN + 2];
+	struct in6_addr a6;
+	if (n > 0 && host[0] == '[' && host[n - 1] == ']' &&
+	    n - 2 < sizeof(v6)) {
+		memcpy(v6, host + 1, n - 2);
+		v6[n - 2] = '\0';
+		if (inet_pton(AF_INET6, v6, &a6) == 1)
+			return true;
+	}
+	if (strchr(host, ':') != NULL) {
+		if (inet_pton(AF_INET6, host, &a6) == 1)
+			return true;
+		tool_why(why, whylen, 0, "not an IPv6 address");
+		return false;
+	}
+	if (n == 0 || n > 253) {
+		tool_why(why, whylen, 0, "a host name is 1 to 253 characters");
+		return false;
+	}
+	for (const char *p = host; *p != '\0'; p++) {
+		if (!isalnum((unsigned char)*p) && *p != '-' && *p != '.' &&
+		    *p != '_') {
+			tool_why(why, whylen, 0,
+			         "a host name or IP address: letters, "
+			         "digits, '-' and '.'");
+			return false;
+		}
+	}
+	return true;
+}
+
+const char *tool_url_host(const char *host, char *buf, size_t len)
+{
+	if (strchr(host, ':') != NULL && host[0] != '[')
+		snprintf(buf, len, "[%s]", host);
+	else
+		snprintf(buf, len, "%s", host);
+	return buf;
+}
+
+bool tool_bind_resolve(const char *host, char *buf, size_t len, char *why,
+                       size_t whylen)
+{
+	if (!tool_host_check(host, why, whylen))
+		return false;
+	size_t n = strlen(host);
+	if (host[0] == '[') { /* [::1] -> ::1 */
+		snprintf(buf, len, "%.*s", (int)(n - 2), host + 1);
+		return true;
+	}
+	struct in6_addr a;
+	if (inet_pton(AF_INET, host, &a) == 1 ||
+	    inet_pton(AF_INET6, host, &a) == 1) {
+		snprintf(buf, len, "%s", host);
+		return true;
+	}
+	/* A name: its IPv4 address where it has one (as 'localhost' on most
+	 * hosts), else its IPv6 one. */
+	static const int families[] = {AF_INET, AF_INET6};
+	int err = 0;
+	for (size_t i = 0; i < 2; i++) {
+		struct addrinfo hints = {.ai_family = families[i],
+		                         .ai_socktype = SOCK_STREAM},
+		                *res = NULL;
+		err = getaddrinfo(host, NULL, &hints, &res);
+		if (err != 0)
+			continue;
+		err = getnameinfo(res->ai_addr, res->ai_addrlen, buf,
+		                  (socklen_t)len, NULL, 0, NI_NUMERICHOST);
+		freeaddrinfo(res);
+		if (err == 0)
+			return true;
+	}
+	tool_why(why, whylen, 0, "cannot resolve it: %s", gai_strerror(err));
+	return false;
+}
+
+bool tool_json_print(cJSON *o)
+{
+	char *s = o != NULL ? cJSON_PrintUnformatted(o) : NULL;
+	cJSON_Delete(o);
+	if (s == NULL)
+		return false;
+	printf("%s\n", s);
+	cJSON_free(s);
 	return true;
 }
 
@@ -136,6 +284,22 @@ int tool_wait_signal(void)
 	int sig = 0;
 	sigwait(&set, &sig);
 	return sig;
+}
+
+int tool_poll_signal(int ms)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	struct timespec ts = {.tv_sec = ms / 1000,
+	                      .tv_nsec = (long)(ms % 1000) * 1000000};
+	int sig;
+	do
+		sig = sigtimedwait(&set, NULL, &ts);
+	while (sig < 0 && errno == EINTR);
+	return sig > 0 ? sig : 0;
 }
 
 const char *tool_bytes(uint64_t n, char *buf, size_t len)
@@ -186,9 +350,16 @@ int main(int argc, char **argv)
 		setenv("ECX_LOG", daemon ? "warn" : "error", 1);
 		tool_log_defaulted = true;
 	}
-	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
-		if (strcmp(cmd, cmds[i].name) == 0)
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		if (strcmp(cmd, cmds[i].name) == 0) {
+			/* getopt names the program in its messages: "ecx get:
+			 * unrecognized option", like every other message. */
+			static char name[32];
+			snprintf(name, sizeof(name), "ecx %s", cmds[i].name);
+			argv[1] = name;
 			return cmds[i].fn(argc - 1, argv + 1);
+		}
+	}
 	fprintf(stderr, "ecx: unknown command '%s'\n\n%s", cmd, usage);
 	return EXIT_USAGE;
 }

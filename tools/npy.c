@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const struct {
 	ecx_dtype dt;
@@ -75,6 +76,51 @@ int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
 	if (!ok)
 		return tool_why(why, whylen, ECX_EIO, "cannot write %s", path);
 	return 0;
+}
+
+bool npy_sniff(FILE *f)
+{
+	unsigned char m[6];
+	rewind(f);
+	return fread(m, 1, 6, f) == 6 && memcmp(m, "\x93NUMPY", 6) == 0;
+}
+
+/* Says why numpy's dtype descr (as the header writes it, e.g. '>f4') is
+ * not one ecx carries. */
+static void npy_unsupported(const char *path, const char *descr, char *why,
+                            size_t whylen)
+{
+	char d[48] = "";
+	const char *hint = "";
+	if (descr[0] == '\'') {
+		size_t n = strcspn(descr + 1, "'");
+		snprintf(d, sizeof(d), "%.*s", (int)(n < 40 ? n : 40),
+		         descr + 1);
+		char kind = d[0] != '\0' ? d[1] : '\0';
+		if (d[0] == '>')
+			hint = "big-endian: save "
+			       "a.astype(a.dtype.newbyteorder('<'))";
+		else if (kind == 'O')
+			hint = "Python objects have no fixed size";
+		else if (kind == 'c')
+			hint = "complex: save a.real and a.imag apart, or "
+			       "a.view(a.real.dtype)";
+		else if (kind == 'u')
+			hint = "of unsigned types only uint8: save "
+			       "a.astype(an int type that holds it)";
+		else if (kind == 'U' || kind == 'S')
+			hint = "strings are not tensors";
+		else if (kind == 'M' || kind == 'm')
+			hint = "save dates and durations as int64";
+	} else {
+		snprintf(d, sizeof(d), "a structured dtype");
+		hint = "only ecx's own one-field bfloat16 and float8 forms";
+	}
+	tool_why(why, whylen, ECX_EDTYPE,
+	         "%s: numpy dtype %s is not one ecx carries%s%s (ecx takes "
+	         "little-endian float16/32/64, int8/16/32/64, uint8, bool, "
+	         "and the bfloat16/float8 files ecx get writes)",
+	         path, d, hint[0] ? ": " : "", hint);
 }
 
 /* Finds 'key': in the header dict and returns a pointer after the colon. */
@@ -150,12 +196,8 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 		            strlen(npy_types[i].descr)) == 0)
 			dt = npy_types[i].dt;
 	if (dt == ECX_DTYPE_INVALID) {
-		rc = tool_why(
-		    why, whylen, ECX_EDTYPE,
-		    "%s: dtype %.32s is not one ecx carries (use a "
-		    "little-endian float16/32/64, int8/16/32/64, uint8 "
-		    "or bool)",
-		    path, descr);
+		npy_unsupported(path, descr, why, whylen);
+		rc = ECX_EDTYPE;
 		goto out;
 	}
 	uint64_t dims[ECX_MAX_DIMS];
@@ -179,6 +221,16 @@ int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	rc = ecx_tensor_set(d, dt, nd, dims);
 	if (rc != 0) {
 		tool_why(why, whylen, rc, "%s: shape too large", path);
+		goto out;
+	}
+	if (data == NULL) { /* only checking: is the data all there? */
+		long at = ftell(f);
+		struct stat sb;
+		if (at < 0 || fstat(fileno(f), &sb) != 0 ||
+		    (uint64_t)sb.st_size < (uint64_t)at + d->nbytes)
+			rc = tool_why(why, whylen, ECX_EPROTO,
+			              "%s: data shorter than its shape says",
+			              path);
 		goto out;
 	}
 	buf = malloc(d->nbytes ? d->nbytes : 1);

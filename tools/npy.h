@@ -8,6 +8,7 @@
 
 #include <ecx/ecx.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 
 /* Writes desc and data as a .npy file at path. Returns 0 or an ECX_E*
@@ -15,7 +16,12 @@
 int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
               char *why, size_t whylen);
 
-/* Reads a .npy file: its descriptor and a malloc'd copy of its data. */
+/* True when f starts with the .npy magic bytes (it is read from the
+ * start; the position is left anywhere). */
+bool npy_sniff(FILE *f);
+
+/* Reads a .npy file: its descriptor and a malloc'd copy of its data; with
+ * data NULL, only its descriptor, checking the data is all there. */
 int npy_read(const char *path, ecx_tensor_desc *d, void **data, char *why,
              size_t whylen);
 

@@ -27,6 +27,9 @@ static const struct {
     {ECX_DTYPE_FLOAT8_E5M2, "F8_E5M2"},
 };
 
+static int st_read(const char *path, ecx_tensor_desc *d, void **data,
+                   size_t cap, char *why, size_t whylen);
+
 int st_save(const char *path, const ecx_tensor_desc *d, const void *data,
             char *why, size_t whylen)
 {
@@ -65,6 +68,20 @@ int st_save(const char *path, const ecx_tensor_desc *d, const void *data,
 int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
             size_t whylen)
 {
+	return st_read(path, d, data, 0, why, whylen);
+}
+
+int st_load_into(const char *path, ecx_tensor_desc *d, void *dst, size_t cap,
+                 char *why, size_t whylen)
+{
+	return st_read(path, d, &dst, cap, why, whylen);
+}
+
+/* cap 0: into a malloc'd buffer returned in *data; else into *data, which
+ * holds cap bytes. */
+static int st_read(const char *path, ecx_tensor_desc *d, void **data,
+                   size_t cap, char *why, size_t whylen)
+{
 	FILE *f = fopen(path, "rb");
 	if (f == NULL)
 		return tool_why(why, whylen, ECX_EIO, "cannot open %s: %m",
@@ -102,6 +119,16 @@ int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	}
 	if (ecx_tensor_set(d, dtype, nd, dims) != 0)
 		goto out;
+	if (cap > 0) {
+		if (d->nbytes > cap) {
+			rc = ECX_ESIZE;
+			goto out;
+		}
+		if (fread(*data, 1, d->nbytes, f) != d->nbytes)
+			goto out;
+		rc = 0;
+		goto out;
+	}
 	buf = malloc(d->nbytes ? d->nbytes : 1);
 	if (buf == NULL || fread(buf, 1, d->nbytes, f) != d->nbytes)
 		goto out;
@@ -109,7 +136,11 @@ int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
 	buf = NULL;
 	rc = 0;
 out:
-	if (rc != 0)
+	if (rc == ECX_ESIZE)
+		tool_why(why, whylen, rc,
+		         "%s holds %llu bytes, more than the %zu given", path,
+		         (unsigned long long)d->nbytes, cap);
+	else if (rc != 0)
 		tool_why(why, whylen, rc,
 		         "%s is not a readable safetensors file", path);
 	cJSON_Delete(o);

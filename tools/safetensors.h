@@ -13,5 +13,9 @@ int st_save(const char *path, const ecx_tensor_desc *d, const void *data,
 /* Reads it back into a malloc'd buffer. */
 int st_load(const char *path, ecx_tensor_desc *d, void **data, char *why,
             size_t whylen);
+/* Reads it back into dst, which holds cap bytes (ECX_ESIZE if the tensor
+ * is larger). */
+int st_load_into(const char *path, ecx_tensor_desc *d, void *dst, size_t cap,
+                 char *why, size_t whylen);
 
 #endif

@@ -40,7 +40,8 @@ enum {
 
 /* Handles option c if it is a shared one (--token, --timeout, --json,
  * --help) or unknown: returns -1 to go on, or the exit code (help printed:
- * EXIT_OK; a bad value or an unknown option: the usage and EXIT_USAGE). */
+ * EXIT_OK; a bad value or an unknown option: what is wrong, where the
+ * options are described, and EXIT_USAGE). */
 int tool_opt(const char *cmd, const char *help, int c, const char *arg,
              tool_common *t);
 
@@ -64,11 +65,40 @@ bool tool_parse_ms(const char *s, int *out);
 bool tool_parse_size(const char *s, uint64_t *out);
 /* Parses a port number 0..65535. */
 bool tool_parse_port(const char *s, uint16_t *out);
+/* Parses a whole decimal number min..max: digits only, no sign, no
+ * suffix, no spaces ("3abc", "-1" and "" are refused). */
+bool tool_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* For "bad --FLAG 'VALUE' (hint)": prints it and returns EXIT_USAGE. */
+int tool_bad_value(const char *cmd, const char *flag, const char *value,
+                   const char *hint);
+/* For a missing argument: "ecx CMD: missing WHAT" and where the options
+ * are described; returns EXIT_USAGE. */
+int tool_missing(const char *cmd, const char *what);
+
+/* Checks a host name or IP address as given to --bind or --advertise:
+ * letters, digits, '-', '.', or an IPv6 address (brackets allowed).
+ * Returns false with the reason in why. */
+bool tool_host_check(const char *host, char *why, size_t whylen);
+/* Writes HOST for a URL: an IPv6 address inside brackets ("[::1]"). */
+const char *tool_url_host(const char *host, char *buf, size_t len);
+/* Resolves a --bind host name ("localhost") to a numeric address into
+ * buf; numeric addresses are copied. Returns false with why. */
+bool tool_bind_resolve(const char *host, char *buf, size_t len, char *why,
+                       size_t whylen);
+
+/* Prints a cJSON value on one line of stdout and deletes it; false when
+ * it could not be printed (out of memory). */
+struct cJSON;
+bool tool_json_print(struct cJSON *o);
 
 /* Blocks SIGINT, SIGTERM and SIGHUP in this thread (and threads it starts
  * later), then waits for one; returns the signal number. */
 void tool_block_signals(void);
 int tool_wait_signal(void);
+/* Takes one of those signals if it is pending, waiting at most ms
+ * milliseconds (0: only looks); returns it, or 0 when none came. */
+int tool_poll_signal(int ms);
 
 /* Formats a byte count for people ("7.0 MiB"). */
 const char *tool_bytes(uint64_t n, char *buf, size_t len);

@@ -229,8 +229,16 @@ enum {
 	ECX_PRODUCER_PARAM_TIMEOUT = 1u << 8,
 	ECX_PRODUCER_PARAM_REGISTRY_TTL = 1u << 9,
 	ECX_PRODUCER_PARAM_INTEGRITY = 1u << 10,
-	ECX_PRODUCER_PARAM_IDLE = 1u << 11,
+	ECX_PRODUCER_PARAM_LEASE_MAX_MS = 1u << 11,
+	ECX_PRODUCER_PARAM_LEASE_SHARE = 1u << 12,
+	ECX_PRODUCER_PARAM_IDLE = 1u << 13,
 };
+
+/* Leases: the time a lookup's lease pins an item when the consumer asks
+ * for no other, and the producer's default cap on it; the share of the
+ * arena that leased items may take, in percent. */
+#define ECX_LEASE_MS_DEFAULT 30000
+#define ECX_LEASE_SHARE_DEFAULT 50
 
 #define ECX_CAPACITY_DEFAULT ((uint64_t)1 << 30)
 
@@ -260,13 +268,17 @@ typedef struct ecx_producer_params {
 	int integrity;              /* hash each item at put (xxh64) and send
 	                               the hash with every pull's answer, for
 	                               consumers that check; default false */
-	int idle_ms;                /* a consumer connection with no pull in
-	                               flight and none for this long is closed
-	                               and the consumer's memory unmapped (a
-	                               consumer that died is forgotten within
-	                               idle_ms + about 200 ms); a live consumer
-	                               makes a new connection by itself on its
-	                               next load. Default ECX_IDLE_MS_DEFAULT */
+	int lease_max_ms;    /* longest lease granted (a longer ask is cut to
+	                        it); default ECX_LEASE_MS_DEFAULT */
+	int lease_share_pct; /* at most this percent of the arena leased at
+	                        once, 0 to 100; default 50; 0: no leases */
+	int idle_ms;         /* a consumer connection with no pull in
+	                        flight and none for this long is closed
+	                        and the consumer's memory unmapped (a
+	                        consumer that died is forgotten within
+	                        idle_ms + about 200 ms); a live consumer
+	                        makes a new connection by itself on its
+	                        next load. Default ECX_IDLE_MS_DEFAULT */
 } ecx_producer_params;
 
 #define ECX_IDLE_MS_DEFAULT 15000
@@ -331,6 +343,14 @@ typedef struct ecx_producer_stats {
 	uint64_t registrations; /* memory registrations made (1: the arena) */
 	uint64_t connections;   /* consumer connections open now (from hello
 	                           to goodbye, idle close or failure) */
+	/* Leases (docs/protocol.md "a hit will load"): */
+	uint64_t leases;          /* leases held now */
+	uint64_t leased_bytes;    /* arena bytes pinned by leases now */
+	uint64_t leases_granted;  /* leases granted */
+	uint64_t leases_refused;  /* refused: the share was taken */
+	uint64_t leases_expired;  /* ended by their expiry */
+	uint64_t leases_released; /* ended by an explicit release */
+	uint64_t leases_used;     /* ended by the pull that followed */
 } ecx_producer_stats;
 
 ECX_API void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out);
@@ -398,12 +418,48 @@ typedef struct ecx_item {
 	char producer[256];
 	uint64_t epoch;
 	void *dst; /* desc.nbytes bytes of the caller's or the arena's */
+	/* A lease a lookup took (ecx_consumer_lookup_lease), 0 for none: the
+	 * load names it (its pull ends it), ecx_consumer_release ends it. */
+	uint64_t lease;
 } ecx_item;
 
 /* ecx_consumer_lookup asks the registries for n ids in one round trip each.
  * Returns 0 when the registries answered (each item's status says found or
  * not), else the registry error. Blocks up to the timeout per registry. */
 ECX_API int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n);
+
+/* ecx_consumer_lookup_lease is ecx_consumer_lookup that also takes a lease
+ * on each item found: "a hit will load". Each item's producer pins it for
+ * lease_ms (0: ECX_LEASE_MS_DEFAULT; the producer may cut it to its
+ * lease_max_ms), so that eviction cannot take it before the load that
+ * follows. An item's lease ends at the first of: a pull that names it
+ * (ecx_consumer_load of the item, from this or another process: the lease
+ * number travels in the item), ecx_consumer_release, its expiry, or an
+ * explicit ecx_producer_remove of the item.
+ *
+ * One round trip per producer (in parallel) for up to 200 ids of it, after
+ * the registry lookup. A lease the producer cannot grant (its lease share
+ * of the arena is taken, the item has gone, the producer does not answer
+ * within the timeout) is a miss: the item's status is ECX_ENOTFOUND and the
+ * caller encodes it again. Never blocks beyond the timeout for the
+ * registry and then the timeout for the producers. Sets items[i].lease (0
+ * where none) and returns as ecx_consumer_lookup.
+ *
+ * What a lease guarantees: while it holds, its item is not evicted, so a
+ * load that starts before the lease ends finds it (it can still fail for
+ * another reason: a dead producer, a timeout). Its bounds: a lease lasts at
+ * most lease_ms and the producer's lease_max_ms; leased items take at most
+ * the producer's lease_share_pct of its arena, so a put never waits on
+ * leases beyond their expiry, and puts keep the rest of the arena. */
+ECX_API int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items,
+                                      size_t n, int lease_ms);
+
+/* ecx_consumer_release ends the leases of the n items (those with a lease
+ * not 0), one round trip per producer, and sets each item's lease to 0.
+ * A lease that has ended already is no error. Returns 0, or the error of a
+ * producer that could not be told (its leases then end at their expiry).
+ * Blocks up to the timeout. */
+ECX_API int ecx_consumer_release(ecx_consumer *c, ecx_item *items, size_t n);
 
 /* A load in flight. */
 typedef struct ecx_load ecx_load;
@@ -521,6 +577,14 @@ ECX_API void ecx_client_destroy(ecx_client *c);
  * registries found still filled in. Blocks up to the timeout per
  * registry. */
 ECX_API int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n);
+
+/* ecx_client_lookup_lease and ecx_client_release are
+ * ecx_consumer_lookup_lease and ecx_consumer_release on a registry client
+ * (the client then also talks to producers' ZeroMQ sockets), for a process
+ * that looks up and leases while others load: a scheduler. */
+ECX_API int ecx_client_lookup_lease(ecx_client *c, ecx_item *items, size_t n,
+                                    int lease_ms);
+ECX_API int ecx_client_release(ecx_client *c, ecx_item *items, size_t n);
 
 /* ecx_client_publish writes the entry of item (id, desc, producer, epoch)
  * to the first registry. Blocks for one request. */

@@ -88,7 +88,8 @@ class _Desc(ctypes.Structure):
 class _Item(ctypes.Structure):
     _fields_ = [("id", ctypes.c_char_p), ("status", ctypes.c_int),
                 ("desc", _Desc), ("producer", ctypes.c_char * 256),
-                ("epoch", ctypes.c_uint64), ("dst", ctypes.c_void_p)]
+                ("epoch", ctypes.c_uint64), ("dst", ctypes.c_void_p),
+                ("lease", ctypes.c_uint64)]
 
 
 class _ProducerParams(ctypes.Structure):
@@ -102,7 +103,9 @@ class _ProducerParams(ctypes.Structure):
                 ("transport", ctypes.c_char_p),
                 ("timeout_ms", ctypes.c_int),
                 ("registry_ttl_s", ctypes.c_int),
-                ("integrity", ctypes.c_int)]
+                ("integrity", ctypes.c_int),
+                ("lease_max_ms", ctypes.c_int),
+                ("lease_share_pct", ctypes.c_int)]
 
 
 class _ConsumerParams(ctypes.Structure):
@@ -118,7 +121,9 @@ class _ConsumerParams(ctypes.Structure):
 
 _PRODUCER_STATS = ["items", "bytes_used", "capacity", "pinned", "evictions",
                    "pulls", "items_served", "items_failed", "bytes_served",
-                   "registrations", "connections"]
+                   "registrations", "connections", "leases", "leased_bytes",
+                   "leases_granted", "leases_refused", "leases_expired",
+                   "leases_released", "leases_used"]
 _CONSUMER_STATS = ["lookups", "loads", "loaded", "failed", "bytes",
                    "registrations", "regcache_hits", "connections"]
 
@@ -169,6 +174,11 @@ _consumer_create = _fn("ecx_consumer_create", ctypes.c_int,
                        ctypes.POINTER(_P), ctypes.c_char_p, ctypes.c_size_t)
 _consumer_lookup = _fn("ecx_consumer_lookup", ctypes.c_int, _P,
                        ctypes.POINTER(_Item), ctypes.c_size_t)
+_consumer_lookup_lease = _fn("ecx_consumer_lookup_lease", ctypes.c_int, _P,
+                             ctypes.POINTER(_Item), ctypes.c_size_t,
+                             ctypes.c_int)
+_consumer_release = _fn("ecx_consumer_release", ctypes.c_int, _P,
+                        ctypes.POINTER(_Item), ctypes.c_size_t)
 _consumer_load = _fn("ecx_consumer_load", ctypes.c_int, _P,
                      ctypes.POINTER(_Item), ctypes.c_size_t)
 _consumer_stats = _fn("ecx_consumer_stats_get", None, _P,
@@ -210,6 +220,11 @@ def _client_fns():
     f["destroy"] = _fn("ecx_client_destroy", None, _P)
     f["lookup"] = _fn("ecx_client_lookup", ctypes.c_int, _P,
                       ctypes.POINTER(_Item), ctypes.c_size_t)
+    f["lookup_lease"] = _fn("ecx_client_lookup_lease", ctypes.c_int, _P,
+                            ctypes.POINTER(_Item), ctypes.c_size_t,
+                            ctypes.c_int)
+    f["release"] = _fn("ecx_client_release", ctypes.c_int, _P,
+                       ctypes.POINTER(_Item), ctypes.c_size_t)
     f["publish"] = _fn("ecx_client_publish", ctypes.c_int, _P,
                        ctypes.POINTER(_Item))
     f["remove"] = _fn("ecx_client_remove", ctypes.c_int, _P,
@@ -357,17 +372,25 @@ def _desc(name, shape):
 
 
 class Item:
-    """What a lookup found: enough to load it anywhere (it pickles)."""
-    __slots__ = ("id", "dtype", "shape", "nbytes", "producer", "epoch")
+    """What a lookup found: enough to load it anywhere (it pickles).
 
-    def __init__(self, id, dtype, shape, nbytes, producer, epoch=0):
+    lease: the lease a lookup with lease_ms took on it (0: none). A load of
+    the item, in this process or another, names it and so ends it; so does
+    release(), or its expiry."""
+    __slots__ = ("id", "dtype", "shape", "nbytes", "producer", "epoch",
+                 "lease")
+
+    def __init__(self, id, dtype, shape, nbytes, producer, epoch=0,
+                 lease=0):
         self.id, self.dtype, self.shape = id, dtype, tuple(shape)
         self.nbytes, self.producer, self.epoch = nbytes, producer, epoch
+        self.lease = lease
 
     def __getstate__(self):
         return {k: getattr(self, k) for k in self.__slots__}
 
     def __setstate__(self, s):
+        self.lease = 0  # pickled before leases
         for k, v in s.items():
             setattr(self, k, v)
 
@@ -426,7 +449,7 @@ def _item_of(id, a):
     d = a.desc
     return Item(id, _DTYPE_NAMES[d.dtype],
                 tuple(d.shape[k] for k in range(d.ndim)), d.nbytes,
-                a.producer.decode(), a.epoch)
+                a.producer.decode(), a.epoch, a.lease)
 
 
 def _fill(a, item, idb):
@@ -436,6 +459,7 @@ def _fill(a, item, idb):
     a.desc = _desc(item.dtype, item.shape)
     a.producer = _b(item.producer)
     a.epoch = item.epoch
+    a.lease = getattr(item, "lease", 0)
 
 
 def _lookup_array(ids):
@@ -450,6 +474,21 @@ def _lookup_array(ids):
 def _found(ids, arr):
     return Found(ids, [_item_of(i, a) if a.status == 0 else None
                        for i, a in zip(ids, arr)])
+
+
+def _release_array(items):
+    """The C item array of the Items (None skipped) that hold a lease, and
+    those Items, and the id bytes the array points at."""
+    held = [it for it in items if it is not None and it.lease]
+    arr = (_Item * len(held))()
+    keep = []
+    for a, it in zip(arr, held):
+        idb = _b(it.id)
+        keep.append(idb)
+        a.id = idb
+        a.producer = _b(it.producer)
+        a.lease = it.lease
+    return arr, held, keep
 
 
 def _check_items(items, ids=None):
@@ -489,7 +528,7 @@ class Producer:
     def __init__(self, capacity_bytes=None, bind_host=None,
                  advertise_host=None, zmq_port=None, registry_port=9018,
                  registry=None, token=None, transport=None, timeout_ms=None,
-                 integrity=False):
+                 integrity=False, lease_max_ms=None, lease_share_pct=None):
         p = _ProducerParams()
         m = 0
         if capacity_bytes is not None:
@@ -513,6 +552,10 @@ class Producer:
             p.timeout_ms, m = int(timeout_ms), m | 256
         if integrity:
             p.integrity, m = 1, m | 1024
+        if lease_max_ms is not None:
+            p.lease_max_ms, m = int(lease_max_ms), m | 2048
+        if lease_share_pct is not None:
+            p.lease_share_pct, m = int(lease_share_pct), m | 4096
         p.field_mask = m
         self._keep = p
         self._h = None
@@ -709,18 +752,46 @@ class Consumer:
             raise _error(rc, why.value.decode())
         self._h = h
 
-    def lookup(self, ids):
+    def lookup(self, ids, lease_ms=None):
         """Looks ids up in one round trip per registry: a list with an Item
         for each id found and None for each missing. Raises EcxError when
-        a registry could not be asked."""
+        a registry could not be asked.
+
+        With lease_ms (0: the default, 30 s), each item found is also
+        leased: its producer pins it for that long (or its own maximum), so
+        the load that follows cannot miss it to eviction ("a hit will
+        load"; one round trip per producer). An item whose lease is refused
+        (the producer's lease share is taken, it no longer holds the item,
+        it does not answer) is None, as a miss. Item.lease holds the lease;
+        a load of the item ends it, release() ends it sooner."""
         ids = [ids] if isinstance(ids, str) else list(ids)
         if not ids:
             return Found([], [])
         arr, keep = _lookup_array(ids)
-        rc = _consumer_lookup(self._handle(), arr, len(ids))
+        if lease_ms is None:
+            rc = _consumer_lookup(self._handle(), arr, len(ids))
+        else:
+            rc = _consumer_lookup_lease(self._handle(), arr, len(ids),
+                                        int(lease_ms))
         if rc != 0:
             raise _error(rc)
         return _found(ids, arr)
+
+    def release(self, items):
+        """Ends the leases of items (Items from lookup with lease_ms; None
+        and Items without a lease are skipped), one round trip per
+        producer, and sets their lease to 0. A lease that has ended already
+        is no error. Raises EcxError when a producer could not be told (its
+        leases then end at their expiry)."""
+        arr, held, keep = _release_array(list(items))
+        if not held:
+            return
+        rc = _consumer_release(self._handle(), arr, len(held))
+        for it in held:
+            it.lease = 0
+        del keep
+        if rc != 0:
+            raise _error(rc)
 
     def _pairs_array(self, pairs):
         """The C item array for (Item, tensor) pairs, and what must stay
@@ -750,6 +821,9 @@ class Consumer:
 
     @staticmethod
     def _errors(arr, items):
+        for a, item in zip(arr, items):
+            if a.status == 0 and getattr(item, "lease", 0):
+                item.lease = 0  # its pull ended it
         return [None if a.status == 0 else
                 _error(a.status, f"{item.id} from {item.producer}: "
                        f"{_strerror(a.status).decode()}")
@@ -1008,23 +1082,43 @@ class Client:
             raise EcxError(-1, "the client is closed")
         return self._h
 
-    def lookup(self, ids):
+    def lookup(self, ids, lease_ms=None):
         """Looks ids up, one round trip per registry (ids missing from one
         are asked of the next): a Found list with an Item for each id found
         and None for each missing. When a registry could not be asked it
-        raises EcxError whose .found holds what the others answered."""
+        raises EcxError whose .found holds what the others answered.
+        lease_ms: as Consumer.lookup (the client then also talks to the
+        producers' ZeroMQ sockets): each Item found is leased, and a
+        Consumer in any process that loads it ends the lease."""
         ids = [ids] if isinstance(ids, str) else list(ids)
         if not ids:
             return Found([], [])
         arr, keep = _lookup_array(ids)
         with self._lock:
-            rc = self._fns["lookup"](self._handle(), arr, len(ids))
+            if lease_ms is None:
+                rc = self._fns["lookup"](self._handle(), arr, len(ids))
+            else:
+                rc = self._fns["lookup_lease"](self._handle(), arr,
+                                               len(ids), int(lease_ms))
             err = _error(rc) if rc != 0 else None
         found = _found(ids, arr)
         if err is not None:
             err.found = found
             raise err
         return found
+
+    def release(self, items):
+        """Ends the leases of items, as Consumer.release."""
+        arr, held, keep = _release_array(list(items))
+        if not held:
+            return
+        with self._lock:
+            rc = self._fns["release"](self._handle(), arr, len(held))
+        for it in held:
+            it.lease = 0
+        del keep
+        if rc != 0:
+            raise _error(rc)
 
     def publish(self, item):
         """Writes item's entry (id, dtype, shape, producer, epoch) to the

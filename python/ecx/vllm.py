@@ -107,7 +107,8 @@ def _check_urls(urls, key):
 _KEYS = {"remote_registry_url", "registry", "registry_http_port",
          "capacity_bytes", "recv_capacity_bytes", "token", "timeout_ms",
          "bind_host", "advertise_host", "transport", "mooncake_protocol",
-         "load_timeout_s", "async_load", "log_interval_s"}
+         "load_timeout_s", "async_load", "log_interval_s", "lease_ms",
+         "lease_max_ms", "lease_share_pct"}
 
 
 class _Config:
@@ -140,6 +141,18 @@ class _Config:
         self.advertise_host = extra.get("advertise_host")
         self.transport = extra.get("transport")
         self.load_timeout_s = float(extra.get("load_timeout_s", 30))
+        # The scheduler's lookups lease what they find (ecx's "a hit will
+        # load": the producer pins it until every rank has it, the request
+        # is freed, or this many ms pass); 0 turns leases off.
+        self.lease_ms = int(extra.get("lease_ms", 30000))
+        if self.lease_ms < 0:
+            raise ValueError("ECXConnector: lease_ms is 0 (no leases) or "
+                             f"more, not {self.lease_ms}")
+        # A producer's bounds on leases: the longest it grants, and the
+        # share of its arena leased items may take (None: ecx's defaults,
+        # 30 s and 50 %).
+        self.lease_max_ms = extra.get("lease_max_ms")
+        self.lease_share_pct = extra.get("lease_share_pct")
         self.log_interval_s = float(extra.get("log_interval_s", 60))
         mode = extra.get("async_load", "auto")
         if mode not in ("auto", True, False):
@@ -284,13 +297,16 @@ _STARTING, _READY, _FAILED = "starting", "ready", "failed"
 
 
 class _ItemState:
-    __slots__ = ("spec", "state", "requests", "t0")
+    __slots__ = ("spec", "state", "requests", "t0", "leased")
 
-    def __init__(self, spec):
+    def __init__(self, spec, leased=None):
         self.spec = spec
         self.state = _STARTING
         self.requests: set = set()
         self.t0 = time.monotonic()
+        # The ecx.Item whose lease pins it at its producer until every
+        # rank holds it (then released), or None.
+        self.leased = leased
 
 
 class _RequestState:
@@ -341,6 +357,9 @@ class ECXConnector(ECConnectorBase):
         self._step_ready: list = []
         self._unavailable: set = set()
         self._attempts = 0
+        self._unlease: list = []  # leased ecx.Items to release
+        self._sync_leases: dict = {}  # synchronous flow: id -> ecx.Item
+        self._req_leases: dict = {}  # synchronous flow: request -> Items
         # Worker.
         self._producer: Optional[ecx.Producer] = None
         self._consumer: Optional[ecx.Consumer] = None
@@ -377,7 +396,9 @@ class ECXConnector(ECConnectorBase):
                     registry_port=None if c.registry else
                     c.registry_http_port,
                     registry=c.registry, token=c.token,
-                    transport=c.transport, timeout_ms=c.timeout_ms)
+                    transport=c.transport, timeout_ms=c.timeout_ms,
+                    lease_max_ms=c.lease_max_ms,
+                    lease_share_pct=c.lease_share_pct)
                 logger.info("ECXConnector producer at %s, registry %s, "
                             "arena %d bytes", self._producer.address,
                             c.registry or
@@ -636,13 +657,25 @@ class ECXConnector(ECConnectorBase):
         if found is None:
             return False
         self._pending_specs[identifier] = ECXLoadSpec.of(found)
+        if found.lease:
+            old = self._sync_leases.get(identifier)
+            if old is not None and old is not found:
+                self._unlease.append(old)
+            self._sync_leases[identifier] = found
         return True
 
     def _lookup(self, ids):
         """One batched lookup; what could not be asked counts as missing
-        (the request then encodes it locally)."""
+        (the request then encodes it locally). With lease_ms, what it finds
+        is leased, and what could not be leased is missing too."""
         self._stats.add("lookups", len(ids))
         try:
+            if self._cfg.lease_ms > 0:
+                found = self._client.lookup(ids,
+                                            lease_ms=self._cfg.lease_ms)
+                self._stats.add("leases", sum(
+                    1 for f in found if f is not None and f.lease))
+                return found
             return self._client.lookup(ids)
         except ecx.EcxError as e:
             self._stats.add("lookup_errors")
@@ -728,15 +761,40 @@ class ECXConnector(ECConnectorBase):
 
     def _start(self, found) -> _ItemState:
         self._attempts += 1
-        it = _ItemState(ECXLoadSpec.of(found, self._attempts))
+        # The workers' pulls do not name the lease: with several ranks the
+        # first pull would end it before the others. The scheduler
+        # releases it once every rank holds the item (or gives up).
+        it = _ItemState(ECXLoadSpec.of(found, self._attempts),
+                        found if found.lease else None)
         self._items[found.id] = it
         self._to_start.append(it.spec)
         self._stats.add("items_remote")
         self._stats.add("bytes_remote", found.nbytes)
         return it
 
+    def _unlease_item(self, it) -> None:
+        if it is not None and it.leased is not None:
+            self._unlease.append(it.leased)
+            it.leased = None
+
+    def _flush_unlease(self) -> None:
+        """Ends the leases no longer needed: one call per step, one round
+        trip per producer."""
+        items, self._unlease = self._unlease, []
+        if not items or self._client is None:
+            return
+        self._stats.add("leases_released", len(items))
+        try:
+            self._client.release(items)
+        except ecx.EcxError as e:
+            # They end at their expiry instead.
+            logger.warning("ECXConnector: releasing %d leases failed: %s",
+                           len(items), e)
+
     def _release(self, h) -> None:
-        if self._items.pop(h, None) is not None:
+        it = self._items.pop(h, None)
+        if it is not None:
+            self._unlease_item(it)
             self._to_release.append(h)
 
     def _drop(self, rid, ids) -> None:
@@ -779,9 +837,15 @@ class ECXConnector(ECConnectorBase):
                 it.requests.add(rid)
         elif mm_hash in self._pending_specs:  # only its own hits
             self._loads[mm_hash] = request.get_num_encoder_embeds(index)
+            leased = self._sync_leases.pop(mm_hash, None)
+            if leased is not None:
+                self._req_leases.setdefault(
+                    getattr(request, "request_id", None), []).append(leased)
 
     def update_state_after_free(self, request, index: int):
         if not self._async:
+            self._unlease.extend(self._req_leases.pop(
+                getattr(request, "request_id", None), ()))
             return
         h = request.mm_features[index].identifier
         st = self._reqs.get(request.request_id)
@@ -795,6 +859,7 @@ class ECXConnector(ECConnectorBase):
             meta.starts, self._to_start = self._to_start, []
             meta.ready, self._step_ready = self._step_ready, []
             meta.releases, self._to_release = self._to_release, []
+            self._flush_unlease()
             self._stats.maybe_log(self._cfg.log_interval_s, "scheduler")
             return meta
         for mm_hash, num_token in self._loads.items():
@@ -802,9 +867,13 @@ class ECXConnector(ECConnectorBase):
             spec.num_token = num_token
             meta.add_load(spec)
         # has_cache_item asks again in a later step, so nothing stale
-        # (an item evicted since) is scheduled from an old answer.
+        # (an item evicted since) is scheduled from an old answer; the
+        # leases of hits no request took end now.
         self._pending_specs.clear()
         self._loads.clear()
+        self._unlease.extend(self._sync_leases.values())
+        self._sync_leases.clear()
+        self._flush_unlease()
         return meta
 
     def update_connector_output(self, connector_output):
@@ -817,6 +886,7 @@ class ECXConnector(ECConnectorBase):
             if it is not None and it.spec.attempt == attempt and \
                     it.state == _STARTING:
                 it.state = _READY
+                self._unlease_item(it)  # every rank holds it now
                 self._stats.add("items_ready")
                 self._stats.add("item_load_s", now - it.t0)
         for (h, attempt), why in wm.failed.items():
@@ -825,6 +895,7 @@ class ECXConnector(ECConnectorBase):
                     it.state == _READY:
                 continue
             it.state = _FAILED
+            self._unlease_item(it)
             self._stats.add("items_failed")
             for rid in list(it.requests):
                 self._give_up(rid, f"{h}: {why}")
@@ -834,6 +905,8 @@ class ECXConnector(ECConnectorBase):
         st = self._reqs.pop(request.request_id, None)
         if st is not None:
             self._drop(request.request_id, st.items)
+        self._unlease.extend(self._req_leases.pop(
+            getattr(request, "request_id", None), ()))
         return False, None
 
     def get_ec_connector_stats(self):
@@ -862,6 +935,15 @@ class ECXConnector(ECConnectorBase):
                 pull.wait()
         self._inflight = []
         self._held.clear()
+        if self._client is not None:
+            for it in self._items.values():
+                self._unlease_item(it)
+            self._unlease.extend(self._sync_leases.values())
+            for items in self._req_leases.values():
+                self._unlease.extend(items)
+            self._sync_leases.clear()
+            self._req_leases.clear()
+            self._flush_unlease()
         with self._lock:
             for h in (self._producer, self._consumer, self._client):
                 if h is not None:

@@ -46,7 +46,9 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	c->cache = calloc(rcmax, sizeof(*c->cache));
 	if (c->cache == NULL)
 		goto fail_msg;
-	c->ncache = rcmax;
+	/* Released: the unmap hook may run on any thread, one started by a
+	 * library (a ZeroMQ context's) that saw nothing of this create. */
+	__atomic_store_n(&c->ncache, rcmax, __ATOMIC_RELEASE);
 	ecx_regclient_opts ro = {.urls = registry,
 	                         .token = c->token,
 	                         .connect_timeout_ms = c->timeout_ms,
@@ -86,6 +88,11 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	char domain[ECX_DOMAIN_MAX];
 	ecx_shm_domain(domain, sizeof(domain));
 	ecx_rdv_client_offer(c->rdv, ecx_ucx_transports(c->ucx), domain);
+	c->leaser = ecx_rdv_leaser_create();
+	if (c->leaser == NULL) {
+		rc = ECX_ENOMEM;
+		goto fail_msg;
+	}
 	c->hooked = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0,
 	                                  cons_on_unmap, c) == UCS_OK;
 	if (!c->hooked)
@@ -140,6 +147,7 @@ void ecx_consumer_destroy(ecx_consumer *c)
 		ecx_ucx_mem_unmap(c->ucx, c->arena.memh);
 		ecx_ucx_destroy(c->ucx);
 	}
+	ecx_rdv_leaser_destroy(c->leaser);
 	ecx_rdv_client_destroy(c->rdv);
 	ecx_alloc_fini(&c->alloc);
 	free(c->allocs);

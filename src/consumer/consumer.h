@@ -122,6 +122,7 @@ struct ecx_consumer {
 	bool integrity; /* check loaded bytes against producers' xxh64 */
 	ecx_ucx *ucx;
 	ecx_rdv_client *rdv;
+	ecx_rdv_leaser *leaser; /* lookups' leases */
 	pconn *conns;
 	pull *inflight;
 	uint64_t next_req;

@@ -46,6 +46,30 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 	return 0;
 }
 
+int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
+                              int lease_ms)
+{
+	if (lease_ms < 0)
+		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
+	int rc = ecx_consumer_lookup(c, items, n);
+	/* What the registries found is leased even when one of them failed:
+	 * the rest of the lookup stands. */
+	ecx_rdv_lease(c->leaser, items, n,
+	              lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT,
+	              c->token, c->timeout_ms, NULL);
+	return rc;
+}
+
+int ecx_consumer_release(ecx_consumer *c, ecx_item *items, size_t n)
+{
+	char why[256];
+	if (c == NULL || (items == NULL && n > 0))
+		return ecx_set_error(ECX_EINVAL, "no consumer or no items");
+	int rc = ecx_rdv_release(c->leaser, items, n, c->token, c->timeout_ms,
+	                         why, sizeof(why));
+	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
+}
+
 /* ---- loads ---- */
 
 /* Where an item's bytes go; zero-byte items (whose tensors may have no
@@ -169,6 +193,7 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		it[ni].nbytes = x->desc.nbytes;
 		it[ni].region = (uint32_t)gi;
 		it[ni].addr = (uint64_t)(uintptr_t)dst;
+		it[ni].lease = x->lease;
 		p->idx[ni++] = p->idx[k];
 	}
 	p->n = ni;
@@ -404,6 +429,7 @@ int ecx_load_wait(ecx_load *l)
 		if (s == 0) {
 			ok++;
 			bytes += l->items[i].desc.nbytes;
+			l->items[i].lease = 0; /* its pull ended it */
 		} else {
 			bad++;
 			if (first == 0)

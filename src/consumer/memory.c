@@ -22,7 +22,8 @@ void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg)
 	uint64_t e = a + ev->vm_unmapped.size;
 	/* Runs inside munmap of any thread, maybe under our lock: atomics
 	 * only. */
-	for (unsigned i = 0; i < c->ncache; i++) {
+	unsigned n = __atomic_load_n(&c->ncache, __ATOMIC_ACQUIRE);
+	for (unsigned i = 0; i < n; i++) {
 		region *r = &c->cache[i];
 		uint64_t b = __atomic_load_n(&r->base, __ATOMIC_ACQUIRE);
 		uint64_t l = __atomic_load_n(&r->len, __ATOMIC_ACQUIRE);

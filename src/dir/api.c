@@ -2,12 +2,17 @@
  * directory layer's client, and the public entry JSON codecs. Failures are
  * reported once, here, through the calling thread's last error. */
 #include "dir/dir.h"
+#include "rdv/rdv.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 struct ecx_client {
 	ecx_regclient *rc;
+	/* leases (rdv/lease.c): the producers' ZeroMQ sockets */
+	ecx_rdv_leaser *leaser;
+	char *token;
+	int timeout_ms;
 };
 
 int ecx_client_create(const ecx_client_params *params, ecx_client **out,
@@ -41,8 +46,17 @@ int ecx_client_create(const ecx_client_params *params, ecx_client **out,
 		ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
 	}
-	int rc = ecx_regclient_create(&o, &c->rc, w, sizeof(w));
+	c->leaser = ecx_rdv_leaser_create();
+	c->token = o.token != NULL ? strdup(o.token) : NULL;
+	c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 5000;
+	int rc = c->leaser == NULL || (o.token != NULL && c->token == NULL)
+	             ? ECX_ENOMEM
+	             : ecx_regclient_create(&o, &c->rc, w, sizeof(w));
+	if (rc == ECX_ENOMEM && c->rc == NULL)
+		ecx_strlcpy(w, "out of memory", sizeof(w));
 	if (rc != 0) {
+		ecx_rdv_leaser_destroy(c->leaser);
+		free(c->token);
 		free(c);
 		ecx_why(why, whylen, rc, "%s", w);
 		return ecx_set_error(rc, "%s", w);
@@ -56,7 +70,33 @@ void ecx_client_destroy(ecx_client *c)
 	if (c == NULL)
 		return;
 	ecx_regclient_destroy(c->rc);
+	ecx_rdv_leaser_destroy(c->leaser);
+	free(c->token);
 	free(c);
+}
+
+int ecx_client_lookup_lease(ecx_client *c, ecx_item *items, size_t n,
+                            int lease_ms)
+{
+	if (lease_ms < 0)
+		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
+	int rc = ecx_client_lookup(c, items, n);
+	if (rc == ECX_EID || rc == ECX_EINVAL)
+		return rc;
+	ecx_rdv_lease(c->leaser, items, n,
+	              lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT,
+	              c->token, c->timeout_ms, NULL);
+	return rc;
+}
+
+int ecx_client_release(ecx_client *c, ecx_item *items, size_t n)
+{
+	char why[256];
+	if (c == NULL || (items == NULL && n > 0))
+		return ecx_set_error(ECX_EINVAL, "no client or no items");
+	int rc = ecx_rdv_release(c->leaser, items, n, c->token, c->timeout_ms,
+	                         why, sizeof(why));
+	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
 }
 
 int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)

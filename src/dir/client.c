@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define MOD "regclient"
 #define MAX_REGISTRIES 16
@@ -90,9 +91,11 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 				             MAX_REGISTRIES);
 				goto fail;
 			}
-			bool redis = n > 8 && strncmp(p, "redis://", 8) == 0;
+			/* Schemes are case-insensitive (RFC 3986). */
+			bool redis =
+			    n > 8 && strncasecmp(p, "redis://", 8) == 0;
 			if ((!redis &&
-			     (n < 8 || strncmp(p, "http://", 7) != 0)) ||
+			     (n < 8 || strncasecmp(p, "http://", 7) != 0)) ||
 			    n >= ECX_ADDR_MAX - 1) {
 				rc = ecx_why(why, whylen, ECX_EINVAL,
 				             "registry URL '%.*s' is not "

@@ -5,7 +5,8 @@
  * with libcurl or, for redis://, through the Redis store directly), with
  * per-registry back-off.
  *
- * May include: core/, wire/. Never: UCX, ZeroMQ, or any role; the registry
+ * May include: core/, wire/, and rdv/ for the public client's leases
+ * (api.c: ZeroMQ only through rdv/). Never: UCX or any role; the registry
  * server (registry/) and the roles sit above and use this.
  */
 #ifndef ECX_DIR_H

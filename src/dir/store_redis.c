@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/time.h>
 
 #define MOD "redis"
@@ -70,7 +71,7 @@ static int rs_connect(redis_store *r, char *why, size_t whylen)
 		freeReplyObject(rep);
 		if (bad) {
 			redisFree(c);
-			return ecx_why(why, whylen, ECX_EINVAL,
+			return ecx_why(why, whylen, ECX_EIO,
 			               "redis://%s:%d: cannot select db %d",
 			               r->host, r->port, r->db);
 		}
@@ -459,7 +460,7 @@ int ecx_store_redis_ping(ecx_store *s, char *why, size_t whylen)
 
 bool ecx_store_is_redis_url(const char *url)
 {
-	return url != NULL && strncmp(url, "redis://", 8) == 0;
+	return url != NULL && strncasecmp(url, "redis://", 8) == 0;
 }
 
 ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,

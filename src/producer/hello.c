@@ -162,9 +162,12 @@ char *prod_rdv_handle(void *arg, const ecx_zreq *r)
 	if (p->token != NULL &&
 	    !ecx_ct_equal(r->token, strlen(r->token), p->token, p->token_len))
 		return ecx_zresp_encode_error(ECX_EAUTH, NULL);
-	if (r->op == ECX_ZOP_HELLO)
-		return hello_answer(p, r);
+	if (r->op == ECX_ZOP_LEASE)
+		return prod_lease_answer(p, r);
+	if (r->op == ECX_ZOP_RELEASE)
+		return prod_release_answer(p, r);
 	if (r->op == ECX_ZOP_BYE)
 		return bye_answer(p, r);
-	return ref_pull_answer(p, r);
+	return r->op == ECX_ZOP_HELLO ? hello_answer(p, r)
+	                              : ref_pull_answer(p, r);
 }

@@ -109,13 +109,15 @@ static int make_room(ecx_producer *p, uint64_t n, uint64_t *off, evicted *ev)
 {
 	if (ecx_alloc_take(&p->alloc, n, off))
 		return 0;
+	/* Leases past their expiry give their items back first. */
+	prod_leases_expire(p);
 	ecx_alloc dry;
 	if (!ecx_alloc_clone(&dry, &p->alloc))
 		return ECX_ENOMEM;
 	item *last = NULL;
 	uint64_t scratch;
 	for (item *v = p->lru_tail; v != NULL; v = v->lru_prev) {
-		if (v->pins > 0 || !v->ready)
+		if (v->pins > 0 || v->leases > 0 || !v->ready)
 			continue;
 		ecx_alloc_give(&dry, v->off, v->desc.nbytes);
 		if (ecx_alloc_take(&dry, n, &scratch)) {
@@ -129,7 +131,7 @@ static int make_room(ecx_producer *p, uint64_t n, uint64_t *off, evicted *ev)
 	item *v = p->lru_tail;
 	for (;;) {
 		item *prev = v->lru_prev;
-		if (v->pins == 0 && v->ready) {
+		if (v->pins == 0 && v->leases == 0 && v->ready) {
 			bool done = v == last;
 			prod_item_unlink(p, v);
 			evicted_add(ev, v->id);
@@ -216,7 +218,7 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 		return ecx_set_error(
 		    rc,
 		    "%s %s: no room for %llu bytes: every item "
-		    "is being read by a pull",
+		    "is being read by a pull or leased",
 		    op, id, (unsigned long long)desc->nbytes);
 	if (rc != 0)
 		return ecx_set_error(rc, "%s %s: out of memory", op, id);
@@ -323,6 +325,7 @@ int ecx_producer_remove(ecx_producer *p, const char *id)
 		pthread_mutex_unlock(&p->lock);
 		return ecx_set_error(ECX_ENOTFOUND, "remove %s: not held", id);
 	}
+	prod_leases_drop_item(p, it);
 	prod_item_unlink(p, it);
 	if (it->pins > 0)
 		it->doomed = true;

@@ -38,6 +38,11 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	    HAS(IDLE) && pp->idle_ms > 0 ? pp->idle_ms : ECX_IDLE_MS_DEFAULT;
 	int reg_port =
 	    HAS(REGISTRY_PORT) ? pp->registry_port : ECX_REGISTRY_PORT_DEFAULT;
+	int lease_ms = HAS(LEASE_MAX_MS) && pp->lease_max_ms > 0
+	                   ? pp->lease_max_ms
+	                   : ECX_LEASE_MS_DEFAULT;
+	int lease_pct =
+	    HAS(LEASE_SHARE) ? pp->lease_share_pct : ECX_LEASE_SHARE_DEFAULT;
 	const char *remote = HAS(REGISTRY) && pp->registry && pp->registry[0]
 	                         ? pp->registry
 	                         : NULL;
@@ -51,6 +56,10 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	if (cap < ECX_ALLOC_ALIGN || cap >= ECX_JSON_INT_MAX)
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "capacity must be 4 KiB to 2^53 bytes");
+	if (lease_pct < 0 || lease_pct > 100)
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "lease share must be 0 to 100 percent, not %d",
+		               lease_pct);
 	if (reg_port < -1 || reg_port > 65535)
 		return ecx_why(why, whylen, ECX_EINVAL, "bad registry port %d",
 		               reg_port);
@@ -74,6 +83,9 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	p->idle_ms = idle;
 	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
 	p->st.capacity = cap;
+	p->lease_max_ms = (uint64_t)lease_ms;
+	p->lease_cap = cap * (uint64_t)lease_pct / 100;
+	p->lease_rng = p->epoch;
 	int rc = ECX_ENOMEM;
 	p->nbuckets = 1024;
 	p->buckets = calloc(p->nbuckets, sizeof(*p->buckets));
@@ -86,7 +98,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		p->token_len = strlen(token);
 	}
 	if (remote != NULL) {
-		p->redis = strncmp(remote, "redis://", 8) == 0;
+		p->redis = ecx_store_is_redis_url(remote);
 		p->ttl_s = (m & ECX_PRODUCER_PARAM_REGISTRY_TTL)
 		               ? pp->registry_ttl_s
 		               : 30;
@@ -167,6 +179,7 @@ uint16_t ecx_producer_registry_port(const ecx_producer *p)
 void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
 {
 	pthread_mutex_lock(&p->lock);
+	prod_leases_expire(p);
 	*out = p->st;
 	out->items = p->nitems;
 	out->bytes_used = p->alloc.used;
@@ -211,6 +224,7 @@ void ecx_producer_destroy(ecx_producer *p)
 		ecx_ucx_mem_unmap(p->ucx, p->memh);
 		ecx_ucx_destroy(p->ucx);
 	}
+	prod_leases_clear(p);
 	for (size_t b = 0; p->buckets != NULL && b < p->nbuckets; b++) {
 		item *it = p->buckets[b];
 		while (it != NULL) {

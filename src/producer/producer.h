@@ -6,6 +6,8 @@
  *   publish.c   publishing to the embedded or a remote registry
  *   serve.c     the pull service: connections, jobs, remote keys, replies
  *   hello.c     the rendezvous requests (hello, the reference's pull)
+ *   lease.c     leases: pins a lookup takes until the pull, a release or
+ *               the expiry
  *
  * May include: every layer below (core, wire, mem, xfer, rdv, dir,
  * registry). Never: consumer/. Locking: p->lock guards the items, the
@@ -35,11 +37,12 @@ typedef struct item {
 	struct item *hnext;               /* hash chain */
 	struct item *lru_prev, *lru_next; /* most recent at the head */
 	uint64_t hash;
-	uint64_t off;  /* in the arena */
-	unsigned pins; /* pulls reading it now */
-	bool ready;    /* bytes in place and published */
-	bool doomed;   /* removed while pinned: freed at the last unpin */
-	uint64_t xxh;  /* of the bytes, set at put with integrity on */
+	uint64_t off;    /* in the arena */
+	unsigned pins;   /* pulls reading it now */
+	unsigned leases; /* leases on it now: not evicted while any */
+	bool ready;      /* bytes in place and published */
+	bool doomed;     /* removed while pinned: freed at the last unpin */
+	uint64_t xxh;    /* of the bytes, set at put with integrity on */
 	ecx_tensor_desc desc;
 	char id[ECX_ID_MAX + 1];
 } item;
@@ -77,6 +80,21 @@ typedef struct conn {
 	struct conn *next;
 	struct ecx_producer *p;
 } conn;
+
+/* A lease: item it pinned until expires_ns, unless a pull, a release or
+ * the item's removal ends it first. Kept in a hash by number and in a list
+ * by expiry (most leases have the same length, so a new one goes at or
+ * near the tail). */
+typedef struct lease {
+	struct lease *hnext;
+	struct lease *prev, *next;
+	uint64_t num;
+	uint64_t expires_ns;
+	item *it;
+} lease;
+
+#define LEASE_BUCKETS 4096
+#define MAX_LEASES 65536
 
 /* One pull, from its arrival to its reply. */
 typedef struct job {
@@ -133,6 +151,11 @@ struct ecx_producer {
 	uint64_t next_conn;
 	job *queue, *queue_tail; /* arrived, not yet started */
 	job *active;             /* writing or flushing */
+	/* leases */
+	lease *lbuckets[LEASE_BUCKETS];
+	lease *lhead, *ltail;             /* by expiry, soonest first */
+	uint64_t lease_max_ms, lease_cap; /* cap: bytes leased at most */
+	uint64_t lease_rng;
 	/* rendezvous */
 	ecx_rdv_server *rdv;
 	ecx_producer_stats st;
@@ -144,6 +167,19 @@ void prod_item_unlink(ecx_producer *p, item *it);
 void prod_item_free(ecx_producer *p, item *it);
 void prod_lru_unlink(ecx_producer *p, item *it);
 void prod_lru_push(ecx_producer *p, item *it);
+
+/* lease.c. Called with p->lock held. */
+/* Ends the leases past their expiry. */
+void prod_leases_expire(ecx_producer *p);
+/* Ends lease num if it is on item it; true when it did (a pull's). */
+bool prod_lease_use(ecx_producer *p, uint64_t num, item *it);
+/* Ends every lease on it (it is being removed). */
+void prod_leases_drop_item(ecx_producer *p, item *it);
+/* Ends every lease (destroy). */
+void prod_leases_clear(ecx_producer *p);
+/* lease.c: the rendezvous's "lease" and "release" answers. Take the lock. */
+char *prod_lease_answer(ecx_producer *p, const ecx_zreq *r);
+char *prod_release_answer(ecx_producer *p, const ecx_zreq *r);
 
 /* publish.c. Called without p->lock. */
 int prod_publish(ecx_producer *p, const char *id, const ecx_tensor_desc *d,

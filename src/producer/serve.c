@@ -395,6 +395,9 @@ static bool job_start(ecx_producer *p, job *j)
 		}
 		if (it->pins++ == 0)
 			p->st.pinned++;
+		/* Pinned by the pull now: the lease its lookup took ends. */
+		if (j->pr.items[i].lease != 0)
+			prod_lease_use(p, j->pr.items[i].lease, it);
 		prod_lru_unlink(p, it);
 		prod_lru_push(p, it);
 		j->items[i] = it;

@@ -90,6 +90,9 @@ static void *call_send(ecx_rdv_client *c, ecx_rdv_call *k)
 	zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
 	int64_t maxmsg = ECX_ZMQ_MAX_MSG;
 	zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	/* Producers may be at IPv6 addresses (tcp://[::1]:PORT). */
+	int ipv6 = 1;
+	zmq_setsockopt(s, ZMQ_IPV6, &ipv6, sizeof(ipv6));
 	if (zmq_connect(s, k->address) != 0) {
 		k->err = ecx_why(k->why, sizeof(k->why), ECX_EINVAL,
 		                 "bad producer address '%s': %s", k->address,

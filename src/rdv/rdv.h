@@ -86,4 +86,30 @@ int ecx_rdv_hello(ecx_rdv_client *c, const char *address, const void *worker,
                   size_t worker_len, const char *token, int timeout_ms,
                   ecx_zresp *out, char *why, size_t whylen);
 
+/* Leases (lease.c): a lookup's leases and their release, over a
+ * persistent REQ socket per producer address, one round trip per producer
+ * for up to ECX_LEASE_MAX_IDS ids, producers in parallel. One lock per
+ * leaser serialises its calls (it is held across their round trips, and
+ * guards nothing else). */
+typedef struct ecx_rdv_leaser ecx_rdv_leaser;
+
+/* NULL when out of memory. Its ZeroMQ context is made at the first call. */
+ecx_rdv_leaser *ecx_rdv_leaser_create(void);
+/* Closes its sockets. Accepts NULL. */
+void ecx_rdv_leaser_destroy(ecx_rdv_leaser *l);
+
+/* Asks each item's producer (items with status 0) for a lease of lease_ms
+ * on it. Sets lease (and epoch, to the answering producer's) where granted;
+ * where not (refused, gone, no answer by timeout_ms from the call), sets
+ * status to ECX_ENOTFOUND and lease to 0. Counts into *refused those it
+ * turned into misses. Never fails as a whole. */
+void ecx_rdv_lease(ecx_rdv_leaser *l, ecx_item *items, size_t n,
+                   uint64_t lease_ms, const char *token, int timeout_ms,
+                   uint64_t *refused);
+/* Ends the leases of the items (lease not 0) and zeroes them. Returns 0,
+ * or the error of the first producer that could not be told, with why. */
+int ecx_rdv_release(ecx_rdv_leaser *l, ecx_item *items, size_t n,
+                    const char *token, int timeout_ms, char *why,
+                    size_t whylen);
+
 #endif /* ECX_RDV_H */

@@ -100,11 +100,18 @@ int ecx_rdv_server_create(const ecx_rdv_server_opts *o, ecx_rdv_server **out,
 	int linger = 0;
 	zmq_setsockopt(s->zsock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
 	zmq_setsockopt(s->zsock, ZMQ_LINGER, &linger, sizeof(linger));
+	/* ZeroMQ takes IPv6 addresses only when asked to; "::" then listens
+	 * on IPv4 too. In URLs an IPv6 address goes in brackets. */
+	int ipv6 = 1;
+	zmq_setsockopt(s->zsock, ZMQ_IPV6, &ipv6, sizeof(ipv6));
+	bool v6 = strchr(o->bind, ':') != NULL && o->bind[0] != '[';
 	char ep[ECX_ADDR_MAX];
 	if (o->port == 0)
-		snprintf(ep, sizeof(ep), "tcp://%s:*", o->bind);
+		snprintf(ep, sizeof(ep), "tcp://%s%s%s:*", v6 ? "[" : "",
+		         o->bind, v6 ? "]" : "");
 	else
-		snprintf(ep, sizeof(ep), "tcp://%s:%u", o->bind, o->port);
+		snprintf(ep, sizeof(ep), "tcp://%s%s%s:%u", v6 ? "[" : "",
+		         o->bind, v6 ? "]" : "", o->port);
 	if (zmq_bind(s->zsock, ep) != 0) {
 		int e = zmq_errno();
 		rc = ecx_why(
@@ -116,8 +123,10 @@ int ecx_rdv_server_create(const ecx_rdv_server_opts *o, ecx_rdv_server **out,
 	size_t ll = sizeof(last);
 	zmq_getsockopt(s->zsock, ZMQ_LAST_ENDPOINT, last, &ll);
 	const char *colon = strrchr(last, ':');
-	snprintf(s->address, sizeof(s->address), "tcp://%.200s:%.16s",
-	         o->advertise, colon != NULL ? colon + 1 : "0");
+	bool adv6 = strchr(o->advertise, ':') != NULL && o->advertise[0] != '[';
+	snprintf(s->address, sizeof(s->address), "tcp://%s%.200s%s:%.16s",
+	         adv6 ? "[" : "", o->advertise, adv6 ? "]" : "",
+	         colon != NULL ? colon + 1 : "0");
 	if (pthread_create(&s->thread, NULL, rdv_thread, s) != 0) {
 		rc = ecx_why(why, whylen, ECX_ENOMEM, "cannot start thread");
 		goto fail;

@@ -25,6 +25,7 @@ struct ecx_registry {
 	char *token;
 	size_t token_len;
 	bool token_reads;
+	bool redis; /* the store is Redis: /healthz asks it */
 	uint64_t
 	    epoch; /* changes each start: producers republish on a change */
 	/* counters, updated with relaxed atomics */
@@ -95,6 +96,10 @@ static unsigned status_of(int err)
 	case ECX_EIO:
 	case ECX_ECONNECT:
 	case ECX_ETIMEDOUT:
+	/* From the store: the registry's own credentials (a wrong Redis
+	 * password) are not the caller's fault; a caller's token is
+	 * refused with 401 before the store is asked. */
+	case ECX_EAUTH:
 		return MHD_HTTP_SERVICE_UNAVAILABLE;
 	default:
 		return MHD_HTTP_BAD_REQUEST;
@@ -314,10 +319,20 @@ static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 	if (strcmp(url, "/healthz") == 0) {
 		if (!get)
 			goto not_allowed;
-		char h[64];
-		snprintf(h, sizeof(h), "{\"ok\":true,\"epoch\":%llu}",
-		         (unsigned long long)r->epoch);
-		return answer_json(a, MHD_HTTP_OK, strdup(h));
+		/* Healthy means lookups can be answered: a Redis store that
+		 * does not answer makes the registry unhealthy (503). */
+		char why[256] = "";
+		bool ok = !r->redis ||
+		          ecx_store_redis_ping(r->store, why, sizeof(why)) == 0;
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddBoolToObject(o, "ok", ok);
+		cJSON_AddNumberToObject(o, "epoch", (double)r->epoch);
+		if (!ok)
+			cJSON_AddStringToObject(o, "detail", why);
+		char *h = cJSON_PrintUnformatted(o);
+		cJSON_Delete(o);
+		return answer_json(
+		    a, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, h);
 	}
 	if (q->too_big) {
 		char d[80];
@@ -599,6 +614,14 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 			rc = ECX_EINVAL;
 			goto fail;
 		}
+		r->redis = true;
+		/* It starts anyway (Redis may come later); /healthz says. */
+		char down[256];
+		if (ecx_store_redis_ping(r->store, down, sizeof(down)) != 0)
+			ecx_warn(MOD,
+			         "%s (/healthz answers 503 until it "
+			         "answers)",
+			         down);
 	} else {
 		r->store = ecx_store_mem_create();
 		if (r->store == NULL)
@@ -624,8 +647,10 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 		             r->port);
 		goto fail;
 	}
-	ecx_info(MOD, "listening on http://%s:%u (store %s%s)", host, r->port,
-	         store, token ? ", token required for writes" : "");
+	bool v6 = strchr(host, ':') != NULL; /* a URL brackets IPv6 */
+	ecx_info(MOD, "listening on http://%s%s%s:%u (store %s%s)",
+	         v6 ? "[" : "", host, v6 ? "]" : "", r->port, store,
+	         token ? ", token required for writes" : "");
 	*out = r;
 	return 0;
 fail:

@@ -60,6 +60,9 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 		cJSON_AddItemToObject(x, "region", ecx_json_u64(it->region));
 		if (!cJSON_AddItemToObject(x, "addr", ecx_json_u64(it->addr)))
 			goto fail;
+		if (it->lease != 0 &&
+		    !cJSON_AddItemToObject(x, "lease", ecx_json_u64(it->lease)))
+			goto fail;
 	}
 	return json_print_free(o);
 fail:
@@ -199,6 +202,10 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 		    (rc = ecx_json_get_u64(it, "region", &region, why,
 		                           whylen)) ||
 		    (rc = ecx_json_get_u64(it, "addr", &x->addr, why, whylen)))
+			goto fail;
+		if (cJSON_GetObjectItemCaseSensitive(it, "lease") != NULL &&
+		    (rc =
+		         ecx_json_get_u64(it, "lease", &x->lease, why, whylen)))
 			goto fail;
 		if (region >= r.nregions) {
 			rc = ecx_why(why, whylen, ECX_EPROTO,

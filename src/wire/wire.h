@@ -93,6 +93,8 @@ typedef struct ecx_pull_item {
 	uint64_t nbytes;
 	uint32_t region; /* index into regions */
 	uint64_t addr;   /* destination, inside that region */
+	uint64_t lease;  /* the lease a lookup took on it, ended by this pull;
+	                    0: none */
 } ecx_pull_item;
 
 typedef struct ecx_pull_req {
@@ -157,15 +159,21 @@ typedef struct ecx_am_hdr {
 /* ---- the ZeroMQ socket: rendezvous and the reference's pull ---- */
 
 typedef enum ecx_zop {
-	ECX_ZOP_HELLO = 1, /* ecx: exchange UCX worker addresses */
-	ECX_ZOP_PULL = 2,  /* the reference's single-item pull */
-	ECX_ZOP_BYE = 3,   /* ecx: a consumer closes its connection */
+	ECX_ZOP_HELLO = 1,   /* ecx: exchange UCX worker addresses */
+	ECX_ZOP_PULL = 2,    /* the reference's single-item pull */
+	ECX_ZOP_LEASE = 3,   /* ecx: pin ids for a while (a lookup's lease) */
+	ECX_ZOP_RELEASE = 4, /* ecx: end leases */
+	ECX_ZOP_BYE = 5,     /* ecx: a consumer closes its connection */
 } ecx_zop;
 
 /* Transports a side allows, and the one a hello's answer agrees on. */
 #define ECX_TR_SHM 1u /* shared memory: same host, user and namespaces */
 #define ECX_TR_TCP 2u
 #define ECX_DOMAIN_MAX 160
+
+/* Ids in one lease request, and lease numbers in one release: both fit in
+ * ECX_ZMQ_MAX_MSG whatever the ids (255 bytes each at most). */
+#define ECX_LEASE_MAX_IDS 200
 
 /* {"op":"hello","worker":"<base64>","token":"...","transports":["shm",
  * "tcp"],"domain":"..."}, {"op":"bye","conn":C,"epoch":E,"token":"..."}
@@ -186,6 +194,11 @@ typedef struct ecx_zreq {
 	char dst_session[ECX_ADDR_MAX];
 	uint64_t dst_ptr;
 	uint64_t nbytes;
+	/* lease: ids (malloc'd) and the time asked for; release: leases */
+	uint64_t lease_ms;
+	ecx_idlist ids;
+	size_t nleases;
+	uint64_t *leases; /* malloc'd */
 } ecx_zreq;
 
 char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
@@ -194,6 +207,12 @@ char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
 char *ecx_zreq_encode_bye(uint64_t conn, uint64_t epoch, const char *token);
 char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
                            uint64_t dst_ptr, uint64_t nbytes);
+/* {"op":"lease","ids":[...],"ms":M,"token":T}: at most ECX_LEASE_MAX_IDS. */
+char *ecx_zreq_encode_lease(const char *const *ids, size_t n, uint64_t ms,
+                            const char *token);
+/* {"op":"release","leases":[L,...],"token":T}: at most ECX_LEASE_MAX_IDS. */
+char *ecx_zreq_encode_release(const uint64_t *leases, size_t n,
+                              const char *token);
 /* An unknown op gives ECX_EUNSUPPORTED with why "unknown op". */
 int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
                     size_t whylen);
@@ -216,12 +235,25 @@ typedef struct ecx_zresp {
 	uint64_t idle_ms;   /* hello: the producer closes a connection idle this
 	                       long; 0 when absent */
 	bool closed; /* bye: nothing of the connection is in flight any more */
+	/* lease reply: per id, a lease number (0: refused, see lease_err),
+	 * and the time granted; release reply: how many ended */
+	size_t nleases;
+	uint64_t *leases; /* malloc'd */
+	int *lease_err;   /* malloc'd */
+	uint64_t lease_ms;
+	uint64_t released;
 } ecx_zresp;
 
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
                              unsigned transport, uint64_t idle_ms);
+/* {"ok":true,"epoch":E,"ms":M,"items":[{"lease":L} or {"code":"ENOSPC"},
+ * ...]}: one entry per id asked, in order. */
+char *ecx_zresp_encode_lease(uint64_t epoch, uint64_t ms,
+                             const uint64_t *leases, const int *errs, size_t n);
+/* {"ok":true,"released":N} */
+char *ecx_zresp_encode_release(uint64_t released);
 /* {"ok":true,"closed":B}: whether the connection is gone (B false: the
  * producer's wait for its pulls in flight ran out). */
 char *ecx_zresp_encode_bye(bool closed);

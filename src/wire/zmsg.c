@@ -117,12 +117,128 @@ char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
 	return json_print_free(o);
 }
 
+char *ecx_zreq_encode_lease(const char *const *ids, size_t n, uint64_t ms,
+                            const char *token)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddStringToObject(o, "op", "lease");
+	if (token != NULL && token[0] != '\0')
+		cJSON_AddStringToObject(o, "token", token);
+	cJSON_AddItemToObject(o, "ms", ecx_json_u64(ms));
+	cJSON *a = cJSON_AddArrayToObject(o, "ids");
+	for (size_t i = 0; a != NULL && i < n; i++) {
+		cJSON *s = cJSON_CreateString(ids[i]);
+		if (s == NULL) {
+			a = NULL;
+			break;
+		}
+		cJSON_AddItemToArray(a, s);
+	}
+	if (a == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return json_print_free(o);
+}
+
+char *ecx_zreq_encode_release(const uint64_t *leases, size_t n,
+                              const char *token)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddStringToObject(o, "op", "release");
+	if (token != NULL && token[0] != '\0')
+		cJSON_AddStringToObject(o, "token", token);
+	cJSON *a = cJSON_AddArrayToObject(o, "leases");
+	for (size_t i = 0; a != NULL && i < n; i++) {
+		cJSON *v = ecx_json_u64(leases[i]);
+		if (v == NULL) {
+			a = NULL;
+			break;
+		}
+		cJSON_AddItemToArray(a, v);
+	}
+	if (a == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return json_print_free(o);
+}
+
 void ecx_zreq_free(ecx_zreq *r)
 {
 	if (r != NULL) {
 		free(r->worker);
 		r->worker = NULL;
+		free(r->ids.ids);
+		r->ids.ids = NULL;
+		r->ids.n = 0;
+		free(r->leases);
+		r->leases = NULL;
+		r->nleases = 0;
 	}
+}
+
+int ecx_json_id(const cJSON *n, const char *what, char *out, char *why,
+                size_t whylen);
+
+/* The lease request's "ids" and "ms". */
+static int lease_fields(const cJSON *o, ecx_zreq *r, char *why, size_t whylen)
+{
+	int rc = ecx_json_get_u64(o, "ms", &r->lease_ms, why, whylen);
+	if (rc != 0)
+		return rc;
+	const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "ids");
+	if (!cJSON_IsArray(a))
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"ids\" is missing or not an array");
+	int n = cJSON_GetArraySize(a);
+	if (n > ECX_LEASE_MAX_IDS)
+		return ecx_why(why, whylen, ECX_ETOOBIG,
+		               "%d ids in one lease (at most %d)", n,
+		               ECX_LEASE_MAX_IDS);
+	r->ids.ids = calloc((size_t)n + 1, sizeof(*r->ids.ids));
+	if (r->ids.ids == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	const cJSON *s;
+	cJSON_ArrayForEach (s, a) {
+		rc = ecx_json_id(s, "a lease's id", r->ids.ids[r->ids.n], why,
+		                 whylen);
+		if (rc != 0)
+			return rc;
+		r->ids.n++;
+	}
+	return 0;
+}
+
+/* The release request's "leases". */
+static int release_fields(const cJSON *o, ecx_zreq *r, char *why, size_t whylen)
+{
+	const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "leases");
+	if (!cJSON_IsArray(a))
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"leases\" is missing or not an array");
+	int n = cJSON_GetArraySize(a);
+	if (n > ECX_LEASE_MAX_IDS)
+		return ecx_why(why, whylen, ECX_ETOOBIG,
+		               "%d leases in one release (at most %d)", n,
+		               ECX_LEASE_MAX_IDS);
+	r->leases = calloc((size_t)n + 1, sizeof(*r->leases));
+	if (r->leases == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	const cJSON *v;
+	cJSON_ArrayForEach (v, a) {
+		double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+		if (d < 1 || d >= (double)ECX_JSON_INT_MAX ||
+		    d != (double)(uint64_t)d)
+			return ecx_why(why, whylen, ECX_EPROTO,
+			               "a lease is not a positive integer");
+		r->leases[r->nleases++] = (uint64_t)d;
+	}
+	return 0;
 }
 
 int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
@@ -175,6 +291,12 @@ int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
 		    0)
 			rc =
 			    ecx_json_get_u64(o, "epoch", &r.epoch, why, whylen);
+	} else if (strcmp(op, "lease") == 0) {
+		r.op = ECX_ZOP_LEASE;
+		rc = lease_fields(o, &r, why, whylen);
+	} else if (strcmp(op, "release") == 0) {
+		r.op = ECX_ZOP_RELEASE;
+		rc = release_fields(o, &r, why, whylen);
 	} else if (strcmp(op, "pull") == 0) {
 		r.op = ECX_ZOP_PULL;
 		const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "mm_hash");
@@ -261,12 +383,99 @@ char *ecx_zresp_encode_bye(bool closed)
 	return json_print_free(o);
 }
 
+char *ecx_zresp_encode_lease(uint64_t epoch, uint64_t ms,
+                             const uint64_t *leases, const int *errs, size_t n)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddBoolToObject(o, "ok", true);
+	cJSON_AddItemToObject(o, "epoch", ecx_json_u64(epoch));
+	cJSON_AddItemToObject(o, "ms", ecx_json_u64(ms));
+	cJSON *a = cJSON_AddArrayToObject(o, "items");
+	for (size_t i = 0; a != NULL && i < n; i++) {
+		cJSON *x = cJSON_CreateObject();
+		if (x == NULL) {
+			a = NULL;
+			break;
+		}
+		cJSON_AddItemToArray(a, x);
+		if (leases[i] != 0)
+			cJSON_AddItemToObject(x, "lease",
+			                      ecx_json_u64(leases[i]));
+		else
+			cJSON_AddStringToObject(x, "code",
+			                        ecx_err_name(errs[i]));
+	}
+	if (a == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return json_print_free(o);
+}
+
+char *ecx_zresp_encode_release(uint64_t released)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddBoolToObject(o, "ok", true);
+	cJSON_AddItemToObject(o, "released", ecx_json_u64(released));
+	return json_print_free(o);
+}
+
 void ecx_zresp_free(ecx_zresp *r)
 {
 	if (r != NULL) {
 		free(r->worker);
 		r->worker = NULL;
+		free(r->leases);
+		free(r->lease_err);
+		r->leases = NULL;
+		r->lease_err = NULL;
+		r->nleases = 0;
 	}
+}
+
+/* A lease answer's "items" (and "epoch", "ms"). */
+static int lease_items(const cJSON *o, ecx_zresp *r, char *why, size_t whylen)
+{
+	int rc = ecx_json_get_u64(o, "epoch", &r->epoch, why, whylen);
+	if (rc == 0)
+		rc = ecx_json_get_u64(o, "ms", &r->lease_ms, why, whylen);
+	if (rc != 0)
+		return rc;
+	const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "items");
+	int n = cJSON_GetArraySize(a);
+	if (n > ECX_LEASE_MAX_IDS)
+		return ecx_why(why, whylen, ECX_ETOOBIG, "too many leases");
+	r->leases = calloc((size_t)n + 1, sizeof(*r->leases));
+	r->lease_err = calloc((size_t)n + 1, sizeof(*r->lease_err));
+	if (r->leases == NULL || r->lease_err == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	const cJSON *x;
+	cJSON_ArrayForEach (x, a) {
+		size_t k = r->nleases++;
+		if (!cJSON_IsObject(x))
+			return ecx_why(why, whylen, ECX_EPROTO,
+			               "a lease is not an object");
+		if (cJSON_GetObjectItemCaseSensitive(x, "lease") != NULL) {
+			rc = ecx_json_get_u64(x, "lease", &r->leases[k], why,
+			                      whylen);
+			if (rc != 0)
+				return rc;
+			if (r->leases[k] == 0)
+				r->lease_err[k] = ECX_EPROTO;
+			continue;
+		}
+		const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "code");
+		r->lease_err[k] = cJSON_IsString(c)
+		                      ? ecx_err_from_name(c->valuestring)
+		                      : ECX_EPROTO;
+		if (r->lease_err[k] == 0)
+			r->lease_err[k] = ECX_EPROTO;
+	}
+	return 0;
 }
 
 int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
@@ -298,7 +507,11 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 		            sizeof(r.detail));
 		goto out;
 	}
-	if (cJSON_GetObjectItemCaseSensitive(o, "worker") != NULL) {
+	if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "items"))) {
+		rc = lease_items(o, &r, why, whylen);
+	} else if (cJSON_GetObjectItemCaseSensitive(o, "released") != NULL) {
+		rc = ecx_json_get_u64(o, "released", &r.released, why, whylen);
+	} else if (cJSON_GetObjectItemCaseSensitive(o, "worker") != NULL) {
 		rc = b64_field(o, "worker", &r.worker, &r.worker_len, why,
 		               whylen);
 		if (rc == 0)

@@ -80,9 +80,11 @@ check "Redis holds what ls shows" \
 	test "$(redis-cli -p "$port" --scan --pattern 'ecx:rls-*' | wc -l)" = 5
 "$ECX" info "$url" rls-3 >"$work/info" 2>&1
 check "info redis:// finds an item" grep -q "shape: *16x3584" "$work/info"
-# Of a list, the first registry is listed.
+# Of a list, each registry is listed; one that fails is said, the exit 1.
 "$ECX" ls "$url,http://127.0.0.1:1" >"$work/ls-list" 2>"$work/err"
-check "ls of a list lists the first" grep -q "^5 entries" "$work/ls-list"
+rc=$?
+check "ls of a list lists those that answer, exit 1 for the other" \
+	bash -c "test $rc = 1 && grep -q '^5 entries, .* in 1 of 2 registries' '$work/ls-list' && grep -q '127.0.0.1:1' '$work/err'"
 
 # The producer stops: it unpublishes, and ls shows nothing.
 kill -TERM "$servepid"

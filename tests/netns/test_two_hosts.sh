@@ -6,7 +6,10 @@
 # runs in A, consumers in B; items cross the veth over UCX TCP, beside a raw
 # TCP copy across the same pair. Then the link is cut: a load fails within
 # its timeout, and works again once the link is back. Everything is removed
-# at the end. Needs root (CI runs as root); otherwise it says it skipped.
+# at the end. Then the same pair over IPv6 only (2001:db8::1 and ::2, the
+# documentation range; the IPv4 addresses removed): a producer bound to an
+# IPv6 address, consumers reaching it at http://[2001:db8::1]:PORT. Needs
+# root (CI runs as root); otherwise it reports a skip to ctest (exit 77).
 #
 # Usage: test_two_hosts.sh PATH/TO/ecx
 set -u
@@ -17,10 +20,11 @@ fail=0
 ok() { echo "ok - $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
 
-if [ "$(id -u)" != 0 ] || ! ip netns add "ecx-probe-$$" 2>/dev/null; then
-	echo "skipped: needs root and network namespaces"
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null ||
+	! ip netns add "ecx-probe-$$" 2>/dev/null; then
+	echo "SKIP - needs root and network namespaces ('ip netns')"
 	echo "0 passed, 0 failed, 1 skipped"
-	exit 0
+	exit 77 # ctest's SKIP_RETURN_CODE: reported as skipped, not passed
 fi
 ip netns del "ecx-probe-$$"
 
@@ -146,5 +150,49 @@ wait "${pids[0]}"
 rc=$?
 [ "$rc" = 0 ] && ok "producer stops cleanly" ||
 	bad "producer stop: rc=$rc $(tail -3 "$work/serve.err")"
+
+# The same pair over IPv6 only: the IPv4 addresses go, so neither UCX
+# nor ZeroMQ nor the registry can fall back to them.
+ip -n "$A" addr del 192.0.2.1/24 dev "$VA" &&
+	ip -n "$B" addr del 192.0.2.2/24 dev "$VB" &&
+	ip -n "$A" addr add 2001:db8::1/64 dev "$VA" nodad &&
+	ip -n "$B" addr add 2001:db8::2/64 dev "$VB" nodad ||
+	bad "IPv6 addresses on the veth"
+host_exec "$A" "$ECX" serve --bind 2001:db8::1 --port 0 --transport tcp \
+	--synthetic 8 --shape 1024x3584 --dtype bfloat16 --capacity 128MiB \
+	--timeout 2s --json >"$work/serve6.out" 2>"$work/serve6.err" &
+pids+=($!)
+p6=$!
+for _ in $(seq 300); do grep -q registry "$work/serve6.out" && break; sleep 0.1; done
+reg6=$($PY -c "import json; print(json.load(open('$work/serve6.out'))['registry'])" 2>/dev/null)
+case "$reg6" in
+"http://[2001:db8::1]:"*) ok "producer in A over IPv6 publishes $reg6" ;;
+*) bad "producer in A over IPv6 did not start: $(cat "$work/serve6.err")" ;;
+esac
+rx0=$(ip netns exec "$B" cat "/sys/class/net/$VB/statistics/rx_bytes")
+host "$B" "$ECX" consume "$reg6" --transport tcp --verify --batch 4 --json \
+	--timeout 5s >"$work/consume6.json" 2>"$work/consume6.err"
+rc=$?
+rx1=$(ip netns exec "$B" cat "/sys/class/net/$VB/statistics/rx_bytes")
+verified=$($PY -c "import json; print(json.load(open('$work/consume6.json'))['verified'])" 2>/dev/null)
+if [ "$rc" = 0 ] && [ "$verified" = 8 ]; then
+	ok "consumer in B loaded and verified 8 items over IPv6"
+else
+	bad "consumer in B over IPv6: rc=$rc verified=$verified $(cat "$work/consume6.err")"
+fi
+crossed=$((rx1 - rx0))
+want=$((8 * 1024 * 3584 * 2))
+[ "$crossed" -ge "$want" ] && ok "the bytes crossed the veth over IPv6 ($crossed >= $want)" ||
+	bad "only $crossed bytes crossed the veth over IPv6 (want >= $want)"
+host "$B" "$ECX" get --transport tcp --verify --timeout 5s "$reg6" synthetic-5 \
+	-o "$work/v6.npy" >/dev/null 2>"$work/get6.err"
+rc=$?
+[ "$rc" = 0 ] && ok "ecx get $reg6 loads and verifies" ||
+	bad "ecx get over IPv6: rc=$rc $(cat "$work/get6.err")"
+kill -TERM "$p6"
+wait "$p6"
+rc=$?
+[ "$rc" = 0 ] && ok "IPv6 producer stops cleanly" ||
+	bad "IPv6 producer stop: rc=$rc $(tail -3 "$work/serve6.err")"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -1,0 +1,105 @@
+#!/bin/bash
+# ecx consume: what it says when there is nothing to load, when a check
+# fails, and its usage errors; real registries and producers on 127.0.0.1.
+# Usage: test_consume.sh PATH/TO/ecx
+set -u
+ECX=${1:?usage: test_consume.sh PATH/TO/ecx}
+work=$(mktemp -d)
+pids=()
+pass=0
+fail=0
+cleanup() {
+	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+ok() { echo "ok - $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
+wait_for() { # wait_for FILE PATTERN: up to 30 s
+	for _ in $(seq 300); do
+		grep -q "$2" "$1" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	return 1
+}
+# expect NAME RC PATTERN COMMAND...: exits RC, stderr matches PATTERN.
+expect() {
+	local name=$1 want=$2 pat=$3
+	shift 3
+	timeout 60 "$@" >"$work/out" 2>"$work/err"
+	local rc=$?
+	if [ "$rc" = "$want" ] && grep -q -- "$pat" "$work/err"; then
+		ok "$name"
+	else
+		bad "$name (exit $rc, stderr: $(head -c 300 "$work/err"))"
+	fi
+}
+
+# A registry with nothing in it, and one that wants a token on reads.
+"$ECX" registry --bind 127.0.0.1 --port 0 >"$work/r1" 2>&1 &
+pids+=($!)
+"$ECX" registry --bind 127.0.0.1 --port 0 --token sesame --token-reads \
+	>"$work/r2" 2>&1 &
+pids+=($!)
+wait_for "$work/r1" "listening on" && wait_for "$work/r2" "listening on" ||
+	{ echo "FAIL - registries did not start"; exit 1; }
+empty=$(awk '/listening on/ {print $3}' "$work/r1")
+locked=$(awk '/listening on/ {print $3}' "$work/r2")
+
+expect "an empty registry: exit 1, says it lists nothing" 1 \
+	"lists no items" "$ECX" consume "$empty"
+expect "a registry answering 401: exit 1, says so" 1 "401" \
+	env -u ECX_TOKEN "$ECX" consume "$locked"
+mkdir "$work/none"
+expect "an empty --files folder: exit 1, says it holds nothing" 1 \
+	"holds no items" "$ECX" consume --files "$work/none"
+expect "--transport foo: usage, exit 2" 2 "--transport" \
+	"$ECX" consume --transport foo "$empty"
+expect "--memory foo: usage, exit 2" 2 "--memory" \
+	"$ECX" consume --memory foo "$empty"
+expect "--batch 3x: usage, exit 2" 2 "--batch" \
+	"$ECX" consume --batch 3x "$empty"
+
+# --verify on an item that is not synthetic gives the reason.
+printf 'abcd' >"$work/plain.bin"
+"$ECX" serve --bind 127.0.0.1 --port 0 --dtype uint8 --shape 4 \
+	"$work/plain.bin" >"$work/s1" 2>&1 &
+pids+=($!)
+wait_for "$work/s1" "^serving" || { echo "FAIL - serve did not start"; exit 1; }
+plain=$(sed -n 's/.*registry \(http:[^ ]*\).*/\1/p' "$work/s1")
+expect "--verify on a non-synthetic item: exit 1 with the reason" 1 \
+	"not those of the synthetic item" "$ECX" consume --verify "$plain"
+
+# Synthetic items load and verify, into the arena and into fresh memory.
+"$ECX" serve --bind 127.0.0.1 --port 0 --synthetic 5 --shape 64x64 \
+	--dtype float32 >"$work/s2" 2>&1 &
+pids+=($!)
+wait_for "$work/s2" "^serving" || { echo "FAIL - serve did not start"; exit 1; }
+synth=$(sed -n 's/.*registry \(http:[^ ]*\).*/\1/p' "$work/s2")
+for m in prefaulted fresh; do
+	if timeout 60 "$ECX" consume --verify --memory "$m" --json "$synth" \
+		>"$work/out" 2>"$work/err" &&
+		grep -q '"verified": 5, "failed": 0' "$work/out" &&
+		grep -q "\"memory\": \"$m\"" "$work/out"; then
+		ok "consume --verify --memory $m: 5 verified"
+	else
+		bad "consume --verify --memory $m: $(cat "$work/out" "$work/err")"
+	fi
+done
+
+# The demo end to end on a small workload: both tables, every item
+# verified both ways in both kinds of memory, a ratio for each.
+if timeout 200 "$ECX" demo --count 12 --batch 4 --dir "$work" \
+	>"$work/out" 2>"$work/err" &&
+	grep -q "^Into pre-faulted memory, reused" "$work/out" &&
+	grep -q "^Into fresh memory" "$work/out" &&
+	[ "$(grep -c ' 12/12$' "$work/out")" = 4 ] &&
+	grep -q "^Into pre-faulted memory ecx loads .* into fresh memory" \
+		"$work/out"; then
+	ok "demo --count 12: two like-with-like tables, all verified"
+else
+	bad "demo --count 12: $(cat "$work/out" "$work/err")"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
