@@ -904,6 +904,28 @@ static long long proc_shmem_kib(pid_t pid)
 	return kib;
 }
 
+/* How many shared mappings of at least min_mib MiB process pid has, or
+ * -1: a consumer's receive arena the producer still maps shows here
+ * whole, touched or not. */
+static int proc_shared_maps(pid_t pid, unsigned long min_mib)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return -1;
+	int n = 0;
+	while (fgets(line, sizeof(line), f) != NULL) {
+		unsigned long a, b;
+		char perms[8];
+		if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 &&
+		    perms[3] == 's' && b - a >= min_mib << 20)
+			n++;
+	}
+	fclose(f);
+	return n;
+}
+
 /* Shared memory no process maps (KiB): System V segments with no attach
  * left and files in /dev/shm. What a test's processes leave behind once
  * they are gone shows here; other processes' live memory does not. */
@@ -997,6 +1019,9 @@ static void test_consumers_forgotten(void **state)
 	long long shm0 = host_shmem_kib();
 	long long own0 = proc_shmem_kib(p.ch.pid);
 	long long orphan0 = orphan_shmem_kib();
+	/* Mappings of 40 MiB or more: the producer's arena is 16 MiB, each
+	 * consumer's 48 MiB. */
+	int maps0 = proc_shared_maps(p.ch.pid, 40);
 	if (shm0 < 0 || own0 < 0) {
 		producer_stop(&p);
 		skip();
@@ -1089,6 +1114,10 @@ static void test_consumers_forgotten(void **state)
 	              peak, (unsigned long long)forgot_ms, IDLE_MS, shm0 / 1024,
 	              shm1 / 1024, own0, own1);
 	long long orphan1 = orphan_shmem_kib();
+	int maps1 = proc_shared_maps(p.ch.pid, 40);
+	if (maps1 != maps0)
+		fail_msg("the producer still maps %d consumer arenas",
+		         maps1 - maps0);
 	if (own1 - own0 >= 4 * 1024)
 		fail_msg("the producer still holds %lld KiB of shared memory",
 		         own1 - own0);
