@@ -6,6 +6,7 @@
  *                          [--registry URL] [--bind HOST] [--timeout MS]
  *                          [--registry-port P] [--zmq-port P] [--integrity]
  *                          [--lease-max-ms MS] [--lease-share PCT]
+ *                          [--idle MS]
  *     prints "ready REGISTRY_PORT PRODUCER_ZMQ", then takes:
  *     put ID DTYPE D0xD1...   -> ok | err NAME detail
  *     remove ID               -> ok | err NAME detail
@@ -15,7 +16,9 @@
  *     quit                    -> bye (after destroying the producer)
  *
  *   ecx-test-peer consumer REGISTRY [--transport T] [--token T]
- *                          [--timeout MS] [--integrity]
+ *                          [--timeout MS] [--integrity] [--recv BYTES]
+ *                          [--arena]
+ *     (--arena: loads land in the receive arena, else in malloc'd memory)
  *     prints "ready", then takes:
  *     load ID...   -> ok | err NAME: per-item names (verifies bytes)
  *     loop N ID... -> loads the ids N times ("ok COUNT" at the end)
@@ -66,6 +69,7 @@ static int run_producer(int argc, char **argv)
 	    {"integrity", no_argument, NULL, 'I'},
 	    {"lease-max-ms", required_argument, NULL, 'M'},
 	    {"lease-share", required_argument, NULL, 'S'},
+	    {"idle", required_argument, NULL, 'D'},
 	    {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -111,6 +115,10 @@ static int run_producer(int argc, char **argv)
 		case 'S':
 			p.field_mask |= ECX_PRODUCER_PARAM_LEASE_SHARE;
 			p.lease_share_pct = atoi(optarg);
+			break;
+		case 'D':
+			p.field_mask |= ECX_PRODUCER_PARAM_IDLE;
+			p.idle_ms = atoi(optarg);
 			break;
 		case 'Z':
 			p.field_mask |= ECX_PRODUCER_PARAM_ZMQ_PORT;
@@ -210,6 +218,8 @@ static int run_producer(int argc, char **argv)
 	return 0;
 }
 
+static bool into_arena; /* --arena */
+
 static int load_ids(ecx_consumer *cons, char **ids, size_t n, char *report,
                     size_t rlen)
 {
@@ -218,9 +228,13 @@ static int load_ids(ecx_consumer *cons, char **ids, size_t n, char *report,
 		items[i].id = ids[i];
 	int rc = ecx_consumer_lookup(cons, items, n);
 	for (size_t i = 0; i < n; i++) {
-		if (items[i].status == 0) {
-			items[i].dst = malloc(items[i].desc.nbytes + 1);
-		}
+		if (items[i].status == 0)
+			items[i].dst =
+			    into_arena
+			        ? ecx_consumer_alloc(cons, items[i].desc.nbytes)
+			        : malloc(items[i].desc.nbytes + 1);
+		if (items[i].status == 0 && items[i].dst == NULL)
+			items[i].status = ECX_ENOSPC;
 	}
 	if (rc == 0)
 		rc = ecx_consumer_load(cons, items, n);
@@ -233,7 +247,10 @@ static int load_ids(ecx_consumer *cons, char **ids, size_t n, char *report,
 			s = ECX_EINTERNAL, rc = rc ? rc : ECX_EINTERNAL;
 		off += (size_t)snprintf(report + off, rlen - off, " %s",
 		                        s == 0 ? "ok" : ecx_err_name(s));
-		free(items[i].dst);
+		if (into_arena)
+			ecx_consumer_free(cons, items[i].dst);
+		else
+			free(items[i].dst);
 	}
 	free(items);
 	return rc;
@@ -254,6 +271,8 @@ static int run_consumer(int argc, char **argv)
 	    {"token", required_argument, NULL, 'k'},
 	    {"timeout", required_argument, NULL, 'T'},
 	    {"integrity", no_argument, NULL, 'I'},
+	    {"recv", required_argument, NULL, 'V'},
+	    {"arena", no_argument, NULL, 'A'},
 	    {NULL, 0, NULL, 0}};
 	int c;
 	optind = 2;
@@ -269,6 +288,10 @@ static int run_consumer(int argc, char **argv)
 		} else if (c == 'I') {
 			p.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
 			p.integrity = 1;
+		} else if (c == 'V') {
+			p.recv_capacity = strtoull(optarg, NULL, 10);
+		} else if (c == 'A') {
+			into_arena = true;
 		} else {
 			return 2;
 		}

@@ -235,6 +235,7 @@ enum {
 	ECX_PRODUCER_PARAM_INTEGRITY = 1u << 10,
 	ECX_PRODUCER_PARAM_LEASE_MAX_MS = 1u << 11,
 	ECX_PRODUCER_PARAM_LEASE_SHARE = 1u << 12,
+	ECX_PRODUCER_PARAM_IDLE = 1u << 13,
 };
 
 /* Leases: the time a lookup's lease pins an item when the consumer asks
@@ -279,7 +280,16 @@ typedef struct ecx_producer_params {
 	                        it); default ECX_LEASE_MS_DEFAULT */
 	int lease_share_pct; /* at most this percent of the arena leased at
 	                        once, 0 to 100; default 50; 0: no leases */
+	int idle_ms;         /* a consumer connection with no pull in
+	                        flight and none for this long is closed
+	                        and the consumer's memory unmapped (a
+	                        consumer that died is forgotten within
+	                        idle_ms + about 200 ms); a live consumer
+	                        makes a new connection by itself on its
+	                        next load. Default ECX_IDLE_MS_DEFAULT */
 } ecx_producer_params;
+
+#define ECX_IDLE_MS_DEFAULT 15000
 
 /* ecx_producer_create maps and populates the arena (capacity bytes touched
  * once, now), binds its sockets, starts its threads, and returns once it
@@ -342,7 +352,8 @@ typedef struct ecx_producer_stats {
 	uint64_t items_failed;  /* items answered with an error */
 	uint64_t bytes_served;  /* bytes written to consumers */
 	uint64_t registrations; /* memory registrations made (1: the arena) */
-	uint64_t connections;   /* consumer endpoints open now */
+	uint64_t connections;   /* consumer connections open now (from hello
+	                           to goodbye, idle close or failure) */
 	/* Leases (docs/protocol.md "a hit will load"): */
 	uint64_t leases;          /* leases held now */
 	uint64_t leased_bytes;    /* arena bytes pinned by leases now */
@@ -467,8 +478,11 @@ typedef struct ecx_load ecx_load;
 /* ecx_consumer_load_start sends one pull per producer for the n items
  * (producers are served in parallel) and returns at once with the load in
  * *out; items and their dst memory must stay valid until the load ends.
- * Connecting to a producer for the first time blocks for that handshake,
- * bounded by the timeout. */
+ * Connecting to producers not connected yet blocks for those handshakes,
+ * all at once (pulls to producers already connected, and to each producer
+ * as soon as its handshake is answered, go first): bounded by the load's
+ * deadline, the timeout counted from this call, however many producers
+ * are dead or stalled. No lock is held across the network. */
 ECX_API int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                                     ecx_load **out);
 
@@ -481,15 +495,17 @@ ECX_API int ecx_load_test(ecx_load *l);
  * A load is final: once this returns, with any status, no byte of its
  * destinations is written again (producers write nothing of a pull past
  * its expiry; receive-arena buffers a late producer could still reach are
- * kept out of ecx_consumer_alloc until it answers; a TCP connection whose
- * pull timed out is closed before this returns, so nothing in transit
- * lands later). Returns within the timeout + 200 ms; docs/protocol.md has
- * the contract and its one window (caller memory, shared memory, a
- * producer stopped mid-copy). An item that fails on its holder with
- * ECX_ECONNECT, ECX_ECLOSED, ECX_EIO or ECX_ENOTFOUND is loaded from another
- * holder the registry names, within the same deadline (its producer and epoch
- * are then that holder's); ecx_last_error names the first failed item's holder
- * and how long ago its entry was renewed. */
+ * kept out of ecx_consumer_alloc until it answers, says goodbye, or its
+ * connection is known closed; a TCP connection whose pull timed out is
+ * closed before this returns, so nothing in transit lands later). Returns
+ * within the timeout + 200 ms of ecx_consumer_load_start's call,
+ * handshakes included; docs/protocol.md has the contract and its one
+ * window (caller memory over shared memory, a producer stopped mid-copy).
+ * An item that fails on its holder with ECX_ECONNECT, ECX_ECLOSED, ECX_EIO
+ * or ECX_ENOTFOUND is loaded from another holder the registry names,
+ * within the same deadline (its producer and epoch are then that
+ * holder's); ecx_last_error names the first failed item's holder and how
+ * long ago its entry was renewed. */
 ECX_API int ecx_load_wait(ecx_load *l);
 
 /* ecx_consumer_load is start then wait. */
@@ -519,9 +535,14 @@ typedef struct ecx_consumer_stats {
 ECX_API void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out);
 ECX_API const char *ecx_consumer_last_error(void);
 
-/* ecx_consumer_destroy closes its endpoints and frees everything, the
- * receive arena included. Wait for loads in flight first (ecx_load_wait
- * returns within the timeout). Accepts NULL. */
+/* ecx_consumer_destroy says goodbye to every producer it is connected to
+ * (all at once; each closes its connection and unmaps this consumer's
+ * memory, and answers once none of its pulls is in flight), closes its
+ * endpoints and frees everything, the receive arena included. Blocks up to
+ * min(timeout, 1 s) for the goodbyes: a producer that does not answer by
+ * then (dead, or stopped) is left to forget this consumer by its idle
+ * bound. Wait for loads in flight first (ecx_load_wait returns within the
+ * timeout). Accepts NULL. */
 ECX_API void ecx_consumer_destroy(ecx_consumer *c);
 
 /* ---- Registry client ------------------------------------------------------

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define MOD "consumer"
 
@@ -72,6 +74,7 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 	} else if (r.nitems != p->n) {
 		cons_pull_fail(p, ECX_EPROTO);
 	} else {
+		p->pc->used_ms = ecx_now_ms();
 		ecx_load *l = p->load;
 		for (size_t i = 0; i < p->n; i++) {
 			l->items[p->idx[i]].status = r.status[i];
@@ -115,17 +118,6 @@ static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 
 /* ---- connections ---- */
 
-/* The ZeroMQ hello: sends this worker's address, gets the producer's. */
-static int hello(ecx_consumer *c, const char *address, ecx_zresp *out,
-                 char *why, size_t whylen)
-{
-	const void *addr;
-	size_t alen;
-	ecx_ucx_address(c->ucx, &addr, &alen);
-	return ecx_rdv_hello(c->rdv, address, addr, alen, c->token,
-	                     c->timeout_ms, out, why, whylen);
-}
-
 ucp_ep_h cons_pconn_cut_locked(pconn *pc)
 {
 	pc->failed = true;
@@ -152,92 +144,442 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc)
 	free(pc);
 }
 
-/* Returns a working connection to address (for epoch, when not 0),
- * making one if needed. */
-pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
-                      int *err, char *why, size_t whylen)
+static bool pconn_busy(ecx_consumer *c, const pconn *pc, bool *zombies_only)
 {
-	pthread_mutex_lock(&c->conn_lock);
-	pconn *stale = NULL, *found = NULL;
-	pthread_mutex_lock(&c->lock);
+	bool busy = false, live = false;
+	for (pull *q = c->inflight; q != NULL; q = q->next) {
+		if (q->pc != pc)
+			continue;
+		busy = true;
+		live = live || !q->zombie;
+	}
+	if (zombies_only != NULL)
+		*zombies_only = busy && !live;
+	return busy;
+}
+
+/* Ends every zombie on pc (its producer said nothing of it is in flight,
+ * or the connection is known closed). Called with the lock. */
+static void pconn_zombies_end(ecx_consumer *c, pconn *pc)
+{
+	for (pull **pp = &c->inflight; *pp != NULL;) {
+		pull *q = *pp;
+		if (q->pc != pc || !q->zombie) {
+			pp = &q->next;
+			continue;
+		}
+		*pp = q->next;
+		cons_zombie_end(c, q);
+	}
+}
+
+/* What a load needs from one producer. */
+typedef struct want {
+	struct getter *g;
+	pull *p;
+	const char *address;
+	uint64_t epoch;
+	pconn *mine; /* a placeholder this call connects */
+	bool wait;   /* another thread is connecting to address */
+} want;
+
+/* Finds a working connection to w's address for w's epoch, unlinking the
+ * stale ones that no pull uses into *stale, and putting the stale ones
+ * that only zombies use on *bye (at most one goodbye each at a time).
+ * Called with the lock. */
+static pconn *pconn_find(ecx_consumer *c, want *w, uint64_t now_ms,
+                         pconn **stale, pconn **bye, size_t *nbye)
+{
+	pconn *found = NULL;
+	w->wait = false;
 	for (pconn **pp = &c->conns; *pp != NULL;) {
 		pconn *pc = *pp;
-		if (strcmp(pc->address, address) != 0) {
+		if (strcmp(pc->address, w->address) != 0) {
+			pp = &pc->next;
+			continue;
+		}
+		if (pc->connecting) {
+			w->wait = true;
 			pp = &pc->next;
 			continue;
 		}
 		/* Another epoch: the producer restarted since this connection
 		 * was made, unless a reconnect already showed the entry is the
-		 * stale one. */
-		bool restarted = epoch != 0 && pc->epoch != epoch &&
-		                 pc->stale_epoch != epoch;
-		bool busy = false;
-		for (pull *q = c->inflight; q != NULL && !busy; q = q->next)
-			busy = q->pc == pc;
-		if ((pc->failed || restarted) && !busy) {
-			*pp = pc->next;
-			pc->next = stale;
-			stale = pc;
+		 * stale one. Idle for half the producer's bound: it may be
+		 * closing it, and a pull on a closed connection is lost. */
+		bool restarted = w->epoch != 0 && pc->epoch != w->epoch &&
+		                 pc->stale_epoch != w->epoch;
+		bool idle = pc->idle_ms != 0 && now_ms > pc->used_ms &&
+		            now_ms - pc->used_ms > pc->idle_ms / 2;
+		if (pc->failed || restarted || idle) {
+			bool zombies_only = false;
+			/* One with a goodbye in flight is its caller's to
+			 * free. */
+			if (!pc->byeing && !pconn_busy(c, pc, &zombies_only)) {
+				*pp = pc->next;
+				pc->next = *stale;
+				*stale = pc;
+				continue;
+			}
+			pc->failed = true;
+			if (zombies_only && !pc->byeing && bye != NULL) {
+				pc->byeing = true;
+				bye[(*nbye)++] = pc;
+			}
+			pp = &pc->next;
 			continue;
 		}
-		if (!pc->failed && found == NULL)
+		if (found == NULL)
 			found = pc;
 		pp = &pc->next;
 	}
-	pthread_mutex_unlock(&c->lock);
-	while (stale != NULL) {
-		pconn *next = stale->next;
-		ecx_info(MOD, "reconnecting to %s", address);
-		cons_pconn_close(c, stale);
-		stale = next;
-	}
-	if (found != NULL) {
-		pthread_mutex_unlock(&c->conn_lock);
-		return found;
-	}
-	ecx_zresp z;
-	uint64_t sent_ms = ecx_now_ms();
-	*err = hello(c, address, &z, why, whylen);
-	uint64_t got_ms = ecx_now_ms();
-	if (*err != 0) {
-		pthread_mutex_unlock(&c->conn_lock);
-		return NULL;
-	}
-	pconn *pc = calloc(1, sizeof(*pc));
-	if (pc == NULL) {
-		ecx_zresp_free(&z);
-		*err = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-		pthread_mutex_unlock(&c->conn_lock);
-		return NULL;
-	}
-	ecx_strlcpy(pc->address, address, sizeof(pc->address));
-	pc->epoch = z.epoch;
-	if (epoch != 0 && z.epoch != epoch)
-		pc->stale_epoch = epoch; /* the entry outlived its producer */
-	pc->id = z.conn;
-	pc->c = c;
-	pc->has_clock = z.now_ms != 0;
-	pc->hello_now_ms = z.now_ms;
-	pc->hello_mono_ms = (sent_ms + got_ms) / 2;
+	return found;
+}
+
+/* Fills placeholder pc from the hello's answer z, making the endpoint.
+ * Not under the lock (pc is invisible to others while connecting). */
+static int pconn_fill(ecx_consumer *c, pconn *pc, ecx_zresp *z, uint64_t mid_ms,
+                      char *why, size_t whylen)
+{
+	uint64_t asked = pc->epoch;
+	pc->epoch = z->epoch;
+	if (asked != 0 && z->epoch != asked)
+		pc->stale_epoch = asked; /* the entry outlived its producer */
+	pc->id = z->conn;
+	pc->has_clock = z->now_ms != 0;
+	pc->hello_now_ms = z->now_ms;
+	pc->hello_mono_ms = mid_ms;
+	pc->idle_ms = z->idle_ms;
+	pc->used_ms = mid_ms;
 	/* A producer from before transports were agreed: what it does. */
-	pc->transport = z.transport != 0                           ? z.transport
+	pc->transport = z->transport != 0 ? z->transport
 	                : ecx_ucx_transports(c->ucx) == ECX_TR_TCP ? ECX_TR_TCP
 	                                                           : ECX_TR_SHM;
-	*err = ecx_ucx_ep_create(c->ucx, z.worker, z.worker_len, pc->transport,
-	                         pconn_on_error, pc, &pc->ep, why, whylen);
-	ecx_zresp_free(&z);
-	if (*err != 0) {
-		free(pc);
-		pthread_mutex_unlock(&c->conn_lock);
-		return NULL;
+	return ecx_ucx_ep_create(c->ucx, z->worker, z->worker_len,
+	                         pc->transport, pconn_on_error, pc, &pc->ep,
+	                         why, whylen);
+}
+
+static void pconn_unlink(ecx_consumer *c, pconn *pc)
+{
+	for (pconn **pp = &c->conns; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == pc) {
+			*pp = pc->next;
+			return;
+		}
 	}
+}
+
+/* Handles the answer of a goodbye to pc: "closed" ends its zombies and
+ * pc with them. */
+static void pconn_bye_done(ecx_consumer *c, pconn *pc, ecx_rdv_call *k)
+{
+	bool closed = k->err == 0 && k->resp.closed;
 	pthread_mutex_lock(&c->lock);
-	pc->next = c->conns;
-	c->conns = pc;
-	c->st.connections++;
+	pc->byeing = false;
+	if (closed) {
+		pconn_zombies_end(c, pc);
+		if (!pconn_busy(c, pc, NULL))
+			pconn_unlink(c, pc);
+		else
+			closed = false;
+	}
 	pthread_mutex_unlock(&c->lock);
-	pthread_mutex_unlock(&c->conn_lock);
-	ecx_debug(MOD, "connected to %s (epoch %llu)", address,
+	if (k->err == 0)
+		ecx_zresp_free(&k->resp);
+	if (closed)
+		cons_pconn_close(c, pc);
+}
+
+static void deadline_ts(uint64_t deadline_ns, struct timespec *ts)
+{
+	ts->tv_sec = (time_t)(deadline_ns / 1000000000u);
+	ts->tv_nsec = (long)(deadline_ns % 1000000000u);
+}
+
+/* One cons_pconns_get call's state, for the round trips' callbacks. */
+typedef struct getter {
+	ecx_consumer *c;
+	ecx_load *l;
+	cons_ready_fn ready;
+	uint64_t sent_ms;
+} getter;
+
+/* A hello ended: the placeholder becomes the connection (and the pull
+ * goes at once), or goes. */
+static void hello_done(void *arg, ecx_rdv_call *k)
+{
+	want *w = arg;
+	getter *g = w->g;
+	ecx_consumer *c = g->c;
+	pconn *pc = w->mine;
+	uint64_t mid_ms = (g->sent_ms + ecx_now_ms()) / 2;
+	int err = k->err;
+	char why[400];
+	if (err == 0 && k->resp.worker == NULL)
+		err =
+		    ecx_why(why, sizeof(why), ECX_EPROTO,
+		            "producer %s sent no worker address", pc->address);
+	else if (err == 0)
+		err = pconn_fill(c, pc, &k->resp, mid_ms, why, sizeof(why));
+	else
+		ecx_strlcpy(why, k->why, sizeof(why));
+	if (k->err == 0)
+		ecx_zresp_free(&k->resp);
+	pthread_mutex_lock(&c->lock);
+	if (err != 0) {
+		pconn_unlink(c, pc);
+		ecx_warn(MOD, "%s", why);
+		/* The load's error names the first failed hello's detail. */
+		if (g->l->why_err == 0) {
+			snprintf(g->l->why, sizeof(g->l->why), "%s", why);
+			g->l->why_err = err;
+		}
+		cons_pull_fail(w->p, err);
+	} else {
+		pc->connecting = false;
+		w->p->pc = pc;
+		c->st.connections++;
+	}
+	pthread_cond_broadcast(&c->conn_cv);
+	pthread_mutex_unlock(&c->lock);
+	w->mine = NULL;
+	if (err != 0) {
+		free(pc);
+		return;
+	}
+	ecx_debug(MOD, "connected to %s (epoch %llu)", pc->address,
 	          (unsigned long long)pc->epoch);
-	return pc;
+	g->ready(c, g->l, w->p);
+}
+
+typedef struct byer {
+	ecx_consumer *c;
+	pconn *pc;
+} byer;
+
+static void bye_done(void *arg, ecx_rdv_call *k)
+{
+	byer *b = arg;
+	pconn_bye_done(b->c, b->pc, k);
+}
+
+/* Whether a placeholder for one of the wants still waiting is there.
+ * Called with the lock. */
+static bool others_connecting(ecx_consumer *c, const want *w, size_t n)
+{
+	for (size_t k = 0; k < n; k++) {
+		if (w[k].p->pc != NULL || w[k].p->done || !w[k].wait)
+			continue;
+		for (pconn *pc = c->conns; pc != NULL; pc = pc->next)
+			if (pc->connecting &&
+			    strcmp(pc->address, w[k].address) == 0)
+				return true;
+	}
+	return false;
+}
+
+void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
+{
+	size_t n = l->npulls;
+	getter g = {.c = c, .l = l, .ready = ready};
+	want *w = calloc(n + 1, sizeof(*w));
+	ecx_rdv_call *calls = calloc(2 * n + 1, sizeof(*calls));
+	char **msgs = calloc(2 * n + 1, sizeof(*msgs));
+	pconn **bye = calloc(n + 1, sizeof(*bye));
+	byer *byers = calloc(n + 1, sizeof(*byers));
+	pull **go = calloc(n + 1, sizeof(*go));
+	if (w == NULL || calls == NULL || msgs == NULL || bye == NULL ||
+	    byers == NULL || go == NULL) {
+		pthread_mutex_lock(&c->lock);
+		for (size_t k = 0; k < n; k++)
+			cons_pull_fail(l->pulls[k], ECX_ENOMEM);
+		pthread_mutex_unlock(&c->lock);
+		goto out;
+	}
+	for (size_t k = 0; k < n; k++) {
+		const ecx_item *x = &l->items[l->pulls[k]->idx[0]];
+		w[k] = (want){.p = l->pulls[k],
+		              .address = x->producer,
+		              .epoch = x->epoch,
+		              .g = &g};
+	}
+	const void *waddr;
+	size_t walen;
+	ecx_ucx_address(c->ucx, &waddr, &walen);
+	for (;;) {
+		pconn *stale = NULL;
+		size_t nbye = 0, nwait = 0, ngo = 0;
+		uint64_t now_ms = ecx_now_ms();
+		pthread_mutex_lock(&c->lock);
+		for (size_t k = 0; k < n; k++) {
+			if (w[k].p->pc != NULL || w[k].p->done)
+				continue;
+			pconn *pc =
+			    pconn_find(c, &w[k], now_ms, &stale, bye, &nbye);
+			if (pc != NULL) {
+				w[k].p->pc = pc;
+				go[ngo++] = w[k].p;
+			} else if (w[k].wait) {
+				nwait++;
+			} else if ((pc = calloc(1, sizeof(*pc))) == NULL) {
+				cons_pull_fail(w[k].p, ECX_ENOMEM);
+			} else {
+				ecx_strlcpy(pc->address, w[k].address,
+				            sizeof(pc->address));
+				pc->epoch = w[k].epoch;
+				pc->connecting = true;
+				pc->c = c;
+				pc->next = c->conns;
+				c->conns = pc;
+				w[k].mine = pc;
+			}
+		}
+		pthread_mutex_unlock(&c->lock);
+		/* Pulls on connections made before go first. */
+		for (size_t k = 0; k < ngo; k++)
+			ready(c, l, go[k]);
+		while (stale != NULL) {
+			pconn *next = stale->next;
+			ecx_info(MOD, "reconnecting to %s", stale->address);
+			cons_pconn_close(c, stale);
+			stale = next;
+		}
+		/* The hellos and goodbyes, all at once; each pull goes as
+		 * soon as its hello is answered. */
+		size_t ncalls = 0;
+		for (size_t k = 0; k < n; k++) {
+			if (w[k].mine == NULL)
+				continue;
+			msgs[ncalls] = ecx_rdv_hello_encode(c->rdv, waddr,
+			                                    walen, c->token);
+			calls[ncalls] = (ecx_rdv_call){
+			    .address = w[k].address,
+			    .req = msgs[ncalls] ? msgs[ncalls] : "",
+			    .done = hello_done,
+			    .arg = &w[k]};
+			ncalls++;
+		}
+		for (size_t b = 0; b < nbye; b++) {
+			msgs[ncalls] = ecx_zreq_encode_bye(
+			    bye[b]->id, bye[b]->epoch, c->token);
+			byers[b] = (byer){.c = c, .pc = bye[b]};
+			calls[ncalls] = (ecx_rdv_call){
+			    .address = bye[b]->address,
+			    .req = msgs[ncalls] ? msgs[ncalls] : "",
+			    .done = bye_done,
+			    .arg = &byers[b]};
+			ncalls++;
+		}
+		g.sent_ms = ecx_now_ms();
+		if (ncalls > 0)
+			ecx_rdv_call_many(c->rdv, calls, ncalls,
+			                  l->deadline_ns);
+		for (size_t i = 0; i < ncalls; i++) {
+			free(msgs[i]);
+			msgs[i] = NULL;
+		}
+		if (nwait == 0)
+			break;
+		/* Another load is connecting to some of these producers:
+		 * wait for it to settle, then look again. */
+		pthread_mutex_lock(&c->lock);
+		if (!others_connecting(c, w, n)) {
+			pthread_mutex_unlock(&c->lock);
+			continue;
+		}
+		if (ecx_now_ns() >= l->deadline_ns) {
+			for (size_t k = 0; k < n; k++)
+				if (w[k].p->pc == NULL && !w[k].p->done)
+					cons_pull_fail(w[k].p, ECX_ETIMEDOUT);
+			pthread_mutex_unlock(&c->lock);
+			break;
+		}
+		struct timespec ts;
+		deadline_ts(l->deadline_ns, &ts);
+		pthread_cond_timedwait(&c->conn_cv, &c->lock, &ts);
+		pthread_mutex_unlock(&c->lock);
+	}
+out:
+	free(go);
+	free(byers);
+	free(bye);
+	free(msgs);
+	free(calls);
+	free(w);
+}
+
+void cons_pconns_bye(ecx_consumer *c)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&c->lock);
+	for (pconn *pc = c->conns; pc != NULL; pc = pc->next)
+		n++;
+	pthread_mutex_unlock(&c->lock);
+	pconn **pcs = calloc(n + 1, sizeof(*pcs));
+	ecx_rdv_call *calls = calloc(n + 1, sizeof(*calls));
+	char **msgs = calloc(n + 1, sizeof(*msgs));
+	bool *closed = calloc(n + 1, sizeof(*closed));
+	if (pcs == NULL || calls == NULL || msgs == NULL || closed == NULL)
+		goto out;
+	size_t k = 0;
+	pthread_mutex_lock(&c->lock);
+	for (pconn *pc = c->conns; pc != NULL && k < n; pc = pc->next) {
+		if (pc->connecting || pc->byeing || pc->ep == NULL)
+			continue;
+		pc->byeing = true;
+		pcs[k] = pc;
+		msgs[k] = ecx_zreq_encode_bye(pc->id, pc->epoch, c->token);
+		k++;
+	}
+	pthread_mutex_unlock(&c->lock);
+	int ms =
+	    c->timeout_ms < ECX_BYE_WAIT_MS ? c->timeout_ms : ECX_BYE_WAIT_MS;
+	uint64_t deadline = ecx_now_ns() + (uint64_t)ms * 1000000u;
+	/* A producer answers "not yet" after a short wait of its own; ask
+	 * again (a goodbye for a connection gone is answered "closed") until
+	 * every one is closed or the bound. */
+	for (;;) {
+		size_t m = 0;
+		for (size_t i = 0; i < k; i++) {
+			if (closed[i])
+				continue;
+			calls[m] = (ecx_rdv_call){.address = pcs[i]->address,
+			                          .req = msgs[i] ? msgs[i] : "",
+			                          .arg = &closed[i]};
+			m++;
+		}
+		if (m == 0 || ecx_now_ns() >= deadline)
+			break;
+		ecx_rdv_call_many(c->rdv, calls, m, deadline);
+		bool answered = false;
+		for (size_t j = 0; j < m; j++) {
+			if (calls[j].err != 0)
+				continue;
+			answered = true;
+			*(bool *)calls[j].arg = calls[j].resp.closed;
+			ecx_zresp_free(&calls[j].resp);
+		}
+		if (!answered)
+			break; /* none answers: dead or stopped */
+		usleep(5000);
+	}
+	for (size_t i = 0; i < k; i++) {
+		if (!closed[i])
+			ecx_info(MOD,
+			         "no goodbye from %s within %d ms: its pulls "
+			         "that timed out may still write",
+			         pcs[i]->address, ms);
+		pthread_mutex_lock(&c->lock);
+		pcs[i]->byeing = false;
+		if (closed[i])
+			pconn_zombies_end(c, pcs[i]);
+		pthread_mutex_unlock(&c->lock);
+		free(msgs[i]);
+	}
+out:
+	free(closed);
+	free(msgs);
+	free(calls);
+	free(pcs);
 }

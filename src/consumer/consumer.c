@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MOD "consumer"
@@ -29,7 +30,11 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	if (c == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_mutex_init(&c->conn_lock, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->conn_cv, &ca);
+	pthread_condattr_destroy(&ca);
 	pthread_mutex_init(&c->reg_lock, NULL);
 	c->timeout_ms =
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
@@ -118,6 +123,10 @@ void ecx_consumer_destroy(ecx_consumer *c)
 		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,
 		                        c);
 	if (c->ucx != NULL) {
+		/* Goodbyes first, while the progress thread still runs: the
+		 * producers close their endpoints to this worker. */
+		if (c->rdv != NULL)
+			cons_pconns_bye(c);
 		ecx_ucx_stop(c->ucx);
 		pthread_mutex_lock(&c->lock);
 		while (c->inflight != NULL) {
@@ -148,7 +157,7 @@ void ecx_consumer_destroy(ecx_consumer *c)
 		memset(c->token, 0, strlen(c->token));
 	free(c->token);
 	pthread_mutex_destroy(&c->lock);
-	pthread_mutex_destroy(&c->conn_lock);
+	pthread_cond_destroy(&c->conn_cv);
 	pthread_mutex_destroy(&c->reg_lock);
 	free(c);
 }

@@ -12,9 +12,10 @@
  * producer/ or registry/ (a consumer reaches registries as a client).
  * Locks: c->lock guards connections, pulls in flight, the arena allocator,
  * the registration cache and the stats; it is never held while the worker
- * is progressed (reply handlers take it). c->conn_lock serialises
- * handshakes, which block on the network; c->reg_lock serialises registry
- * lookups (the client is one thread at a time).
+ * is progressed (reply handlers take it) nor across a network wait: a
+ * connection being made is a placeholder in c->conns (connecting), and
+ * other loads that need it wait on c->conn_cv. c->reg_lock serialises
+ * registry lookups (the client is one thread at a time).
  */
 #ifndef ECX_CONSUMER_H
 #define ECX_CONSUMER_H
@@ -32,6 +33,12 @@
 /* How long a load waits past its deadline for the answers of producers
  * that stopped writing at the pull's expiry. */
 #define ECX_LOAD_GRACE_NS (100u * 1000000u)
+/* Timed-out pulls to one producer address that may still write (zombies):
+ * at this many, loads from that address fail with ECX_EBUSY until some
+ * end, so a stalled producer cannot take the whole receive arena. */
+#define ECX_ZOMBIES_MAX 8
+/* How long destroy waits for the producers' answers to its goodbyes. */
+#define ECX_BYE_WAIT_MS 1000
 
 typedef struct pconn {
 	struct pconn *next;
@@ -48,7 +55,12 @@ typedef struct pconn {
 	 * former plus the monotonic time from then to the load's deadline, so
 	 * no wall-clock step after the hello moves it. */
 	uint64_t hello_now_ms, hello_mono_ms;
-	bool has_clock; /* false for a producer that sent no clock */
+	bool has_clock;  /* false for a producer that sent no clock */
+	bool connecting; /* a placeholder: its hello is in flight */
+	bool byeing;     /* a goodbye for it is in flight */
+	/* The producer closes a connection idle for idle_ms (0: never said);
+	 * one idle for half that is replaced before it is used. */
+	uint64_t idle_ms, used_ms;
 	struct ecx_consumer *c;
 } pconn;
 
@@ -113,7 +125,8 @@ typedef struct arena_alloc {
 } arena_alloc;
 
 struct ecx_consumer {
-	pthread_mutex_t lock, conn_lock, reg_lock;
+	pthread_mutex_t lock, reg_lock;
+	pthread_cond_t conn_cv; /* a placeholder connection was settled */
 	ecx_regclient *rc;
 	char *token;
 	int timeout_ms;
@@ -149,11 +162,19 @@ void cons_pull_fail(pull *p, int err);
 ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
                            void *data, size_t length,
                            const ucp_am_recv_param_t *param);
-/* Returns a working connection to address (for epoch, when not 0), making
- * one if needed: blocks for the hello, bounded by the timeout. */
-pconn *cons_pconn_get(ecx_consumer *c, const char *address, uint64_t epoch,
-                      int *err, char *why, size_t whylen);
+/* Gives every pull of l a working connection (p->pc) to its producer and
+ * calls ready for it at once; makes the missing ones: all hellos at once,
+ * and goodbyes to replaced connections that still hold zombies (a
+ * "closed" answer ends them), all bounded by the load's deadline, no lock
+ * held across the network. A pull that gets no connection has its items
+ * failed (and no ready). */
+typedef void (*cons_ready_fn)(ecx_consumer *c, ecx_load *l, pull *p);
+void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready);
 void cons_pconn_close(ecx_consumer *c, pconn *pc);
+/* Says goodbye to every producer, in parallel, waiting up to
+ * ECX_BYE_WAIT_MS (and the timeout) for the answers; ends the zombies of
+ * the connections whose producer answered "closed". For destroy. */
+void cons_pconns_bye(ecx_consumer *c);
 
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);

@@ -136,7 +136,11 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	ecx_pull_item *it = calloc(p->n, sizeof(*it));
 	span *spans = calloc(p->n, sizeof(*spans));
 	p->regs = calloc(p->n, sizeof(*p->regs));
-	if (it == NULL || p->regs == NULL || spans == NULL) {
+	/* The quarantine record, made now: a pull that times out must be
+	 * able to quarantine its destinations, so one that could not is
+	 * never sent. */
+	p->quar = calloc(p->n + 1, sizeof(*p->quar));
+	if (it == NULL || p->regs == NULL || spans == NULL || p->quar == NULL) {
 		free(it);
 		free(spans);
 		pthread_mutex_lock(&c->lock);
@@ -146,6 +150,20 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	}
 	size_t nspans = spans_make(l, p, spans);
 	pthread_mutex_lock(&c->lock);
+	size_t nz = 0;
+	for (pull *q = c->inflight; q != NULL; q = q->next)
+		nz += q->zombie && strcmp(q->pc->address, p->pc->address) == 0;
+	if (nz >= ECX_ZOMBIES_MAX) {
+		ecx_warn(MOD,
+		         "%s has %zu timed-out pulls that may still write: "
+		         "no more until they end",
+		         p->pc->address, nz);
+		cons_pull_fail(p, ECX_EBUSY);
+		pthread_mutex_unlock(&c->lock);
+		free(it);
+		free(spans);
+		return;
+	}
 	size_t ni = 0;
 	for (size_t k = 0; k < p->n; k++) {
 		ecx_item *x = &l->items[p->idx[k]];
@@ -213,6 +231,7 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	ucp_ep_h ep = pc->ep;
 	if (ep != NULL)
 		pc->sending++;
+	p->pc->used_ms = ecx_now_ms();
 	pthread_mutex_unlock(&c->lock);
 	int err = ep != NULL
 	              ? ecx_ucx_am_send(ep, ECX_AM_PULL, pc->id, p->req, msg)
@@ -232,6 +251,17 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	if (cut != NULL)
 		cons_pconn_cut(c, cut);
 	ecx_ucx_wake(c->ucx);
+}
+
+/* Pull p has its connection: number it and send it. */
+static void pull_ready(ecx_consumer *c, ecx_load *l, pull *p)
+{
+	pthread_mutex_lock(&c->lock);
+	p->req = ++c->next_req;
+	bool go = p->pc != NULL && !p->done;
+	pthread_mutex_unlock(&c->lock);
+	if (go)
+		pull_send(c, l, p);
 }
 
 /* Starts a load that ends by deadline_ns; a retry (a failover) is not
@@ -304,27 +334,10 @@ static int load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	if (!retry)
 		c->st.loads += n;
 	pthread_mutex_unlock(&c->lock);
-	for (size_t k = 0; k < l->npulls; k++) {
-		pull *p = l->pulls[k];
-		ecx_item *first = &items[p->idx[0]];
-		int err = 0;
-		char why[400];
-		p->pc = cons_pconn_get(c, first->producer, first->epoch, &err,
-		                       why, sizeof(why));
-		pthread_mutex_lock(&c->lock);
-		p->req = ++c->next_req;
-		if (p->pc == NULL) {
-			ecx_warn(MOD, "%s", why);
-			if (l->why_err == 0) {
-				snprintf(l->why, sizeof(l->why), "%s", why);
-				l->why_err = err;
-			}
-			cons_pull_fail(p, err);
-		}
-		pthread_mutex_unlock(&c->lock);
-		if (p->pc != NULL)
-			pull_send(c, l, p);
-	}
+	/* Every connection this load needs, the hellos in parallel, all
+	 * within the load's deadline (counted from this call). */
+	if (l->npulls > 0)
+		cons_pconns_get(c, l, pull_ready);
 	*out = l;
 	return 0;
 }
@@ -438,6 +451,7 @@ static int load_wait_once(ecx_load *l, char *why, size_t whylen)
 		for (size_t g = 0; g < p->nregs; g++)
 			p->regs[g]->inuse--;
 		free(p->regs);
+		free(p->quar);
 		free(p->idx);
 		free(p);
 	}

@@ -189,7 +189,7 @@ static arena_alloc *arena_alloc_at(ecx_consumer *c, uint64_t addr)
 void cons_zombie_make(ecx_consumer *c, pull *p)
 {
 	p->zombie = true;
-	p->quar = calloc(p->n + 1, sizeof(*p->quar));
+	/* p->quar was made when the pull was sent, room for every item. */
 	for (size_t k = 0; p->quar != NULL && k < p->n; k++) {
 		const ecx_item *x = &p->load->items[p->idx[k]];
 		if (x->desc.nbytes == 0)

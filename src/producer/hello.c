@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MOD "producer"
 
@@ -82,9 +83,9 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	c->addr_len = r->worker_len;
 	c->transport = transport;
 	c->p = p;
-	c->born_ns = ecx_now_ns();
+	c->used_ns = ecx_now_ns();
 	c->hello_wall_ms = ecx_wall_ms();
-	c->hello_mono_ms = c->born_ns / 1000000u;
+	c->hello_mono_ms = c->used_ns / 1000000u;
 	pthread_mutex_lock(&p->lock);
 	if (p->nconns >= MAX_CONNS) {
 		pthread_mutex_unlock(&p->lock);
@@ -107,7 +108,29 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	          (unsigned long long)id,
 	          transport == ECX_TR_SHM ? "shared memory" : "tcp");
 	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id, hello_wall,
-	                              transport);
+	                              transport, (uint64_t)p->idle_ms);
+}
+
+/* A consumer's goodbye: its connection is closed, its memory unmapped, and
+ * the answer says "closed" once nothing of its pulls is in flight (jobs
+ * that have not started then never will: they find no connection). The
+ * wait is bounded by BYE_WAIT_MS (and the producer's timeout); it holds
+ * up this thread, which is why it is short: a consumer told "not yet"
+ * asks again, and a goodbye for a connection already gone, or another
+ * epoch's, is answered closed at once: nothing of it is here. */
+static char *bye_answer(ecx_producer *p, const ecx_zreq *r)
+{
+	if (r->epoch != p->epoch || !prod_conn_drop(p, r->conn))
+		return ecx_zresp_encode_bye(true);
+	int wait_ms = p->timeout_ms < BYE_WAIT_MS ? p->timeout_ms : BYE_WAIT_MS;
+	uint64_t until = ecx_now_ns() + (uint64_t)wait_ms * 1000000u;
+	bool gone = false;
+	while (!(gone = !prod_conn_exists(p, r->conn)) && ecx_now_ns() < until)
+		usleep(500);
+	ecx_debug(MOD, "goodbye from connection %llu: %s",
+	          (unsigned long long)r->conn,
+	          gone ? "closed" : "still in flight");
+	return ecx_zresp_encode_bye(gone);
 }
 
 /* The reference's {"op":"pull",...}: answered in its reply shape. ecx
@@ -143,6 +166,8 @@ char *prod_rdv_handle(void *arg, const ecx_zreq *r)
 		return prod_lease_answer(p, r);
 	if (r->op == ECX_ZOP_RELEASE)
 		return prod_release_answer(p, r);
+	if (r->op == ECX_ZOP_BYE)
+		return bye_answer(p, r);
 	return r->op == ECX_ZOP_HELLO ? hello_answer(p, r)
 	                              : ref_pull_answer(p, r);
 }

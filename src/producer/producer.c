@@ -29,6 +29,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	    HAS(TOKEN) && pp->token && pp->token[0] ? pp->token : NULL;
 	int timeout =
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
+	int idle =
+	    HAS(IDLE) && pp->idle_ms > 0 ? pp->idle_ms : ECX_IDLE_MS_DEFAULT;
 	int reg_port =
 	    HAS(REGISTRY_PORT) ? pp->registry_port : ECX_REGISTRY_PORT_DEFAULT;
 	int lease_ms = HAS(LEASE_MAX_MS) && pp->lease_max_ms > 0
@@ -77,6 +79,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	p->epoch = ecx_random_epoch();
 	ecx_shm_domain(p->domain, sizeof(p->domain));
 	p->timeout_ms = timeout;
+	p->idle_ms = idle;
 	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
 	const char *delay = getenv("ECX_TEST_PULL_DELAY_MS");
 	p->test_delay_ms = delay != NULL ? (unsigned)atoi(delay) : 0;
@@ -159,6 +162,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	rc = prod_publisher_start(p, why, whylen);
 	if (rc != 0)
 		goto fail;
+	if (p->registry != NULL)
+		ecx_registry_set_metrics(p->registry, prod_metrics, p);
 	ecx_info(MOD, "serving at %s, arena %llu bytes, registry %s",
 	         p->address, (unsigned long long)cap,
 	         remote != NULL ? remote : "embedded");
@@ -190,6 +195,27 @@ void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
 	out->bytes_used = p->alloc.used;
 	out->connections = p->nconns;
 	pthread_mutex_unlock(&p->lock);
+}
+
+size_t prod_metrics(void *arg, char *buf, size_t len)
+{
+	ecx_producer_stats s;
+	ecx_producer_stats_get(arg, &s);
+	/* The leases' gauges (pinned bytes, leases) go here too. */
+	int n = snprintf(
+	    buf, len,
+	    "# HELP ecx_producer_connections Consumer connections open.\n"
+	    "# TYPE ecx_producer_connections gauge\n"
+	    "ecx_producer_connections %llu\n"
+	    "# HELP ecx_producer_items Items held in the arena.\n"
+	    "# TYPE ecx_producer_items gauge\n"
+	    "ecx_producer_items %llu\n"
+	    "# HELP ecx_producer_bytes Arena bytes taken by items.\n"
+	    "# TYPE ecx_producer_bytes gauge\n"
+	    "ecx_producer_bytes %llu\n",
+	    (unsigned long long)s.connections, (unsigned long long)s.items,
+	    (unsigned long long)s.bytes_used);
+	return n < 0 ? 0 : (size_t)n;
 }
 
 void ecx_producer_destroy(ecx_producer *p)

@@ -28,7 +28,10 @@
 #define MAX_CONNS 4096
 #define RKEY_CACHE 64 /* as many as one pull may name */
 #define PREFAULT_CHUNK (2u << 20)
-#define HELLO_TTL_NS (60ull * 1000000000u)
+/* How long a goodbye waits for the connection's pulls in flight to end
+ * before it answers (on the rendezvous thread, which serves hellos too:
+ * short). A consumer that is told "not yet" asks again. */
+#define BYE_WAIT_MS 50
 
 typedef struct item {
 	struct item *hnext;               /* hash chain */
@@ -63,7 +66,7 @@ typedef struct conn {
 	ucp_ep_h ep; /* made at the first pull */
 	void *addr;  /* the consumer's worker address, from its hello */
 	size_t addr_len;
-	uint64_t born_ns; /* hellos that never pull are reaped */
+	uint64_t used_ns; /* hello, or a pull's start or end: idle since */
 	/* The wall clock sent in the hello's answer, and the monotonic clock
 	 * then: a pull's expiry (in that wall clock) is turned into monotonic
 	 * time, so a later step of either wall clock changes nothing. */
@@ -71,7 +74,8 @@ typedef struct conn {
 	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, agreed in the hello */
 	bool failed;        /* the endpoint reported an error: close it */
 	bool closed;        /* its endpoint is closed; freed when jobs is 0 */
-	unsigned jobs;      /* active jobs on it */
+	uint64_t closed_ns;
+	unsigned jobs; /* active jobs on it */
 	rkey_ent rk[RKEY_CACHE];
 	struct conn *next;
 	struct ecx_producer *p;
@@ -108,6 +112,9 @@ typedef struct job {
 	conn *c;
 	uint64_t deadline_ns;
 	bool flushing, done;
+	/* Given up with its flush still in UCX (a peer dead over shared
+	 * memory): its flush callback frees it, if it ever runs. */
+	bool abandoned;
 	int flush_status;
 } job;
 
@@ -128,6 +135,7 @@ struct ecx_producer {
 	char *token;
 	size_t token_len;
 	int timeout_ms;
+	int idle_ms; /* connections idle this long are closed */
 	/* registry */
 	ecx_registry *registry; /* embedded, or NULL */
 	ecx_regclient *remote;  /* remote, or NULL */
@@ -213,6 +221,16 @@ void prod_progress(void *arg);
 /* Fails what is in flight, closes every endpoint, frees every job and
  * connection. Called once, by destroy, before the worker goes. */
 void prod_serve_shutdown(ecx_producer *p);
+
+/* Marks connection id failed (its endpoint is closed and it is freed by
+ * the progress thread once no job uses it) and wakes the progress thread.
+ * Returns whether the connection was there. Takes p->lock. */
+bool prod_conn_drop(ecx_producer *p, uint64_t id);
+/* Whether connection id is still in p->conns. Takes p->lock. */
+bool prod_conn_exists(ecx_producer *p, uint64_t id);
+/* Appends the producer's Prometheus lines (the embedded registry's
+ * /metrics hook); returns what snprintf would. */
+size_t prod_metrics(void *arg, char *buf, size_t len);
 
 /* hello.c: answers one rendezvous request (an rdv handler). */
 char *prod_rdv_handle(void *arg, const ecx_zreq *r);

@@ -2,8 +2,10 @@
  * serve.c - the pull service. A pull arrives as an active message on the
  * progress thread, is queued as a job, started (items pinned, remote keys
  * unpacked, one put per item), flushed, and answered once with a status per
- * item. Connections made by hellos are reaped when they never pull or
- * fail.
+ * item. Connections made by hellos are closed when they fail, when the
+ * consumer says goodbye, or when they have been idle for p->idle_ms (a
+ * consumer that died over shared memory shows no failure: idleness is how
+ * it is noticed). Closing one unmaps the consumer's memory here.
  */
 #include "producer/producer.h"
 
@@ -33,6 +35,26 @@ static conn *conn_find(ecx_producer *p, uint64_t id)
 		if (c->id == id)
 			return c;
 	return NULL;
+}
+
+bool prod_conn_drop(ecx_producer *p, uint64_t id)
+{
+	pthread_mutex_lock(&p->lock);
+	conn *c = conn_find(p, id);
+	if (c != NULL)
+		__atomic_store_n(&c->failed, true, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&p->lock);
+	if (c != NULL)
+		ecx_ucx_wake(p->ucx);
+	return c != NULL;
+}
+
+bool prod_conn_exists(ecx_producer *p, uint64_t id)
+{
+	pthread_mutex_lock(&p->lock);
+	bool there = conn_find(p, id) != NULL;
+	pthread_mutex_unlock(&p->lock);
+	return there;
 }
 
 /* ---- pulls ---- */
@@ -111,9 +133,9 @@ static void job_unpin(ecx_producer *p, job *j)
 	}
 }
 
-/* Unpins what is still pinned and frees what the job holds. Called with
- * the lock. */
-static void job_release(ecx_producer *p, job *j)
+/* Unpins what is still pinned and frees what the job holds but the job.
+ * Called with the lock. */
+static void job_release_parts(ecx_producer *p, job *j)
 {
 	job_unpin(p, j);
 	for (size_t i = 0; j->rkeys != NULL && i < j->pr.nregions; i++) {
@@ -125,23 +147,67 @@ static void job_release(ecx_producer *p, job *j)
 			j->rkeys[i]->refs--;
 	}
 	free(j->own);
-	if (j->c != NULL)
+	if (j->c != NULL) {
 		j->c->jobs--;
+		j->c->used_ns = ecx_now_ns();
+	}
 	ecx_pull_req_free(&j->pr);
 	free(j->items);
 	free(j->status);
 	free(j->xxh);
 	free(j->rkeys);
 	free(j->msg);
+	j->items = NULL;
+	j->status = NULL;
+	j->rkeys = NULL;
+	j->own = NULL;
+	j->msg = NULL;
+	j->c = NULL;
+}
+
+/* Unpins what is still pinned and frees the job. Called with the lock. */
+static void job_release(ecx_producer *p, job *j)
+{
+	job_release_parts(p, j);
 	free(j);
+}
+
+/* The jobs on closed connection c whose flush has not completed: UCX can
+ * keep a flush to a peer that died over shared memory waiting for room in
+ * the dead peer's queue for good. Nobody is answered: the items are
+ * unpinned and counted failed, the job lets go of c, and the job itself
+ * is freed by its flush's callback if that ever runs. Called with the
+ * lock, on the progress thread (where flush callbacks run). */
+static void jobs_abandon(ecx_producer *p, conn *c)
+{
+	for (job **jp = &p->active; *jp != NULL;) {
+		job *j = *jp;
+		if (j->c != c || __atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
+			jp = &j->next;
+			continue;
+		}
+		*jp = j->next;
+		ecx_info(MOD,
+		         "pull %llu on closed connection %llu never "
+		         "flushed: given up",
+		         (unsigned long long)j->req, (unsigned long long)c->id);
+		p->st.pulls++;
+		p->st.items_failed += j->pr.nitems;
+		j->abandoned = true;
+		job_release_parts(p, j);
+	}
 }
 
 static void flush_done(void *request, ucs_status_t st, void *user_data)
 {
 	job *j = user_data;
+	ucp_request_free(request);
+	if (j->abandoned) {
+		free(j);
+		return;
+	}
 	j->flush_status = st == UCS_OK ? 0 : ecx_ucx_err(st);
 	__atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
-	ucp_request_free(request);
 }
 
 /* The connection's unpacked key for region g, unpacking it on a miss (and
@@ -254,8 +320,10 @@ static bool job_start(ecx_producer *p, job *j)
 	int rc = ecx_pull_req_decode(j->msg, j->len, &j->pr, why, sizeof(why));
 	pthread_mutex_lock(&p->lock);
 	j->c = conn_find(p, j->conn_id);
-	if (j->c != NULL)
+	if (j->c != NULL) {
 		j->c->jobs++;
+		j->c->used_ns = ecx_now_ns();
+	}
 	pthread_mutex_unlock(&p->lock);
 	if (j->c != NULL && j->c->ep == NULL && !j->c->failed) {
 		char ewhy[200];
@@ -428,25 +496,38 @@ static void job_finish(ecx_producer *p, job *j)
 
 /* Closes the endpoints of failed connections (which completes their jobs'
  * flushes with an error), and frees a closed connection once no job uses
- * it. Hellos that never pulled go after HELLO_TTL_NS. */
+ * it (its remote keys go with it: that unmaps the consumer's memory
+ * here). A connection with no job for p->idle_ms is closed the same
+ * way. */
 static void conns_reap(ecx_producer *p)
 {
+	uint64_t idle_ns = (uint64_t)p->idle_ms * 1000000u;
 	for (;;) {
 		conn *close_it = NULL, *free_it = NULL;
 		pthread_mutex_lock(&p->lock);
+		uint64_t now = ecx_now_ns();
 		for (conn **cp = &p->conns; *cp != NULL; cp = &(*cp)->next) {
 			conn *c = *cp;
-			bool unused = c->ep == NULL && !c->closed &&
-			              ecx_now_ns() - c->born_ns > HELLO_TTL_NS;
-			if (unused)
-				c->failed = true;
+			if (!c->closed && c->jobs == 0 &&
+			    now - c->used_ns > idle_ns &&
+			    !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) {
+				ecx_info(MOD,
+				         "consumer connection %llu idle for "
+				         "%d ms: closing it",
+				         (unsigned long long)c->id, p->idle_ms);
+				__atomic_store_n(&c->failed, true,
+				                 __ATOMIC_RELEASE);
+			}
 			if (!__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
 				continue;
 			if (!c->closed) {
 				c->closed = true;
+				c->closed_ns = now;
 				close_it = c;
 				break;
 			}
+			if (c->jobs > 0 && now - c->closed_ns > 100000000u)
+				jobs_abandon(p, c);
 			if (c->jobs == 0) {
 				*cp = c->next;
 				p->nconns--;

@@ -49,6 +49,35 @@ void ecx_rdv_client_destroy(ecx_rdv_client *c);
 void ecx_rdv_client_offer(ecx_rdv_client *c, unsigned transports,
                           const char *domain);
 
+/* One round trip of ecx_rdv_call_many. */
+typedef struct ecx_rdv_call {
+	const char *address; /* the producer's "tcp://HOST:PORT" */
+	const char *req;     /* the request (ecx_zreq_encode_*) */
+	int err;             /* out: 0, or why the call failed */
+	ecx_zresp resp;      /* out when err is 0: free with ecx_zresp_free */
+	char why[400];       /* out when err is not 0 */
+	/* Called (when not NULL) in the calling thread as soon as this call
+	 * ends, answered or not, so an answer is used before the slowest
+	 * peer's. It owns k->resp then (when k->err is 0). */
+	void (*done)(void *arg, struct ecx_rdv_call *k);
+	void *arg;
+} ecx_rdv_call;
+
+/* Sends every call's request at once, each on a socket of its own, and
+ * waits for all the answers until deadline_ns (monotonic clock): the time
+ * is the slowest peer's, not the sum, with any number of dead or stalled
+ * peers. A call with no answer by then fails with ECX_ETIMEDOUT; an
+ * answer {"ok":false} fails with the producer's error and its detail.
+ * Blocks on the network only; takes no lock. Safe from several threads at
+ * once. */
+void ecx_rdv_call_many(ecx_rdv_client *c, ecx_rdv_call *calls, size_t n,
+                       uint64_t deadline_ns);
+
+/* The hello's request: this worker's address, the token, and the client's
+ * offer (transports, domain). Malloc'd; NULL when out of memory. */
+char *ecx_rdv_hello_encode(ecx_rdv_client *c, const void *worker,
+                           size_t worker_len, const char *token);
+
 /* The hello: sends this worker's address (and token) to the producer at
  * address, and returns its answer in *out (free with ecx_zresp_free).
  * Blocks up to timeout_ms. A refusal is returned as the producer's error

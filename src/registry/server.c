@@ -32,6 +32,9 @@ struct ecx_registry {
 	/* counters, updated with relaxed atomics */
 	uint64_t lookups, hits, misses, publishes, removals, requests;
 	uint64_t lat_count, lat_sum_us, lat_buckets[NLAT + 1];
+	/* the embedding producer's lines; set once, before they are read */
+	ecx_registry_metrics_fn metrics_fn;
+	void *metrics_arg;
 };
 
 /* Per-request state, from the first call of the handler to completion. */
@@ -295,6 +298,13 @@ static int route_list(ecx_registry *r, ecx_reg_answer *a, const ecx_reg_http *q)
 	return answer_json(a, MHD_HTTP_OK, s);
 }
 
+void ecx_registry_set_metrics(ecx_registry *r, ecx_registry_metrics_fn fn,
+                              void *arg)
+{
+	r->metrics_arg = arg;
+	__atomic_store_n(&r->metrics_fn, fn, __ATOMIC_RELEASE);
+}
+
 static int route_metrics(ecx_registry *r, ecx_reg_answer *a)
 {
 	size_t cap = 4096, off = 0;
@@ -334,6 +344,10 @@ static int route_metrics(ecx_registry *r, ecx_reg_answer *a)
 	  (double)load(&r->lat_sum_us) / 1e6);
 	P("ecx_registry_request_duration_seconds_count %llu\n",
 	  (unsigned long long)load(&r->lat_count));
+	ecx_registry_metrics_fn fn =
+	    __atomic_load_n(&r->metrics_fn, __ATOMIC_ACQUIRE);
+	if (fn != NULL && off < cap)
+		off += fn(r->metrics_arg, s + off, cap - off);
 #undef COUNTER
 #undef P
 	if (off >= cap) {

@@ -21,6 +21,14 @@
 ecx_store *ecx_registry_store(ecx_registry *r);
 void ecx_registry_count_publish(ecx_registry *r, bool removal);
 
+/* Lines the embedding producer adds to /metrics: fn writes them into buf
+ * (at most len bytes) and returns what snprintf would. It runs on the
+ * server's threads, until ecx_registry_destroy. Set before serving
+ * matters; NULL removes it. */
+typedef size_t (*ecx_registry_metrics_fn)(void *arg, char *buf, size_t len);
+void ecx_registry_set_metrics(ecx_registry *r, ecx_registry_metrics_fn fn,
+                              void *arg);
+
 /* One HTTP request as the router sees it, apart from libmicrohttpd (so
  * the fuzzer drives the router directly). */
 typedef struct ecx_reg_http {

@@ -187,6 +187,7 @@ typedef enum ecx_zop {
 	ECX_ZOP_PULL = 2,    /* the reference's single-item pull */
 	ECX_ZOP_LEASE = 3,   /* ecx: pin ids for a while (a lookup's lease) */
 	ECX_ZOP_RELEASE = 4, /* ecx: end leases */
+	ECX_ZOP_BYE = 5,     /* ecx: a consumer closes its connection */
 } ecx_zop;
 
 /* Transports a side allows, and the one a hello's answer agrees on. */
@@ -199,7 +200,8 @@ typedef enum ecx_zop {
 #define ECX_LEASE_MAX_IDS 200
 
 /* {"op":"hello","worker":"<base64>","token":"...","transports":["shm",
- * "tcp"],"domain":"..."} or the reference's
+ * "tcp"],"domain":"..."}, {"op":"bye","conn":C,"epoch":E,"token":"..."}
+ * or the reference's
  * {"op":"pull","mm_hash","dst_session","dst_ptr","nbytes"}. */
 typedef struct ecx_zreq {
 	ecx_zop op;
@@ -209,6 +211,8 @@ typedef struct ecx_zreq {
 	unsigned char *worker; /* malloc'd; free with ecx_zreq_free */
 	unsigned transports;   /* ECX_TR_* the consumer allows; 0: not sent */
 	char domain[ECX_DOMAIN_MAX]; /* where shared memory works for it */
+	/* bye: the connection the hello gave, at the producer of epoch */
+	uint64_t conn, epoch;
 	/* pull */
 	char mm_hash[ECX_ID_MAX + 1];
 	char dst_session[ECX_ADDR_MAX];
@@ -224,6 +228,7 @@ typedef struct ecx_zreq {
 char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
                             const char *token, unsigned transports,
                             const char *domain);
+char *ecx_zreq_encode_bye(uint64_t conn, uint64_t epoch, const char *token);
 char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
                            uint64_t dst_ptr, uint64_t nbytes);
 /* {"op":"lease","ids":[...],"ms":M,"token":T}: at most ECX_LEASE_MAX_IDS. */
@@ -251,6 +256,9 @@ typedef struct ecx_zresp {
 	                    absent (then pulls carry no expiry) */
 	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, the producer's choice
 	                       for this connection; 0 when absent */
+	uint64_t idle_ms;   /* hello: the producer closes a connection idle this
+	                       long; 0 when absent */
+	bool closed; /* bye: nothing of the connection is in flight any more */
 	/* lease reply: per id, a lease number (0: refused, see lease_err),
 	 * and the time granted; release reply: how many ended */
 	size_t nleases;
@@ -263,13 +271,16 @@ typedef struct ecx_zresp {
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
-                             unsigned transport);
+                             unsigned transport, uint64_t idle_ms);
 /* {"ok":true,"epoch":E,"ms":M,"items":[{"lease":L} or {"code":"ENOSPC"},
  * ...]}: one entry per id asked, in order. */
 char *ecx_zresp_encode_lease(uint64_t epoch, uint64_t ms,
                              const uint64_t *leases, const int *errs, size_t n);
 /* {"ok":true,"released":N} */
 char *ecx_zresp_encode_release(uint64_t released);
+/* {"ok":true,"closed":B}: whether the connection is gone (B false: the
+ * producer's wait for its pulls in flight ran out). */
+char *ecx_zresp_encode_bye(bool closed);
 int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
                      size_t whylen);
 void ecx_zresp_free(ecx_zresp *r);

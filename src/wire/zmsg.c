@@ -90,6 +90,19 @@ char *ecx_zreq_encode_hello(const void *worker, size_t worker_len,
 	return json_print_free(o);
 }
 
+char *ecx_zreq_encode_bye(uint64_t conn, uint64_t epoch, const char *token)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddStringToObject(o, "op", "bye");
+	if (token != NULL && token[0] != '\0')
+		cJSON_AddStringToObject(o, "token", token);
+	cJSON_AddItemToObject(o, "conn", ecx_json_u64(conn));
+	cJSON_AddItemToObject(o, "epoch", ecx_json_u64(epoch));
+	return json_print_free(o);
+}
+
 char *ecx_zreq_encode_pull(const char *mm_hash, const char *dst_session,
                            uint64_t dst_ptr, uint64_t nbytes)
 {
@@ -272,6 +285,12 @@ int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
 		    cJSON_GetObjectItemCaseSensitive(o, "domain") != NULL)
 			rc = ecx_json_get_str(o, "domain", r.domain,
 			                      sizeof(r.domain), why, whylen);
+	} else if (strcmp(op, "bye") == 0) {
+		r.op = ECX_ZOP_BYE;
+		if ((rc = ecx_json_get_u64(o, "conn", &r.conn, why, whylen)) ==
+		    0)
+			rc =
+			    ecx_json_get_u64(o, "epoch", &r.epoch, why, whylen);
 	} else if (strcmp(op, "lease") == 0) {
 		r.op = ECX_ZOP_LEASE;
 		rc = lease_fields(o, &r, why, whylen);
@@ -332,7 +351,7 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
-                             unsigned transport)
+                             unsigned transport, uint64_t idle_ms)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *w = b64_node(worker, worker_len);
@@ -349,6 +368,18 @@ char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
 		cJSON_AddItemToObject(o, "now_ms", ecx_json_u64(now_ms));
 	if (transport != 0)
 		cJSON_AddStringToObject(o, "transport", tr_name(transport));
+	if (idle_ms != 0)
+		cJSON_AddItemToObject(o, "idle_ms", ecx_json_u64(idle_ms));
+	return json_print_free(o);
+}
+
+char *ecx_zresp_encode_bye(bool closed)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddBoolToObject(o, "ok", true);
+	cJSON_AddBoolToObject(o, "closed", closed);
 	return json_print_free(o);
 }
 
@@ -500,7 +531,12 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 			rc = ecx_why(why, whylen, ECX_EPROTO,
 			             "\"transport\" is not \"shm\" or "
 			             "\"tcp\"");
+		if (rc == 0 &&
+		    cJSON_GetObjectItemCaseSensitive(o, "idle_ms") != NULL)
+			rc = ecx_json_get_u64(o, "idle_ms", &r.idle_ms, why,
+			                      whylen);
 	}
+	r.closed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "closed"));
 out:
 	cJSON_Delete(o);
 	if (rc == 0)

@@ -47,6 +47,9 @@ expect() { # expect PRODUCER CONSUMER
 }
 
 for pt in auto tcp shm; do
+	# Not the last producer's "serving" line (the redirection below
+	# truncates only once the new process runs).
+	rm -f "$work/serve.out"
 	"$ECX" serve --bind 127.0.0.1 --port 0 --transport "$pt" \
 		--synthetic 1 --prefix t --shape 1024x3584 --dtype bfloat16 \
 		>"$work/serve.out" 2>"$work/serve.err" &

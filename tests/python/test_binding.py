@@ -116,13 +116,36 @@ def test_consumer_needs_a_registry():
     assert e.value.name == "EINVAL"
 
 
-def test_stats_add_up(pair):
-    p, c = pair
-    s = p.stats()
-    assert s["registrations"] == 1 and s["pinned"] == 0
-    assert s["items_served"] + s["items_failed"] >= 1
-    cs = c.stats()
-    assert cs["loaded"] + cs["failed"] == cs["loads"]
+def test_stats_count_what_happened():
+    """A fresh pair: two items served and one that went away after its
+    lookup, counted exactly on both sides; the consumer's goodbye closes
+    its connection."""
+    p = ecx.Producer(capacity_bytes=8 << 20, bind_host="127.0.0.1",
+                     registry_port=0)
+    c = ecx.Consumer(f"http://127.0.0.1:{p.registry_port}")
+    try:
+        for i in range(3):
+            p.put(f"st{i}", torch.full((1000,), i, dtype=torch.int32))
+        items = c.lookup(["st0", "st1", "st2"])
+        p.remove("st2")
+        outs = [torch.zeros(1000, dtype=torch.int32) for _ in items]
+        errs = c.load_into(zip(items, outs))
+        assert errs[0] is None and errs[1] is None
+        assert isinstance(errs[2], ecx.NotFound)
+        assert torch.equal(outs[1], torch.full((1000,), 1, dtype=torch.int32))
+        s = p.stats()
+        assert s["registrations"] == 1 and s["pinned"] == 0
+        assert (s["pulls"], s["items_served"], s["items_failed"]) == (1, 2, 1)
+        assert s["bytes_served"] == 2 * 4000
+        assert (s["items"], s["connections"]) == (2, 1)
+        cs = c.stats()
+        assert (cs["lookups"], cs["loads"], cs["loaded"], cs["failed"]) \
+            == (3, 3, 2, 1)
+        assert cs["bytes"] == 2 * 4000 and cs["connections"] == 1
+    finally:
+        c.close()
+    assert p.stats()["connections"] == 0  # the goodbye closed it
+    p.close()
 
 
 def test_arena_tensors_and_their_lifetime(pair):
@@ -137,6 +160,10 @@ def test_arena_tensors_and_their_lifetime(pair):
     assert torch.equal(y, torch.ones(300 << 10, dtype=torch.uint8))
     assert c.arena_tensor(b) is None
     first = x.data_ptr()
+    x1 = c.load([a])[0]  # while x lives, its space is not handed out
+    assert x1.data_ptr() != first
+    assert torch.equal(x1, torch.arange(1000, dtype=torch.int32))
+    del x1
     del x  # its arena space comes back
     x2 = c.load([a])[0]
     assert x2.data_ptr() == first

@@ -523,6 +523,24 @@ static void test_zmsg(void **state)
 	assert_int_equal(r.dst_ptr, 140737488355328ull);
 	assert_int_equal(r.nbytes, 7340032);
 	free(s);
+	/* The goodbye: the connection and the producer's epoch. */
+	s = ecx_zreq_encode_bye(42, 1ull << 52, "tok");
+	assert_int_equal(ecx_zreq_decode(s, strlen(s), &r, why, 160), 0);
+	assert_int_equal(r.op, ECX_ZOP_BYE);
+	assert_int_equal(r.conn, 42);
+	assert_int_equal(r.epoch, 1ull << 52);
+	assert_string_equal(r.token, "tok");
+	free(s);
+	ecx_zresp zb;
+	s = ecx_zresp_encode_bye(true);
+	assert_int_equal(ecx_zresp_decode(s, strlen(s), &zb, why, 160), 0);
+	assert_true(zb.ok);
+	assert_true(zb.closed);
+	free(s);
+	s = ecx_zresp_encode_bye(false);
+	assert_int_equal(ecx_zresp_decode(s, strlen(s), &zb, why, 160), 0);
+	assert_false(zb.closed);
+	free(s);
 	/* The reference's own encoding (Python json.dumps). */
 	const char *py = "{\"op\": \"pull\", \"mm_hash\": \"abc\", "
 	                 "\"dst_session\": \"h:1\", \"dst_ptr\": 1234, "
@@ -537,6 +555,8 @@ static void test_zmsg(void **state)
 	    {"{}", ECX_EUNSUPPORTED},
 	    {"{\"op\":3}", ECX_EUNSUPPORTED},
 	    {"{\"op\":\"hello\"}", ECX_EPROTO},
+	    {"{\"op\":\"bye\",\"conn\":1}", ECX_EPROTO},
+	    {"{\"op\":\"bye\",\"conn\":-1,\"epoch\":1}", ECX_EPROTO},
 	    {"{\"op\":\"hello\",\"worker\":\"@@@@\"}", ECX_EPROTO},
 	    {"{\"op\":\"hello\",\"worker\":\"AAAA\",\"transports\":\"tcp\"}",
 	     ECX_EPROTO},
@@ -569,23 +589,27 @@ static void test_zmsg(void **state)
 	assert_false(z.ok);
 	assert_int_equal(z.err, ECX_ENOTFOUND);
 	free(s);
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull, ECX_TR_TCP);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull, ECX_TR_TCP,
+	                           15000);
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_true(z.ok);
 	assert_int_equal(z.epoch, 99);
 	assert_int_equal(z.conn, 5);
 	assert_int_equal(z.now_ms, 1764521000123ull);
 	assert_int_equal(z.transport, ECX_TR_TCP);
+	assert_int_equal(z.idle_ms, 15000);
 	ecx_zresp_free(&z);
 	free(s);
 	/* A producer from before now_ms: no clock, so pulls carry no
 	 * expiry. */
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0, 0);
 	assert_null(strstr(s, "now_ms"));
 	assert_null(strstr(s, "transport"));
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_int_equal(z.now_ms, 0);
 	assert_int_equal(z.transport, 0);
+	assert_null(strstr(s, "idle_ms"));
+	assert_int_equal(z.idle_ms, 0);
 	assert_memory_equal(z.worker, w, 10);
 	ecx_zresp_free(&z);
 	free(s);
