@@ -1113,6 +1113,7 @@ static void test_consumers_forgotten(void **state)
 	/* Mappings of 40 MiB or more: the producer's arena is 16 MiB, each
 	 * consumer's 48 MiB. */
 	int maps0 = proc_shared_maps(p.ch.pid, 40);
+	int small0 = proc_shared_maps(p.ch.pid, 0);
 	if (shm0 < 0 || own0 < 0) {
 		producer_stop(&p);
 		skip();
@@ -1216,13 +1217,21 @@ static void test_consumers_forgotten(void **state)
 		fail_msg("%lld MiB of shared memory left that no process maps",
 		         (orphan1 - orphan0) / 1024);
 	if (shm1 - shm0 >= 64 * 1024) {
-		/* Every process of this test but the producer is gone, the
-		 * producer holds what it held, and nothing is orphaned: the
-		 * growth is other processes' on this host. Measured, not
-		 * judged. */
-		print_message("host Shmem grew by %lld MiB, none of it this "
-		              "test's (another process on the host)\n",
-		              (shm1 - shm0) / 1024);
+		/* Known, not yet fixed: the producer's UCX worker stays
+		 * attached to one small shared-memory segment of each
+		 * consumer that has left (UCX's FIFO of that consumer's
+		 * shared-memory transport, about 2 MiB touched), after ecx
+		 * closed the endpoint and unmapped the consumer's arena. Its
+		 * own resident share stays small, but the pages stay alive.
+		 * Reported as a skip that says so, not as a pass. */
+		int small1 = proc_shared_maps(p.ch.pid, 0);
+		print_message("host Shmem grew by %lld MiB while the producer "
+		              "runs: it still maps %d more small shared "
+		              "segments than before the %d consumers came "
+		              "(UCX's shared-memory FIFOs of departed "
+		              "consumers; known defect, docs/protocol.md)\n",
+		              (shm1 - shm0) / 1024, small1 - small0,
+		              ROUNDS * PER);
 		producer_stop(&p);
 		skip();
 	}
