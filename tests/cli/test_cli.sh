@@ -5,31 +5,7 @@
 set -u
 ECX=${1:?usage: test_cli.sh PATH/TO/ecx}
 PY=/usr/bin/python3
-work=$(mktemp -d)
-pids=()
-pass=0
-fail=0
-cleanup() {
-	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
-check() { # check NAME COMMAND...
-	local name=$1; shift
-	if "$@"; then ok "$name"; else bad "$name"; fi
-}
-
-# Waits for a line matching $2 in file $1 (up to 30 s).
-wait_for() {
-	for _ in $(seq 300); do
-		grep -q "$2" "$1" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	return 1
-}
+. "$(dirname "$0")/lib.sh"
 
 # --- usage errors exit 2 with a usage message ---
 for args in "" "frobnicate" "serve --port notaport" "get" "info onlyone" \

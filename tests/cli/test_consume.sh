@@ -4,24 +4,7 @@
 # Usage: test_consume.sh PATH/TO/ecx
 set -u
 ECX=${1:?usage: test_consume.sh PATH/TO/ecx}
-work=$(mktemp -d)
-pids=()
-pass=0
-fail=0
-cleanup() {
-	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
-wait_for() { # wait_for FILE PATTERN: up to 30 s
-	for _ in $(seq 300); do
-		grep -q "$2" "$1" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	return 1
-}
+. "$(dirname "$0")/lib.sh"
 # expect NAME RC PATTERN COMMAND...: exits RC, stderr matches PATTERN.
 expect() {
 	local name=$1 want=$2 pat=$3

@@ -7,29 +7,7 @@
 set -u
 ECX=${1:?usage: test_redis_ls.sh PATH/TO/ecx}
 PY=/usr/bin/python3
-work=$(mktemp -d)
-pids=()
-pass=0
-fail=0
-cleanup() {
-	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
-check() { # check NAME COMMAND...
-	local name=$1; shift
-	if "$@"; then ok "$name"; else bad "$name"; fi
-}
-wait_for() { # wait_for FILE REGEX: up to 30 s
-	for _ in $(seq 300); do
-		grep -q "$2" "$1" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	return 1
-}
+. "$(dirname "$0")/lib.sh"
 
 port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \

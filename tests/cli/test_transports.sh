@@ -8,26 +8,8 @@
 # Usage: test_transports.sh PATH/TO/ecx
 set -u
 ECX=$(readlink -f "${1:?usage: test_transports.sh PATH/TO/ecx}")
-work=$(mktemp -d)
+. "$(dirname "$0")/lib.sh"
 chmod 1777 "$work" # the other user writes its file here too
-pids=()
-pass=0
-fail=0
-cleanup() {
-	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
-wait_for() { # wait_for FILE REGEX: up to 30 s
-	for _ in $(seq 300); do
-		grep -q "$2" "$1" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	return 1
-}
 
 # get AS_USER TRANSPORT: one `ecx get --verify`, output in $work/get.*
 get() {
