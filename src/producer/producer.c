@@ -201,7 +201,6 @@ size_t prod_metrics(void *arg, char *buf, size_t len)
 {
 	ecx_producer_stats s;
 	ecx_producer_stats_get(arg, &s);
-	/* The leases' gauges (pinned bytes, leases) go here too. */
 	int n = snprintf(
 	    buf, len,
 	    "# HELP ecx_producer_connections Consumer connections open.\n"
@@ -212,9 +211,32 @@ size_t prod_metrics(void *arg, char *buf, size_t len)
 	    "ecx_producer_items %llu\n"
 	    "# HELP ecx_producer_bytes Arena bytes taken by items.\n"
 	    "# TYPE ecx_producer_bytes gauge\n"
-	    "ecx_producer_bytes %llu\n",
+	    "ecx_producer_bytes %llu\n"
+	    "# HELP ecx_producer_pinned_bytes Arena bytes pinned by leases.\n"
+	    "# TYPE ecx_producer_pinned_bytes gauge\n"
+	    "ecx_producer_pinned_bytes %llu\n"
+	    "# HELP ecx_producer_pinned_items Items a pull is reading now.\n"
+	    "# TYPE ecx_producer_pinned_items gauge\n"
+	    "ecx_producer_pinned_items %llu\n"
+	    "# HELP ecx_producer_leases Leases held now.\n"
+	    "# TYPE ecx_producer_leases gauge\n"
+	    "ecx_producer_leases %llu\n"
+	    "# HELP ecx_producer_leases_total Leases by how they ended (or "
+	    "were refused).\n"
+	    "# TYPE ecx_producer_leases_total counter\n"
+	    "ecx_producer_leases_total{result=\"granted\"} %llu\n"
+	    "ecx_producer_leases_total{result=\"refused\"} %llu\n"
+	    "ecx_producer_leases_total{result=\"used\"} %llu\n"
+	    "ecx_producer_leases_total{result=\"released\"} %llu\n"
+	    "ecx_producer_leases_total{result=\"expired\"} %llu\n",
 	    (unsigned long long)s.connections, (unsigned long long)s.items,
-	    (unsigned long long)s.bytes_used);
+	    (unsigned long long)s.bytes_used,
+	    (unsigned long long)s.leased_bytes, (unsigned long long)s.pinned,
+	    (unsigned long long)s.leases, (unsigned long long)s.leases_granted,
+	    (unsigned long long)s.leases_refused,
+	    (unsigned long long)s.leases_used,
+	    (unsigned long long)s.leases_released,
+	    (unsigned long long)s.leases_expired);
 	return n < 0 ? 0 : (size_t)n;
 }
 

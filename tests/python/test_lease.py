@@ -47,6 +47,15 @@ def test_leased_items_are_not_evicted_until_loaded(producer):
         st = p.stats()
         assert (st["leases"], st["leased_bytes"]) == (2, 2 * MiB)
         assert (st["leases_granted"], st["leases_refused"]) == (2, 1)
+        # The same on the embedded registry's /metrics.
+        import urllib.request
+        with urllib.request.urlopen(url(p) + "/metrics", timeout=5) as r:
+            m = dict(line.rsplit(" ", 1) for line in
+                     r.read().decode().splitlines()
+                     if line and not line.startswith("#"))
+        assert m["ecx_producer_leases"] == "2"
+        assert m["ecx_producer_pinned_bytes"] == str(2 * MiB)
+        assert m['ecx_producer_leases_total{result="refused"}'] == "1"
         for i in range(4, 7):  # three puts evict p2, p3, p4
             p.put(f"p{i}", blob(i))
         assert c.lookup(["p2", "p3", "p4"]).missing() == ["p2", "p3", "p4"]

@@ -1188,6 +1188,8 @@ static void test_consumers_forgotten(void **state)
 	assert_int_equal(metric(text, "ecx_producer_connections"), 0);
 	assert_int_equal(metric(text, "ecx_producer_items"), 1);
 	assert_int_equal(metric(text, "ecx_producer_bytes"), 4194304);
+	assert_int_equal(metric(text, "ecx_producer_pinned_bytes"), 0);
+	assert_int_equal(metric(text, "ecx_producer_leases"), 0);
 	/* The killed consumers' memory was mapped only by the producer:
 	 * unmapping it gives it back to the host. */
 	/* The producer's own view first (other processes on the host move
