@@ -146,7 +146,9 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc)
 
 static bool pconn_busy(ecx_consumer *c, const pconn *pc, bool *zombies_only)
 {
-	bool busy = false, live = false;
+	/* Given to a pull not in flight yet, or being sent on: live. */
+	bool busy = pc->users > 0 || pc->sending > 0;
+	bool live = busy;
 	for (pull *q = c->inflight; q != NULL; q = q->next) {
 		if (q->pc != pc)
 			continue;
@@ -188,7 +190,8 @@ typedef struct want {
  * that only zombies use on *bye (at most one goodbye each at a time).
  * Called with the lock. */
 static pconn *pconn_find(ecx_consumer *c, want *w, uint64_t now_ms,
-                         pconn **stale, pconn **bye, size_t *nbye)
+                         pconn **stale, pconn **bye, size_t *nbye,
+                         size_t bye_cap)
 {
 	pconn *found = NULL;
 	w->wait = false;
@@ -222,7 +225,11 @@ static pconn *pconn_find(ecx_consumer *c, want *w, uint64_t now_ms,
 				continue;
 			}
 			pc->failed = true;
-			if (zombies_only && !pc->byeing && bye != NULL) {
+			/* At most bye_cap goodbyes per call (an address may
+			 * hold several such connections); the rest are said
+			 * by a later load. */
+			if (zombies_only && !pc->byeing && bye != NULL &&
+			    *nbye < bye_cap) {
 				pc->byeing = true;
 				bye[(*nbye)++] = pc;
 			}
@@ -339,6 +346,7 @@ static void hello_done(void *arg, ecx_rdv_call *k)
 	} else {
 		pc->connecting = false;
 		w->p->pc = pc;
+		pc->users++; /* until pull_send puts it in flight */
 		c->st.connections++;
 	}
 	pthread_cond_broadcast(&c->conn_cv);
@@ -416,9 +424,10 @@ void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
 			if (w[k].p->pc != NULL || w[k].p->done)
 				continue;
 			pconn *pc =
-			    pconn_find(c, &w[k], now_ms, &stale, bye, &nbye);
+			    pconn_find(c, &w[k], now_ms, &stale, bye, &nbye, n);
 			if (pc != NULL) {
 				w[k].p->pc = pc;
+				pc->users++; /* until in flight */
 				go[ngo++] = w[k].p;
 			} else if (w[k].wait) {
 				nwait++;

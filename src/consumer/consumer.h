@@ -48,6 +48,8 @@ typedef struct pconn {
 	ucp_ep_h ep;
 	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, agreed in the hello */
 	unsigned sending;   /* threads sending on ep now (under c->lock) */
+	unsigned users;     /* pulls given this connection and not yet in
+	                       flight or failed: it must not be freed */
 	bool cut;           /* ep to be closed by the last sender */
 	bool failed;
 	/* The producer's wall clock in the hello's answer, and our monotonic

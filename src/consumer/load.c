@@ -5,6 +5,7 @@
  */
 #include "consumer/consumer.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,10 @@
 #include <xxhash.h>
 
 #define MOD "consumer"
+
+/* An item's status while its load runs: no error code, so an item a pull
+ * failed with ECX_EBUSY (too many zombies, too many regions) keeps it. */
+#define ITEM_PENDING INT_MIN
 
 /* ---- lookups ---- */
 
@@ -126,6 +131,14 @@ static const span *span_find(const span *s, size_t m, uint64_t a)
 }
 
 /* Builds and sends the pull for the items of load l at idx[0..n) on pc. */
+/* p no longer needs p->pc held for it (it is in flight, or failed before
+ * it was sent). Called with c->lock. */
+static void pull_unuse(pull *p)
+{
+	if (p->pc != NULL && p->pc->users > 0)
+		p->pc->users--;
+}
+
 static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 {
 	ecx_pull_req r;
@@ -145,6 +158,7 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		free(spans);
 		pthread_mutex_lock(&c->lock);
 		cons_pull_fail(p, ECX_ENOMEM);
+		pull_unuse(p);
 		pthread_mutex_unlock(&c->lock);
 		return;
 	}
@@ -159,6 +173,7 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		         "no more until they end",
 		         p->pc->address, nz);
 		cons_pull_fail(p, ECX_EBUSY);
+		pull_unuse(p);
 		pthread_mutex_unlock(&c->lock);
 		free(it);
 		free(spans);
@@ -222,11 +237,13 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		if (ni > 0)
 			cons_pull_fail(p, ECX_ENOMEM);
 		p->done = true;
+		pull_unuse(p);
 		pthread_mutex_unlock(&c->lock);
 		return;
 	}
 	p->next = c->inflight;
 	c->inflight = p;
+	pull_unuse(p); /* in flight keeps its connection now */
 	pconn *pc = p->pc;
 	ucp_ep_h ep = pc->ep;
 	if (ep != NULL)
@@ -259,6 +276,8 @@ static void pull_ready(ecx_consumer *c, ecx_load *l, pull *p)
 	pthread_mutex_lock(&c->lock);
 	p->req = ++c->next_req;
 	bool go = p->pc != NULL && !p->done;
+	if (!go)
+		pull_unuse(p);
 	pthread_mutex_unlock(&c->lock);
 	if (go)
 		pull_send(c, l, p);
@@ -296,7 +315,7 @@ static int load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	for (size_t i = 0; i < n; i++) {
 		ecx_item *x = &items[i];
 		char why[200];
-		x->status = ECX_EBUSY;
+		x->status = ITEM_PENDING;
 		group[i] = SIZE_MAX;
 		if (ecx_id_check(x->id, why, sizeof(why)) != 0)
 			x->status = ECX_EID;
@@ -306,7 +325,7 @@ static int load_start(ecx_consumer *c, ecx_item *items, size_t n,
 			x->status = ECX_ESIZE;
 		else if (x->dst == NULL && x->desc.nbytes > 0)
 			x->status = ECX_EINVAL;
-		if (x->status != ECX_EBUSY)
+		if (x->status != ITEM_PENDING)
 			continue;
 		for (size_t k = 0; k < l->npulls && group[i] == SIZE_MAX; k++)
 			if (strcmp(items[l->pulls[k]->idx[0]].producer,
@@ -466,7 +485,7 @@ static int load_wait_once(ecx_load *l, char *why, size_t whylen)
 	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < l->n; i++) {
 		int s = l->items[i].status;
-		if (s == ECX_EBUSY)
+		if (s == ITEM_PENDING)
 			s = l->items[i].status = ECX_EINTERNAL;
 		if (s == 0) {
 			ok++;

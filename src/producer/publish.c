@@ -396,12 +396,15 @@ static int pub_wait(ecx_producer *p, pub_op *op, char *why, size_t whylen)
 				prev = *pp;
 				pp = &(*pp)->next;
 			}
-			if (*pp == op) {
+			if (*pp == op && op->del) {
+				/* A removal is never given up: it stays
+				 * queued, nobody's to wait for, and is made
+				 * when the registry answers. */
+				op->waited = false;
+			} else if (*pp == op) {
 				*pp = op->next;
 				if (p->pub_tail == op)
 					p->pub_tail = prev;
-				if (op->del)
-					p->pub_dels--;
 				free(op);
 			} else {
 				op->abandoned = true;

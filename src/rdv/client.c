@@ -105,8 +105,8 @@ static int probe_start(const char *address, int *err)
  * until the deadline, so without this a producer that is gone (its port
  * closed) would cost the whole timeout instead of failing at once. A call
  * whose connect is refused (or whose network is unreachable) fails with
- * ECX_ECONNECT; the others go on. */
-static void probe_many(ecx_rdv_call *calls, size_t n)
+ * ECX_ECONNECT; the others go on. Never past deadline_ns. */
+static void probe_many(ecx_rdv_call *calls, size_t n, uint64_t deadline_ns)
 {
 	struct pollfd *pf = calloc(n + 1, sizeof(*pf));
 	if (pf == NULL)
@@ -126,6 +126,8 @@ static void probe_many(ecx_rdv_call *calls, size_t n)
 			    calls[i].address, strerror(e));
 	}
 	uint64_t until = ecx_now_ns() + (uint64_t)PROBE_MS * 1000000u;
+	if (until > deadline_ns)
+		until = deadline_ns;
 	while (pending > 0) {
 		uint64_t now = ecx_now_ns();
 		if (now >= until)
@@ -264,7 +266,7 @@ void ecx_rdv_call_many(ecx_rdv_client *c, ecx_rdv_call *calls, size_t n,
 		calls[i].err = 0;
 		calls[i].why[0] = '\0';
 	}
-	probe_many(calls, n);
+	probe_many(calls, n, deadline_ns);
 	for (size_t i = 0; i < n; i++) {
 		if (calls[i].err == 0 &&
 		    (socks == NULL || pi == NULL || which == NULL))

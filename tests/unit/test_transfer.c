@@ -706,6 +706,50 @@ static void slow_producer(const char *transport, bool arena)
 	producer_stop(&p2);
 }
 
+/* Load after load timing out on one slow producer: each leaves a zombie
+ * and a connection waiting for its goodbye at that one address, and each
+ * next load must handle all of them (a heap overflow once: goodbyes were
+ * counted per producer, not per connection); every load returns within
+ * its bound with ETIMEDOUT, or EBUSY once the zombies reach their cap. */
+static void test_many_timeouts_one_producer(void **state)
+{
+	(void)state;
+	producer p;
+	setenv("ECX_TEST_PULL_DELAY_MS", "300", 1);
+	producer_start(&p, "tcp", NULL);
+	unsetenv("ECX_TEST_PULL_DELAY_MS");
+	for (int i = 0; i < 4; i++) {
+		char id[8];
+		snprintf(id, sizeof(id), "z%d", i);
+		producer_put(&p, id, "uint8", "65536", "ok");
+	}
+	ecx_consumer *c = consumer(p.url, "tcp", 150, NULL);
+	ecx_item it[4];
+	char ids[4][8];
+	memset(it, 0, sizeof(it));
+	for (int i = 0; i < 4; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "z%d", i);
+		it[i].id = ids[i];
+	}
+	assert_int_equal(ecx_consumer_lookup(c, it, 4), 0);
+	for (int i = 0; i < 4; i++)
+		it[i].dst = ecx_consumer_alloc(c, 65536);
+	for (int round = 0; round < 10; round++) {
+		uint64_t t0 = now_ms();
+		int rc = ecx_consumer_load(c, it, 4);
+		uint64_t took = now_ms() - t0;
+		if (rc != ECX_ETIMEDOUT && rc != ECX_EBUSY)
+			fail_msg("round %d: %s", round, ecx_err_name(rc));
+		if (took > 150 + 500)
+			fail_msg("round %d took %llu ms", round,
+			         (unsigned long long)took);
+	}
+	for (int i = 0; i < 4; i++)
+		ecx_consumer_free(c, it[i].dst);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
 static void test_slow_producer_shm_arena(void **state)
 {
 	(void)state;
@@ -1359,6 +1403,7 @@ int main(void)
 	    cmocka_unit_test(test_late_write_tcp_arena),
 	    cmocka_unit_test(test_late_write_tcp_caller),
 	    cmocka_unit_test(test_slow_producer_shm_arena),
+	    cmocka_unit_test(test_many_timeouts_one_producer),
 	    cmocka_unit_test(test_slow_producer_tcp_arena),
 	    cmocka_unit_test(test_slow_producer_tcp_caller),
 	    cmocka_unit_test(test_integrity_tcp),
