@@ -486,7 +486,10 @@ typedef struct ecx_load ecx_load;
 ECX_API int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                                     ecx_load **out);
 
-/* ecx_load_test returns 0 when the load has ended, ECX_EBUSY while not. */
+/* ecx_load_test returns 0 when the load has ended, ECX_EBUSY while not.
+ * The ecx_load_wait that follows a 0 returns at once, unless items failed
+ * on a holder that is gone: then it first tries their other holders
+ * (bounded by the load's deadline). */
 ECX_API int ecx_load_test(ecx_load *l);
 
 /* ecx_load_wait blocks until the load ends or the consumer's timeout from

@@ -963,7 +963,8 @@ class Consumer:
 class Load:
     """A load in flight (Consumer.load_start). .items and .tensors are what
     it loads into; both, and the C items, stay alive here until it ends.
-    .test() returns True once it has ended (never blocks); .wait() blocks
+    .test() returns True once it has ended (it does not wait for the
+    pulls; but see test() on failover); .wait() blocks
     until it ends, at most the consumer's timeout_ms from the start, and
     returns .errors: None for each item that loaded, an EcxError for each
     that did not (ETIMEDOUT for what was still missing at the deadline)."""
@@ -996,7 +997,10 @@ class Load:
 
     def test(self):
         """True when the load has ended (its per-item .errors are then
-        set), False while it runs. Never blocks."""
+        set), False while it runs. It does not wait for pulls; but when
+        the load ended with items whose holder is gone, finishing it tries
+        their other holders first (ecx_load_wait's failover), which can
+        take up to the rest of the load's deadline."""
         with self._lock:
             if self._h is None:
                 return True

@@ -538,7 +538,10 @@ class ECXConnector(ECConnectorBase):
                                "%s", s.mm_hash, s.producer_zmq, e)
 
     def _poll(self) -> None:
-        """Settles the pulls that have ended; never blocks."""
+        """Settles the pulls that have ended. It waits for no pull, but a
+        load whose producer is gone tries the item's other holders as it
+        is settled (bounded by the load's deadline): that happens here,
+        in the step. Moving it off the step is left to do."""
         still = []
         for pull, specs in self._inflight:
             if pull.test() if isinstance(pull, ecx.Load) else pull.done():
