@@ -665,6 +665,7 @@ static int load_failover(ecx_consumer *c, ecx_item *items, size_t n,
 			ecx_strlcpy(sub[ns].producer, pick->producer_zmq,
 			            sizeof(sub[ns].producer));
 			sub[ns].epoch = pick->epoch;
+			sub[ns].lease = 0; /* a lease is its holder's alone */
 			smap[ns++] = map[q];
 		}
 		if (ns == 0)
@@ -681,6 +682,7 @@ static int load_failover(ecx_consumer *c, ecx_item *items, size_t n,
 				ecx_strlcpy(x->producer, sub[t].producer,
 				            sizeof(x->producer));
 				x->epoch = sub[t].epoch;
+				x->lease = 0; /* the first holder's expires */
 			}
 		}
 	}
