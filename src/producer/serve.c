@@ -621,9 +621,16 @@ void prod_serve_shutdown(ecx_producer *p)
 		c->failed = true;
 	pthread_mutex_unlock(&p->lock);
 	uint64_t until = ecx_now_ns() + 500000000u;
-	while (p->active != NULL && ecx_now_ns() < until)
+	for (;;) {
+		/* The progress thread still runs: read under its lock. */
+		pthread_mutex_lock(&p->lock);
+		bool busy = p->active != NULL;
+		pthread_mutex_unlock(&p->lock);
+		if (!busy || ecx_now_ns() >= until)
+			break;
 		usleep(1000);
-	ecx_ucx_stop(p->ucx);
+	}
+	ecx_ucx_stop(p->ucx); /* joins it: what follows is this thread's */
 	while (p->queue != NULL) {
 		job *j = p->queue;
 		p->queue = j->next;
