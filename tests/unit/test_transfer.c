@@ -1147,6 +1147,14 @@ static void test_consumers_forgotten(void **state)
 {
 	(void)state;
 	enum { ROUNDS = 5, PER = 10, KILLED = 2, IDLE_MS = 1500 };
+	/* Sixty processes against bounds of 1-1.5 s: where everything runs
+	 * slower on purpose (valgrind), the bounds mean nothing. This test's
+	 * own code is only the driver; the library runs in the peers. */
+	if (tu_ms(1) > 1) {
+		print_message("skipped: time is scaled (ECX_TEST_TIME_SCALE); "
+		              "its bounds hold only at full speed\n");
+		skip();
+	}
 	producer p;
 	producer_start(&p, "shm", "--capacity", "16777216", "--idle", "1500",
 	               "--timeout", "1000", NULL);
