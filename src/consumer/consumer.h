@@ -178,6 +178,20 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc);
  * the connections whose producer answered "closed". For destroy. */
 void cons_pconns_bye(ecx_consumer *c);
 
+/* load.c: a load that ends by deadline_ns (retry: a failover's, not
+ * counted as new loads), and its wait without failover, which frees it;
+ * why gets the detail of a failure the load recorded (may be NULL). */
+int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
+                    uint64_t deadline_ns, bool retry, ecx_load **out);
+int cons_load_wait_once(ecx_load *l, char *why, size_t whylen);
+
+/* failover.c: whether an item that failed with s may be tried at another
+ * holder; and the tries, within deadline_ns, for every item of items that
+ * failed so. Returns the first item's error afterwards, with its detail. */
+bool cons_failover_worth(int s);
+int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
+                  uint64_t deadline_ns, char *detail, size_t dlen);
+
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
 void cons_region_drop(ecx_consumer *c, region *r);
