@@ -1,6 +1,7 @@
 /* client.c - the registry client on libcurl: one persistent connection per
- * registry, bounded waits, and back-off for registries that are down. */
-#include "dir/dir.h"
+ * registry, bounded waits, and back-off for registries that are down; its
+ * reads (lookups, listings, health). Its writes are client_write.c. */
+#include "dir/regclient.h"
 
 #include <curl/curl.h>
 
@@ -11,36 +12,6 @@
 #include <strings.h>
 
 #define MOD "regclient"
-#define MAX_REGISTRIES 16
-
-typedef struct reg_conn {
-	char url[ECX_ADDR_MAX]; /* without a trailing slash */
-	CURL *curl;
-	ecx_store *redis; /* a redis:// registry: its store, used directly */
-	uint64_t down_until_ms; /* skip until then; 0 when up */
-	uint64_t backoff_ms;
-} reg_conn;
-
-struct ecx_regclient {
-	reg_conn regs[MAX_REGISTRIES];
-	uint64_t seen_epoch; /* of the first registry, by ecx_regclient_sync */
-	bool was_down;
-	size_t nregs;
-	struct curl_slist *headers; /* Content-Type and Authorization */
-	int connect_timeout_ms, timeout_ms;
-	int ttl_s; /* the lease asked for this client's entries */
-	/* A registry whose store renews by writes (Redis behind HTTP): the
-	 * entries are written again every third of the lease, no oftener. */
-	bool renew_by_writes;
-	uint64_t written_ms;
-	long connects;
-};
-
-typedef struct buf {
-	char *p;
-	size_t len, cap;
-} buf;
-
 static size_t on_body(char *data, size_t sz, size_t nm, void *ud)
 {
 	buf *b = ud;
@@ -196,9 +167,9 @@ static int curl_err(CURLcode cc, const char *url, char *why, size_t whylen)
 }
 
 /* One HTTP request on registry g's persistent connection. */
-static int reg_request(ecx_regclient *c, reg_conn *g, const char *method,
-                       const char *path, const char *body, long *status,
-                       buf *resp, char *why, size_t whylen)
+int regc_request(ecx_regclient *c, reg_conn *g, const char *method,
+                 const char *path, const char *body, long *status, buf *resp,
+                 char *why, size_t whylen)
 {
 	if (g->curl == NULL) {
 		g->curl = curl_easy_init();
@@ -240,12 +211,12 @@ static int reg_request(ecx_regclient *c, reg_conn *g, const char *method,
 	return 0;
 }
 
-static bool reg_usable(reg_conn *g, uint64_t now)
+bool regc_usable(reg_conn *g, uint64_t now)
 {
 	return g->down_until_ms == 0 || now >= g->down_until_ms;
 }
 
-static void reg_mark(reg_conn *g, int rc)
+void regc_mark(reg_conn *g, int rc)
 {
 	if (rc == 0) {
 		g->down_until_ms = 0;
@@ -263,8 +234,8 @@ static void reg_mark(reg_conn *g, int rc)
 }
 
 /* Reads the detail of an error answer, or says what the body is. */
-static int http_err(long status, const buf *b, const char *url, char *why,
-                    size_t whylen)
+int regc_http_err(long status, const buf *b, const char *url, char *why,
+                  size_t whylen)
 {
 	int e = status == 401 || status == 403 ? ECX_EAUTH
 	        : status == 404                ? ECX_ENOTFOUND
@@ -286,7 +257,8 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 	snprintf(path, sizeof(path), "/ec/info/%s", it->id);
 	buf b = {0};
 	long status = 0;
-	int rc = reg_request(c, g, "GET", path, NULL, &status, &b, why, whylen);
+	int rc =
+	    regc_request(c, g, "GET", path, NULL, &status, &b, why, whylen);
 	if (rc == 0) {
 		if (status == 200) {
 			rc = ecx_entry_decode(b.p, b.len, &it->entry, why,
@@ -298,7 +270,7 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 				             g->url);
 			it->found = rc == 0;
 		} else if (status != 404) {
-			rc = http_err(status, &b, g->url, why, whylen);
+			rc = regc_http_err(status, &b, g->url, why, whylen);
 		}
 	}
 	free(b.p);
@@ -320,11 +292,11 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	buf b = {0};
 	long status = 0;
-	int rc = reg_request(c, g, "POST", "/ec/lookup", body, &status, &b, why,
-	                     whylen);
+	int rc = regc_request(c, g, "POST", "/ec/lookup", body, &status, &b,
+	                      why, whylen);
 	free(body);
 	if (rc == 0 && status != 200)
-		rc = http_err(status, &b, g->url, why, whylen);
+		rc = regc_http_err(status, &b, g->url, why, whylen);
 	if (rc == 0) {
 		rc = ecx_lookup_resp_decode(b.p, b.len, items, n, why, whylen);
 		if (rc != 0)
@@ -388,7 +360,7 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		}
 		if (m == 0)
 			break;
-		if (!reg_usable(g, now)) {
+		if (!regc_usable(g, now)) {
 			last = ecx_why(why, whylen, ECX_ECONNECT,
 			               "registry %s is down (retrying later)",
 			               g->url);
@@ -403,7 +375,7 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		if (rc == 0 && g->redis != NULL && all_holders)
 			rc = ecx_store_redis_holders(g->redis, miss, m, why,
 			                             whylen);
-		reg_mark(g, rc);
+		regc_mark(g, rc);
 		if (rc != 0) {
 			ecx_lookup_items_clear(miss, m);
 			last = rc;
@@ -420,204 +392,6 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 	for (size_t i = 0; i < n; i++)
 		all_found = all_found && items[i].found;
 	return all_found ? 0 : last;
-}
-
-int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
-                      char *why, size_t whylen)
-{
-	if (ecx_id_check(id, why, whylen) != 0)
-		return ECX_EID;
-	if (c->regs[0].redis != NULL)
-		return c->regs[0].redis->ops->put(c->regs[0].redis, id, e, why,
-		                                  whylen);
-	char *body = ecx_entry_encode(e);
-	if (body == NULL)
-		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-	char path[ECX_ID_MAX + 16];
-	snprintf(path, sizeof(path), "/ec/info/%s", id);
-	buf b = {0};
-	long status = 0;
-	int rc = reg_request(c, &c->regs[0], "PUT", path, body, &status, &b,
-	                     why, whylen);
-	if (rc == 0 && status != 200)
-		rc = http_err(status, &b, c->regs[0].url, why, whylen);
-	free(body);
-	free(b.p);
-	return rc;
-}
-
-int ecx_regclient_delete(ecx_regclient *c, const char *id,
-                         const char *producer_zmq, char *why, size_t whylen)
-{
-	if (ecx_id_check(id, why, whylen) != 0)
-		return ECX_EID;
-	if (c->regs[0].redis != NULL)
-		return c->regs[0].redis->ops->del(c->regs[0].redis, id,
-		                                  producer_zmq, why, whylen);
-	char path[ECX_ID_MAX + ECX_ADDR_MAX * 3 + 40];
-	int off = snprintf(path, sizeof(path), "/ec/info/%s", id);
-	if (producer_zmq != NULL) {
-		char *esc = curl_easy_escape(NULL, producer_zmq, 0);
-		if (esc == NULL)
-			return ecx_why(why, whylen, ECX_ENOMEM,
-			               "out of memory");
-		snprintf(path + off, sizeof(path) - (size_t)off,
-		         "?producer_zmq=%s", esc);
-		curl_free(esc);
-	}
-	buf b = {0};
-	long status = 0;
-	int rc = reg_request(c, &c->regs[0], "DELETE", path, NULL, &status, &b,
-	                     why, whylen);
-	if (rc == 0 && status != 200)
-		rc = http_err(status, &b, c->regs[0].url, why, whylen);
-	free(b.p);
-	return rc;
-}
-
-int ecx_regclient_get_raw(ecx_regclient *c, const char *path, long *status,
-                          char **body, size_t *len, char *why, size_t whylen)
-{
-	if (c->regs[0].redis != NULL)
-		return ecx_why(why, whylen, ECX_EUNSUPPORTED,
-		               "%s: listing needs an HTTP registry (run 'ecx "
-		               "registry --store %s' in front of it)",
-		               c->regs[0].url, c->regs[0].url);
-	buf b = {0};
-	int rc = reg_request(c, &c->regs[0], "GET", path, NULL, status, &b, why,
-	                     whylen);
-	if (rc != 0) {
-		free(b.p);
-		return rc;
-	}
-	*body = b.p != NULL ? b.p : strdup("");
-	*len = b.len;
-	return *body != NULL ? 0 : ecx_why(why, whylen, ECX_ENOMEM, "oom");
-}
-
-/* Publishes the n entries again, one PUT each. */
-static int republish(ecx_regclient *c, const char *const *ids,
-                     const ecx_entry *entries, size_t n, size_t *republished,
-                     char *why, size_t whylen)
-{
-	for (size_t i = 0; i < n; i++) {
-		int rc = ecx_regclient_put(c, ids[i], &entries[i], why, whylen);
-		if (rc != 0) {
-			c->was_down = true; /* try the rest next time */
-			return rc;
-		}
-		(*republished)++;
-	}
-	return 0;
-}
-
-/* POST /ec/renew for e's producer and epoch: sets *renewed. ECX_ENOTFOUND
- * from a registry without the route, ECX_EUNSUPPORTED from one whose store
- * renews by writes. */
-static int http_renew(ecx_regclient *c, reg_conn *g, const ecx_entry *e,
-                      size_t *renewed, char *why, size_t whylen)
-{
-	cJSON *o = cJSON_CreateObject();
-	cJSON_AddStringToObject(o, "producer_zmq", e->producer_zmq);
-	cJSON_AddItemToObject(o, "ecx_epoch", ecx_json_u64(e->epoch));
-	cJSON_AddItemToObject(o, "ecx_ttl_s", ecx_json_u64((uint64_t)c->ttl_s));
-	char *body = cJSON_PrintUnformatted(o);
-	cJSON_Delete(o);
-	if (body == NULL)
-		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-	buf b = {0};
-	long status = 0;
-	int rc = reg_request(c, g, "POST", "/ec/renew", body, &status, &b, why,
-	                     whylen);
-	free(body);
-	if (rc == 0 && status == 501)
-		rc = ecx_why(why, whylen, ECX_EUNSUPPORTED,
-		             "registry %s renews by writes", g->url);
-	else if (rc == 0 && (status == 404 || status == 405))
-		rc = ecx_why(why, whylen, ECX_ENOTFOUND,
-		             "registry %s has no /ec/renew", g->url);
-	else if (rc == 0 && status != 200)
-		rc = http_err(status, &b, g->url, why, whylen);
-	if (rc == 0) {
-		cJSON *r =
-		    b.p != NULL ? cJSON_ParseWithLength(b.p, b.len) : NULL;
-		uint64_t k = 0;
-		if (ecx_json_get_u64(r, "renewed", &k, why, whylen) != 0)
-			rc = ecx_why(why, whylen, ECX_EPROTO,
-			             "registry %s: a renewal without a count",
-			             g->url);
-		cJSON_Delete(r);
-		*renewed = (size_t)k;
-	}
-	free(b.p);
-	return rc;
-}
-
-int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
-                       const ecx_entry *entries, size_t n, size_t *republished,
-                       char *why, size_t whylen)
-{
-	reg_conn *g = &c->regs[0];
-	*republished = 0;
-	if (g->redis != NULL) {
-		int rc = ecx_store_redis_refresh(g->redis, ids, entries, n, why,
-		                                 whylen);
-		if (rc == 0)
-			*republished = n;
-		return rc;
-	}
-	uint64_t lease_ms = (uint64_t)(c->ttl_s > 0 ? c->ttl_s : 30) * 1000;
-	if (n > 0 && c->renew_by_writes && !c->was_down &&
-	    ecx_now_ms() - c->written_ms < lease_ms / 3)
-		return 0;
-	if (n > 0) {
-		/* One request renews them all; a registry that answers with
-		 * fewer than we hold lost some (a restart): all again. */
-		size_t renewed = 0;
-		int rc = http_renew(c, g, &entries[0], &renewed, why, whylen);
-		if (rc == 0 && renewed >= n && !c->was_down)
-			return 0;
-		c->renew_by_writes = rc == ECX_EUNSUPPORTED;
-		if (rc == 0 || rc == ECX_EUNSUPPORTED) {
-			c->was_down = false;
-			c->written_ms = ecx_now_ms();
-			return republish(c, ids, entries, n, republished, why,
-			                 whylen);
-		}
-		if (rc != ECX_ENOTFOUND) {
-			c->was_down = true;
-			return rc;
-		}
-		/* A registry without /ec/renew (before leases): its epoch
-		 * says when it restarted. */
-	}
-	buf b = {0};
-	long status = 0;
-	int rc = reg_request(c, g, "GET", "/healthz", NULL, &status, &b, why,
-	                     whylen);
-	uint64_t epoch = 0;
-	if (rc == 0) {
-		cJSON *o =
-		    b.p != NULL ? cJSON_ParseWithLength(b.p, b.len) : NULL;
-		if (status != 200 ||
-		    ecx_json_get_u64(o, "epoch", &epoch, why, whylen) != 0)
-			rc = ecx_why(why, whylen, ECX_EPROTO,
-			             "registry %s: /healthz has no epoch",
-			             g->url);
-		cJSON_Delete(o);
-	}
-	free(b.p);
-	if (rc != 0) {
-		c->was_down = true;
-		return rc;
-	}
-	bool again =
-	    c->was_down || (c->seen_epoch != 0 && epoch != c->seen_epoch);
-	c->seen_epoch = epoch;
-	c->was_down = false;
-	if (!again)
-		return 0;
-	return republish(c, ids, entries, n, republished, why, whylen);
 }
 
 /* Reads one GET /ec/list answer into rows (room for cap). */
@@ -713,10 +487,10 @@ int ecx_regclient_list(ecx_regclient *c, const char *after, size_t limit,
 		curl_free(esc);
 		buf b = {0};
 		long status = 0;
-		rc = reg_request(c, g, "GET", path, NULL, &status, &b, why,
-		                 whylen);
+		rc = regc_request(c, g, "GET", path, NULL, &status, &b, why,
+		                  whylen);
 		if (rc == 0 && status != 200)
-			rc = http_err(status, &b, g->url, why, whylen);
+			rc = regc_http_err(status, &b, g->url, why, whylen);
 		if (rc == 0)
 			rc = list_decode(g, &b, all, ask, &n, &more, &tree,
 			                 &tot, why, whylen);
@@ -749,10 +523,10 @@ static int http_health(ecx_regclient *c, reg_conn *g, uint64_t *epoch,
 {
 	buf b = {0};
 	long status = 0;
-	int rc = reg_request(c, g, "GET", "/healthz", NULL, &status, &b, why,
-	                     whylen);
+	int rc = regc_request(c, g, "GET", "/healthz", NULL, &status, &b, why,
+	                      whylen);
 	if (rc == 0 && status != 200)
-		rc = http_err(status, &b, g->url, why, whylen);
+		rc = regc_http_err(status, &b, g->url, why, whylen);
 	if (rc == 0) {
 		cJSON *o =
 		    b.p != NULL ? cJSON_ParseWithLength(b.p, b.len) : NULL;

@@ -1,0 +1,56 @@
+/*
+ * regclient.h - the registry client's own state and request plumbing,
+ * shared by client.c (connections, lookups, listings, health) and
+ * client_write.c (publishing, removals, renewals). Private to dir/.
+ */
+#ifndef ECX_DIR_REGCLIENT_H
+#define ECX_DIR_REGCLIENT_H
+
+#include "dir/dir.h"
+
+#include <curl/curl.h>
+
+#define MAX_REGISTRIES 16
+
+typedef struct reg_conn {
+	char url[ECX_ADDR_MAX]; /* without a trailing slash */
+	CURL *curl;
+	ecx_store *redis; /* a redis:// registry: its store, used directly */
+	uint64_t down_until_ms; /* skip until then; 0 when up */
+	uint64_t backoff_ms;
+} reg_conn;
+
+struct ecx_regclient {
+	reg_conn regs[MAX_REGISTRIES];
+	uint64_t seen_epoch; /* of the first registry, by ecx_regclient_sync */
+	bool was_down;
+	size_t nregs;
+	struct curl_slist *headers; /* Content-Type and Authorization */
+	int connect_timeout_ms, timeout_ms;
+	int ttl_s; /* the lease asked for this client's entries */
+	/* A registry whose store renews by writes (Redis behind HTTP): the
+	 * entries are written again every third of the lease, no oftener. */
+	bool renew_by_writes;
+	uint64_t written_ms;
+	long connects;
+};
+
+typedef struct buf {
+	char *p;
+	size_t len, cap;
+} buf;
+
+/* Sends one request on registry g (its persistent connection), body may
+ * be NULL; the answer's status in *status and body in *resp. */
+int regc_request(ecx_regclient *c, reg_conn *g, const char *method,
+                 const char *path, const char *body, long *status, buf *resp,
+                 char *why, size_t whylen);
+/* Whether g is worth asking now (not backing off), and its back-off
+ * after a request that ended with rc. */
+bool regc_usable(reg_conn *g, uint64_t now);
+void regc_mark(reg_conn *g, int rc);
+/* The error of an HTTP answer that is not a success. */
+int regc_http_err(long status, const buf *b, const char *url, char *why,
+                  size_t whylen);
+
+#endif /* ECX_DIR_REGCLIENT_H */
