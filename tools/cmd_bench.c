@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <errno.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -26,6 +27,7 @@
 
 static const char help[] =
     "usage: ecx bench [--quick] [--check] [--json] [--redis URL]\n"
+    "                 [--via LIST] [--peer-wrap PROG --peer-addr ADDR]\n"
     "                 [registry|transfer|file|all]\n"
     "\n"
     "Benchmarks, each interleaved with the baseline it is compared with\n"
@@ -45,7 +47,8 @@ static const char help[] =
     "            memcpy into destinations prepared the same way (shm),\n"
     "            and raw TCP from another process, one stream as ecx uses\n"
     "            one endpoint, TCP_NODELAY, socket buffers kernel-tuned\n"
-    "            as UCX leaves them (tcp). warm: the same ids into the\n"
+    "            as UCX leaves them, the receiver polling its socket as\n"
+    "            ecx's consumer polls (tcp). warm: the same ids into the\n"
     "            same destinations each load; cold (batches 1 and 8):\n"
     "            ids not loaded for at least 32 MiB of loads (more than\n"
     "            the CPU caches), into fresh destinations (shm*: memory\n"
@@ -70,6 +73,14 @@ static const char help[] =
     "  --json    one JSON object per result line\n"
     "  --redis URL  registry: also batched lookups against this Redis\n"
     "            (redis://HOST:PORT; bench/redis_vs_http.sh starts one)\n"
+    "  --via LIST  transfer: only these rows, comma-separated: shm,\n"
+    "            user (shm*), tcp (default: all three)\n"
+    "  --peer-wrap PROG  transfer: start the producer and the raw TCP\n"
+    "            sender as 'PROG /path/to/ecx ARGS...'; PROG must exec\n"
+    "            its arguments (e.g. a script entering another network\n"
+    "            namespace: bench/two_hosts.sh). Use with --via tcp\n"
+    "  --peer-addr ADDR  transfer: the IPv4 address they bind and are\n"
+    "            reached at (default 127.0.0.1)\n"
     "  -h, --help\n"
     "\n"
     "Exit codes: 0 done (and, with --check, every target met), 1 a\n"
@@ -77,6 +88,12 @@ static const char help[] =
 
 static bool quick, json, check;
 static const char *redis_url; /* --redis: a Redis to compare lookups with */
+/* transfer: which rows (--via), and where the producer and the raw TCP
+ * sender run (--peer-wrap, --peer-addr: another host's namespace). */
+enum { VIA_BIT_SHM = 1, VIA_BIT_USER = 2, VIA_BIT_TCP = 4 };
+static unsigned via_mask = VIA_BIT_SHM | VIA_BIT_USER | VIA_BIT_TCP;
+static const char *peer_wrap;
+static const char *peer_addr = "127.0.0.1";
 
 #define MAXREPS 16
 static int nreps(void)
@@ -577,7 +594,7 @@ static int bench_producer(const char *transport)
 	        ECX_PRODUCER_PARAM_BIND_HOST |
 	        ECX_PRODUCER_PARAM_REGISTRY_PORT | ECX_PRODUCER_PARAM_CAPACITY |
 	        ECX_PRODUCER_PARAM_TRANSPORT | ECX_PRODUCER_PARAM_INTEGRITY,
-	    .bind_host = "127.0.0.1",
+	    .bind_host = peer_addr,
 	    .registry_port = 0,
 	    .capacity_bytes = 400u << 20,
 	    .transport = transport,
@@ -615,12 +632,21 @@ typedef struct tcp_req {
 	uint32_t first, count;
 } tcp_req;
 
-static bool full_io(int fd, void *p, size_t n, bool out)
+/* IO_POLL: receive without sleeping, polling the socket as ecx's consumer
+ * polls its worker during a load (across the veth this moved raw TCP from
+ * 1.0 to 1.3 GB/s at 7 MiB x8, bench/two_hosts.sh). */
+typedef enum { IO_SEND, IO_RECV, IO_POLL } io_mode;
+
+static bool full_io(int fd, void *p, size_t n, io_mode m)
 {
 	char *c = p;
 	while (n > 0) {
-		ssize_t k =
-		    out ? send(fd, c, n, MSG_NOSIGNAL) : recv(fd, c, n, 0);
+		ssize_t k = m == IO_SEND   ? send(fd, c, n, MSG_NOSIGNAL)
+		            : m == IO_POLL ? recv(fd, c, n, MSG_DONTWAIT)
+		                           : recv(fd, c, n, 0);
+		if (k < 0 && m == IO_POLL &&
+		    (errno == EAGAIN || errno == EINTR))
+			continue;
 		if (k <= 0)
 			return false;
 		c += k;
@@ -632,7 +658,10 @@ static bool full_io(int fd, void *p, size_t n, bool out)
 static void tcp_tune(int fd)
 {
 	/* TCP_NODELAY; socket buffers left to the kernel's autotuning, as
-	 * UCX leaves its own (UCX_TCP_SNDBUF/RCVBUF=auto). */
+	 * UCX leaves its own (UCX_TCP_SNDBUF/RCVBUF=auto). Fixed 4 MiB
+	 * buffers (the ceiling) read no better across the veth: 1.27 vs
+	 * 1.29 GB/s at 7 MiB x8, 1.42 vs 1.23 at x32, 1.82 vs 1.89 at 64 KiB
+	 * x32 (bench/two_hosts.sh). */
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
@@ -644,8 +673,8 @@ static void tcp_tune(int fd)
 static int bench_tcp_source(void)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
 	socklen_t sl = sizeof(sa);
 	if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
 	    getsockname(l, (struct sockaddr *)&sa, &sl) != 0 ||
@@ -662,7 +691,7 @@ static int bench_tcp_source(void)
 	uint64_t have = 0;
 	uint32_t n = 0;
 	tcp_req q;
-	while (full_io(c, &q, sizeof(q), false)) {
+	while (full_io(c, &q, sizeof(q), IO_RECV)) {
 		if (q.bytes != have) {
 			free(pool);
 			n = 0;
@@ -676,7 +705,7 @@ static int bench_tcp_source(void)
 		bool ok = true;
 		for (uint32_t k = 0; k < q.count && ok; k++)
 			ok = full_io(c, pool + ((q.first + k) % n) * q.bytes,
-			             q.bytes, true);
+			             q.bytes, IO_SEND);
 		if (!ok)
 			break;
 	}
@@ -726,9 +755,9 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, uint64_t *ns)
 		tcp_req q = {.bytes = sz,
 		             .first = (uint32_t)first,
 		             .count = (uint32_t)nb};
-		ok = full_io(x->tcp, &q, sizeof(q), true);
+		ok = full_io(x->tcp, &q, sizeof(q), IO_SEND);
 		for (int k = 0; k < nb && ok; k++)
-			ok = full_io(x->tcp, dst[k], sz, false);
+			ok = full_io(x->tcp, dst[k], sz, IO_POLL);
 	} else {
 		for (int k = 0; k < nb; k++)
 			memcpy(dst[k],
@@ -1032,15 +1061,17 @@ static bool producer_settled(ecx_consumer *c)
 /* Starts the raw TCP source and connects to it. */
 static bool tcp_source_start(proc *pr, int *fd)
 {
-	char *a[] = {"bench", "--tcp-source-for-bench", NULL};
+	char *a[] = {"bench", "--peer-addr", (char *)peer_addr,
+	             "--tcp-source-for-bench", NULL};
 	char line[64];
 	unsigned port;
-	if (!proc_start(pr, a) || !proc_line(pr, line, sizeof(line), 30000) ||
+	if (!proc_start_via(pr, peer_wrap, a) ||
+	    !proc_line(pr, line, sizeof(line), 30000) ||
 	    sscanf(line, "ready %u", &port) != 1)
 		return false;
 	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_port = htons((uint16_t)port),
-	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	                         .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
 	*fd = socket(AF_INET, SOCK_STREAM, 0);
 	if (*fd < 0 || connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
 		return false;
@@ -1053,10 +1084,13 @@ static int bench_transfer_one(via v)
 {
 	const char *transport = v == VIA_TCP ? "tcp" : "shm";
 	proc pr = {0}, src = {0};
-	char *a[] = {"bench", "--producer-for-bench", (char *)transport, NULL};
+	char *a[] = {"bench",           "--peer-addr",
+	             (char *)peer_addr, "--producer-for-bench",
+	             (char *)transport, NULL};
 	char line[256];
 	unsigned port = 0;
-	if (!proc_start(&pr, a) || !proc_line(&pr, line, sizeof(line), 60000) ||
+	if (!proc_start_via(&pr, peer_wrap, a) ||
+	    !proc_line(&pr, line, sizeof(line), 60000) ||
 	    sscanf(line, "ready %u", &port) != 1) {
 		if (pr.pid > 0)
 			proc_stop(&pr, SIGTERM, 5000);
@@ -1071,7 +1105,7 @@ static int bench_transfer_one(via v)
 		goto out;
 	}
 	char url[64], why[256];
-	snprintf(url, sizeof(url), "http://127.0.0.1:%u", port);
+	snprintf(url, sizeof(url), "http://%s:%u", peer_addr, port);
 	ecx_consumer_params cp = {.field_mask =
 	                              ECX_CONSUMER_PARAM_REGISTRY |
 	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
@@ -1160,7 +1194,7 @@ static int bench_transfer(void)
 		tcp_limits(lim, sizeof(lim));
 		printf(
 		    "transfer: producer process -> consumer process, "
-		    "loopback; %d repetitions of (baseline block, ecx "
+		    "%s; %d repetitions of (baseline block, ecx "
 		    "block), GB/s and base GB/s: medians of the blocks' "
 		    "median loads, ratio: ecx/baseline of adjacent blocks, "
 		    "median [min-max]; p50/p99: of every ecx load of the "
@@ -1172,22 +1206,27 @@ static int bench_transfer(void)
 		    "  tcp: into the receive arena, baseline: raw TCP from "
 		    "another process, 1 stream (ecx uses 1 endpoint), "
 		    "TCP_NODELAY, kernel-tuned socket buffers as UCX's "
-		    "(%s)\n"
+		    "(%s), receiver polling\n"
 		    "  warm: the same ids into the same destinations; cold: "
 		    "ids unused for 32+ MiB of loads, fresh destinations "
 		    "(shm*: never-touched memory), baselines alike\n"
 		    "  hash: warm loads into the receive arena by a consumer "
 		    "checking each item's xxh64 (integrity on); base: the "
 		    "same loads by one that does not, alternating\n",
+		    peer_wrap != NULL ? "producer reached at --peer-addr "
+		                        "through --peer-wrap"
+		                      : "loopback",
 		    nreps(), lim);
 		printf("  %-4s %6s %-4s %-4s %8s %9s %9s %9s   %s\n", "via",
 		       "item", "batch", "", "GB/s", "p50 us", "p99 us",
 		       "base GB/s", "ratio");
 	}
-	int rc = bench_transfer_one(VIA_SHM);
-	if (rc == EXIT_OK)
+	int rc = EXIT_OK;
+	if (via_mask & VIA_BIT_SHM)
+		rc = bench_transfer_one(VIA_SHM);
+	if (rc == EXIT_OK && (via_mask & VIA_BIT_USER))
 		rc = bench_transfer_one(VIA_USER);
-	if (rc == EXIT_OK)
+	if (rc == EXIT_OK && (via_mask & VIA_BIT_TCP))
 		rc = bench_transfer_one(VIA_TCP);
 	if (rc == EXIT_OK && quick && group_shm7.n > 0)
 		check_row(reps_med(&group_shm7) >= tgt()->shm7_ratio,
@@ -1332,6 +1371,28 @@ static int bench_file(void)
 	return rc;
 }
 
+/* --via: "shm,user,tcp" or any part of it. */
+static bool parse_via(const char *arg)
+{
+	char *buf = strdup(arg);
+	if (buf == NULL)
+		return false;
+	via_mask = 0;
+	for (char *sv, *t = strtok_r(buf, ",", &sv); t != NULL;
+	     t = strtok_r(NULL, ",", &sv)) {
+		if (strcmp(t, "shm") == 0)
+			via_mask |= VIA_BIT_SHM;
+		else if (strcmp(t, "user") == 0)
+			via_mask |= VIA_BIT_USER;
+		else if (strcmp(t, "tcp") == 0)
+			via_mask |= VIA_BIT_TCP;
+		else
+			via_mask = 1u << 31; /* not a row: refused below */
+	}
+	free(buf);
+	return via_mask != 0 && (via_mask >> 31) == 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -1341,6 +1402,9 @@ int cmd_bench(int argc, char **argv)
 	    {"producer-for-bench", required_argument, NULL, 'P'},
 	    {"tcp-source-for-bench", no_argument, NULL, 'S'},
 	    {"redis", required_argument, NULL, 'R'},
+	    {"via", required_argument, NULL, 'V'},
+	    {"peer-wrap", required_argument, NULL, 'W'},
+	    {"peer-addr", required_argument, NULL, 'A'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
 	int c;
@@ -1363,6 +1427,31 @@ int cmd_bench(int argc, char **argv)
 		case 'R':
 			redis_url = optarg;
 			break;
+		case 'V':
+			if (!parse_via(optarg))
+				return tool_fail(
+				    "bench", EXIT_USAGE,
+				    "--via '%s': a comma-separated "
+				    "list of shm, user, tcp",
+				    optarg);
+			break;
+		case 'W':
+			if (access(optarg, X_OK) != 0)
+				return tool_fail("bench", EXIT_USAGE,
+				                 "--peer-wrap '%s': %m",
+				                 optarg);
+			peer_wrap = optarg;
+			break;
+		case 'A': {
+			struct in_addr ia;
+			if (inet_pton(AF_INET, optarg, &ia) != 1)
+				return tool_fail("bench", EXIT_USAGE,
+				                 "--peer-addr '%s': an IPv4 "
+				                 "address, such as 127.0.0.1",
+				                 optarg);
+			peer_addr = optarg;
+			break;
+		}
 		case 'h':
 			fputs(help, stdout);
 			return EXIT_OK;

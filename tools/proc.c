@@ -16,11 +16,28 @@ extern char **environ;
 
 bool proc_start(proc *p, char *const args[])
 {
+	return proc_start_via(p, NULL, args);
+}
+
+bool proc_start_via(proc *p, const char *wrap, char *const args[])
+{
+	/* Through a wrapper: WRAP /path/to/ecx ARGS..., the path read from
+	 * /proc/self/exe here, where it names this binary. */
+	char exe[4096];
+	ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (el <= 0)
+		return false;
+	exe[el] = '\0';
 	char *argv[64];
-	argv[0] = "ecx";
-	int n = 1;
-	for (; args[n - 1] != NULL && n < 63; n++)
-		argv[n] = args[n - 1];
+	int n = 0;
+	if (wrap != NULL) {
+		argv[n++] = (char *)wrap;
+		argv[n++] = exe;
+	} else {
+		argv[n++] = "ecx";
+	}
+	for (int i = 0; args[i] != NULL && n < 63; i++)
+		argv[n++] = args[i];
 	argv[n] = NULL;
 	int fds[2];
 	if (pipe(fds) != 0)
@@ -54,7 +71,8 @@ bool proc_start(proc *p, char *const args[])
 		if (!tool_log_defaulted ||
 		    strncmp(environ[i], "ECX_LOG=", 8) != 0)
 			envp[k++] = environ[i];
-	int rc = posix_spawn(&p->pid, "/proc/self/exe", &fa, &at, argv, envp);
+	int rc = posix_spawn(&p->pid, wrap != NULL ? wrap : exe, &fa, &at, argv,
+	                     envp);
 	free(envp);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&at);

@@ -14,6 +14,10 @@ typedef struct proc {
 
 /* Starts `ecx ARGS...` (argv without argv[0], NULL-terminated). */
 bool proc_start(proc *p, char *const args[]);
+/* The same through a wrapper program (NULL: none), started as
+ * `WRAP /path/to/ecx ARGS...`; it must exec the rest of its arguments, so
+ * that the child's pid is ecx's (signals reach it). */
+bool proc_start_via(proc *p, const char *wrap, char *const args[]);
 /* Reads one line of its stdout (skipping UCX's own '[...' log lines) into
  * buf, waiting at most timeout_ms; false on end of file or timeout. */
 bool proc_line(proc *p, char *buf, size_t len, int timeout_ms);

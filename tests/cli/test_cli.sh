@@ -10,6 +10,8 @@ PY=/usr/bin/python3
 # --- usage errors exit 2 with a usage message ---
 for args in "" "frobnicate" "serve --port notaport" "get" "info onlyone" \
 	"registry --threads 0" "serve --synthetic 3" "bench nothing" \
+	"bench --via tcp,udp transfer" "bench --via , transfer" \
+	"bench --peer-addr ::1 transfer" "bench --peer-wrap /nonexistent transfer" \
 	"ls a b" "serve --capacity lots"; do
 	# shellcheck disable=SC2086
 	"$ECX" $args >"$work/out" 2>"$work/err"

@@ -1,0 +1,137 @@
+#!/bin/bash
+# ecx over TCP between two "hosts" on one machine, RUNS times (default 5):
+# network namespaces A and B joined by a veth pair (192.0.2.1 and
+# 192.0.2.2, a documentation range on links that exist only inside the two
+# namespaces), each with its own IPC namespace and /dev/shm, so nothing can
+# take a shared-memory shortcut. Each run is `ecx bench transfer --via tcp`
+# in B with its producer and its raw TCP sender in A (--peer-wrap), so ecx
+# and its baseline are measured in the same run, interleaved; then UCX's
+# own ucx_perftest (ucp_put_bw over TCP, 7 MiB and 64 KiB messages) across
+# the same pair, for reference. Prints each run's rows, then per row the
+# min/median/max over the runs of ecx's ratio to raw TCP. Needs root.
+#
+# Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
+set -u
+ECX=$(readlink -f "${1:?usage: two_hosts.sh PATH/TO/ecx [RUNS]}")
+RUNS=${2:-5}
+PY=/usr/bin/python3
+case "$RUNS" in '' | *[!0-9]* | 0)
+	echo "two_hosts.sh: RUNS must be a positive number" >&2
+	exit 2
+	;;
+esac
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
+	echo "two_hosts.sh: needs root and 'ip' (network namespaces)" >&2
+	exit 2
+fi
+A=ecxb-a-$$
+B=ecxb-b-$$
+VA=ecxba$$
+VB=ecxbb$$
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	ip netns del "$A" 2>/dev/null
+	ip netns del "$B" 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ip netns add "$A" && ip netns add "$B" &&
+	ip link add "$VA" type veth peer name "$VB" &&
+	ip link set "$VA" netns "$A" && ip link set "$VB" netns "$B" &&
+	ip -n "$A" addr add 192.0.2.1/24 dev "$VA" &&
+	ip -n "$B" addr add 192.0.2.2/24 dev "$VB" &&
+	ip -n "$A" link set lo up && ip -n "$B" link set lo up &&
+	ip -n "$A" link set "$VA" up && ip -n "$B" link set "$VB" up ||
+	{
+		echo "two_hosts.sh: could not set up the namespaces" >&2
+		exit 1
+	}
+
+# `in_ns NS CMD...`: CMD in NS with its own IPC namespace and /dev/shm.
+cat >"$work/in_ns" <<'SH'
+#!/bin/sh
+ns=$1
+shift
+exec ip netns exec "$ns" unshare --ipc --mount --propagation private \
+	sh -c 'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh "$@"
+SH
+# The benchmark's peer wrapper: its producer and raw TCP sender run in A.
+printf '#!/bin/sh\nexec %s %s "$@"\n' "$work/in_ns" "$A" >"$work/peer"
+chmod +x "$work/in_ns" "$work/peer"
+
+# ucx_perftest with the segment sizes ecx sets (or those in the environment).
+seg="UCX_TCP_TX_SEG_SIZE=${UCX_TCP_TX_SEG_SIZE:-256k} UCX_TCP_RX_SEG_SIZE=${UCX_TCP_RX_SEG_SIZE:-1m}"
+echo "# two hosts: namespaces joined by a veth, $(nproc) cores, $RUNS runs," \
+	"load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq "$RUNS"); do
+	echo "## run $r"
+	"$work/in_ns" "$B" "$ECX" bench transfer --via tcp --json \
+		--peer-wrap "$work/peer" --peer-addr 192.0.2.1 \
+		>"$work/run$r.json" 2>"$work/run$r.err" || {
+		echo "two_hosts.sh: run $r failed: $(tail -3 "$work/run$r.err")" >&2
+		exit 1
+	}
+	for t in ucp_put_bw:7340032 ucp_put_bw:65536 ucp_am_bw:7340032 \
+		ucp_am_bw:65536; do
+		test=${t%:*} sz=${t#*:}
+		port=$((20000 + RANDOM % 20000))
+		env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VA "$work/in_ns" "$A" \
+			ucx_perftest -p "$port" >/dev/null 2>&1 &
+		pids+=($!)
+		sleep 0.5
+		n=$((sz > 1000000 ? 200 : 4000))
+		env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VB "$work/in_ns" "$B" \
+			ucx_perftest 192.0.2.1 -p "$port" -t "$test" -s "$sz" \
+			-n "$n" -w 20 -f 2>/dev/null |
+			awk -v t="$test" -v sz="$sz" 'NF > 0 && $1 ~ /^[0-9]/ {
+				last = $0 } END { print t, sz, last }' \
+				>>"$work/perftest$r.txt"
+		wait "${pids[-1]}" 2>/dev/null
+	done
+done
+
+$PY - "$work" "$RUNS" <<'PY'
+import json, statistics, sys
+work, runs = sys.argv[1], int(sys.argv[2])
+rows = {}
+for r in range(1, runs + 1):
+    for line in open(f"{work}/run{r}.json"):
+        o = json.loads(line)
+        if o.get("bench") != "transfer" or o.get("case") != "tcp":
+            continue
+        key = (o["size"], o["batch"], o["cache"])
+        rows.setdefault(key, []).append(o)
+    pf = open(f"{work}/perftest{r}.txt").read().split("\n")
+    for line in pf:
+        f = line.split()
+        # ucx_perftest -f: ... columns end with bandwidth (MB/s) average,
+        # overall, then message rate; take the overall bandwidth.
+        if len(f) >= 7:
+            rows.setdefault(("perftest", int(f[1]), f[0]), []).append(
+                float(f[-3]) * 1048576 / 1e9)
+print("%-6s %-5s %-4s  %-23s %-23s %s" % (
+    "item", "batch", "", "ecx GB/s min/med/max", "raw TCP GB/s", 
+    "ecx/raw TCP min/median/max (spread: min vs median)"))
+for key in sorted(k for k in rows if k[0] != "perftest"):
+    v = rows[key]
+    e = [o["gbps"] for o in v]
+    b = [o["baseline_gbps"] for o in v]
+    q = [o["ratio"] for o in v]
+    med = statistics.median(q)
+    print("%-6s x%-4d %-4s  %5.2f %5.2f %5.2f       %5.2f %5.2f %5.2f       "
+          "%.2f %.2f %.2f (min %.0f%% below)" % (
+              key[0], key[1], key[2], min(e), statistics.median(e), max(e),
+              min(b), statistics.median(b), max(b), min(q), med, max(q),
+              100 * (1 - min(q) / med)))
+for key in sorted(k for k in rows if k[0] == "perftest"):
+    v = rows[key]
+    print("ucx_perftest %s %d B over TCP: %.2f %.2f %.2f GB/s "
+          "(min/median/max)" % (key[2], key[1], min(v), statistics.median(v),
+                                max(v)))
+PY
