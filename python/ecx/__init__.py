@@ -105,7 +105,8 @@ class _ProducerParams(ctypes.Structure):
                 ("registry_ttl_s", ctypes.c_int),
                 ("integrity", ctypes.c_int),
                 ("lease_max_ms", ctypes.c_int),
-                ("lease_share_pct", ctypes.c_int)]
+                ("lease_share_pct", ctypes.c_int),
+                ("idle_ms", ctypes.c_int)]
 
 
 class _ConsumerParams(ctypes.Structure):
@@ -519,7 +520,10 @@ class Producer:
     registry_port: embedded registry port (default 9018; 0 picks one; None
     for none, with `registry` given). registry: a remote registry URL to
     publish to instead. token: None reads ECX_TOKEN. integrity: hash
-    each item at put (xxh64) for consumers that check it.
+    each item at put (xxh64) for consumers that check it. registry_ttl_s:
+    the lease of this producer's registry entries (default 30). idle_ms:
+    a consumer connection with no pull for this long is closed and its
+    memory unmapped (default 15000; a live consumer reconnects by itself).
 
     The arena (capacity_bytes) is mapped and touched here, so construction
     takes as long as populating it (seconds for GiBs); puts never do.
@@ -528,7 +532,8 @@ class Producer:
     def __init__(self, capacity_bytes=None, bind_host=None,
                  advertise_host=None, zmq_port=None, registry_port=9018,
                  registry=None, token=None, transport=None, timeout_ms=None,
-                 integrity=False, lease_max_ms=None, lease_share_pct=None):
+                 integrity=False, lease_max_ms=None, lease_share_pct=None,
+                 registry_ttl_s=None, idle_ms=None):
         p = _ProducerParams()
         m = 0
         if capacity_bytes is not None:
@@ -556,6 +561,10 @@ class Producer:
             p.lease_max_ms, m = int(lease_max_ms), m | 2048
         if lease_share_pct is not None:
             p.lease_share_pct, m = int(lease_share_pct), m | 4096
+        if registry_ttl_s is not None:
+            p.registry_ttl_s, m = int(registry_ttl_s), m | 512
+        if idle_ms is not None:
+            p.idle_ms, m = int(idle_ms), m | 8192
         p.field_mask = m
         self._keep = p
         self._h = None
