@@ -6,9 +6,11 @@
 # take a shared-memory shortcut. Each run is `ecx bench transfer --via tcp`
 # in B with its producer and its raw TCP sender in A (--peer-wrap), so ecx
 # and its baseline are measured in the same run, interleaved; then UCX's
-# own ucx_perftest (ucp_put_bw over TCP, 7 MiB and 64 KiB messages) across
-# the same pair, for reference. Prints each run's rows, then per row the
-# min/median/max over the runs of ecx's ratio to raw TCP. Needs root.
+# own ucx_perftest (ucp_put_bw and ucp_am_bw over TCP, with the segment sizes
+# ecx sets, 7 MiB and 64 KiB messages) across
+# the same pair, for reference, and raw TCP with 1, 2 and 4 streams (would
+# more lanes help on this link?). Prints per row the min/median/max over
+# the runs of ecx's GB/s, raw TCP's and their ratio. Needs root.
 #
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
@@ -96,6 +98,47 @@ for r in $(seq "$RUNS"); do
 	done
 done
 
+# Would more streams (ecx lanes: several endpoints per producer) move more
+# across this link? Raw TCP with 1, 2 and 4 streams, 256 MiB in all, each
+# receiver landing its share in 7 MiB destinations in turn.
+cat >"$work/streams.py" <<'PY'
+import socket, sys, threading, time
+n, item, k = 256 << 20, 7 << 20, int(sys.argv[2])
+def recv_all(c, share):
+    dst = memoryview(bytearray(2 * item)); got = 0
+    while got < share:
+        off = (got // item % 2) * item + got % item
+        r = c.recv_into(dst[off:off + min(item - got % item, share - got)])
+        if not r: break
+        got += r
+    c.send(b"k")
+if sys.argv[1] == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("192.0.2.1", 47998)); s.listen(k); print("up", flush=True)
+    cs = [s.accept()[0] for _ in range(k)]
+    ts = [threading.Thread(target=recv_all, args=(c, n // k)) for c in cs]
+    [t.start() for t in ts]; [t.join() for t in ts]
+else:
+    cs = [socket.create_connection(("192.0.2.1", 47998)) for _ in range(k)]
+    for c in cs: c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    data = b"x" * (1 << 20)
+    def send(c):
+        for _ in range(n // k >> 20): c.sendall(data)
+        c.recv(1)
+    ts = [threading.Thread(target=send, args=(c,)) for c in cs]
+    t = time.perf_counter()
+    [x.start() for x in ts]; [x.join() for x in ts]
+    print("%.2f" % (n / (time.perf_counter() - t) / 1e9))
+PY
+line="raw TCP streams, 256 MiB, GB/s:"
+for k in 1 2 4 1 2 4; do
+	ip netns exec "$A" $PY "$work/streams.py" server "$k" >"$work/st.srv" &
+	pids+=($!)
+	for _ in $(seq 50); do grep -q up "$work/st.srv" && break; sleep 0.1; done
+	line="$line $k: $(ip netns exec "$B" $PY "$work/streams.py" client "$k")"
+	wait "${pids[-1]}" 2>/dev/null
+done
+
 $PY - "$work" "$RUNS" <<'PY'
 import json, statistics, sys
 work, runs = sys.argv[1], int(sys.argv[2])
@@ -135,3 +178,4 @@ for key in sorted(k for k in rows if k[0] == "perftest"):
           "(min/median/max)" % (key[2], key[1], min(v), statistics.median(v),
                                 max(v)))
 PY
+echo "$line (the streams are Python threads: the sending and receiving are system calls that run in parallel)"
