@@ -69,7 +69,7 @@ static const char help[] =
     "            does not, on the median of a group's rows and the best\n"
     "            repetition's latency: shm 7 MiB >= 0.25x memcpy, 64 KiB\n"
     "            p50 < 400 us, registry p50 < 250 us and batched >= 5x,\n"
-    "            tcp >= 0.35x raw TCP\n"
+    "            tcp >= 0.5x raw TCP\n"
     "  --json    one JSON object per result line\n"
     "  --redis URL  registry: also batched lookups against this Redis\n"
     "            (redis://HOST:PORT; bench/redis_vs_http.sh starts one)\n"
@@ -121,13 +121,18 @@ static const targets target_full = {0.5, 100, 150, 10, 0.9};
  *   shm 64 KiB x1 warm p50      17-282 us (worst 282)      floor 400 us
  *   registry persistent p50     49-143 us (worst 143)      floor 250 us
  *   registry batched / single   6.7-16.5x (worst 6.7)      floor 5x
- *   tcp >= 1 MiB warm, x raw    0.48-1.13 (worst 0.48)     floor 0.35
+ *   tcp >= 1 MiB warm, x raw    0.48-1.13 (worst 0.48)     (see below)
  * Each floor sits below the worst loaded value and at or above half the
  * typical loaded one (0.44, -, 80 us, 9x, 0.7), so a loaded CI machine
  * passes and a 2x regression of a typical run fails. Not the latency of
  * 64 KiB: on a quiet machine it is 13-20 us, and 2x that is far inside
- * what load alone does, so its floor catches only gross regressions. */
-static const targets target_quick = {0.25, 400, 250, 5, 0.35};
+ * what load alone does, so its floor catches only gross regressions.
+ * tcp: those runs had raw TCP receive by blocking; since its receiver polls
+ * (it is faster), 4 runs of 'bench transfer --quick --via tcp' at load
+ * average 5.5-6.3 (another engineer's builds and tests) read group medians
+ * of 1.15-1.35, typical 1.2: the floor is 0.5, below those by 2.3x and
+ * close to half the typical (0.6). */
+static const targets target_quick = {0.25, 400, 250, 5, 0.5};
 
 static const targets *tgt(void)
 {
