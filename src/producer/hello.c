@@ -79,6 +79,31 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 		return ecx_zresp_encode_error(ECX_ENOMEM, NULL);
 	}
 	memcpy(addr, r->worker, r->worker_len);
+	/* Over shared memory the connection gets a worker of its own, so
+	 * that closing it can let go of the consumer's segments (ucx.h). */
+	if (transport == ECX_TR_SHM &&
+	    ecx_ucx_side_create(p->ucx, &c->side, why, sizeof(why)) != 0)
+		ecx_warn(MOD,
+		         "no worker of its own for a consumer connection (%s): "
+		         "it uses the producer's, which keeps the consumer's "
+		         "shared-memory queues until the producer stops",
+		         why);
+	/* The answer carries a copy of the worker's address: once c is on
+	 * the list, the progress thread may destroy its side. */
+	const void *waddr;
+	size_t alen;
+	if (c->side != NULL)
+		ecx_ucx_side_address(c->side, &waddr, &alen);
+	else
+		ecx_ucx_address(p->ucx, &waddr, &alen);
+	void *wcopy = malloc(alen);
+	if (wcopy == NULL) {
+		ecx_ucx_side_destroy(p->ucx, c->side);
+		free(addr);
+		free(c);
+		return ecx_zresp_encode_error(ECX_ENOMEM, NULL);
+	}
+	memcpy(wcopy, waddr, alen);
 	c->addr = addr;
 	c->addr_len = r->worker_len;
 	c->transport = transport;
@@ -89,6 +114,8 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	pthread_mutex_lock(&p->lock);
 	if (p->nconns >= MAX_CONNS) {
 		pthread_mutex_unlock(&p->lock);
+		ecx_ucx_side_destroy(p->ucx, c->side);
+		free(wcopy);
 		free(addr);
 		free(c);
 		return ecx_zresp_encode_error(ECX_EBUSY,
@@ -101,14 +128,14 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	p->nconns++;
 	/* c belongs to the progress thread from here on. */
 	pthread_mutex_unlock(&p->lock);
-	const void *waddr;
-	size_t alen;
-	ecx_ucx_address(p->ucx, &waddr, &alen);
 	ecx_debug(MOD, "consumer connection %llu over %s",
 	          (unsigned long long)id,
 	          transport == ECX_TR_SHM ? "shared memory" : "tcp");
-	return ecx_zresp_encode_hello(waddr, alen, p->epoch, id, hello_wall,
-	                              transport, (uint64_t)p->idle_ms);
+	char *ans =
+	    ecx_zresp_encode_hello(wcopy, alen, p->epoch, id, hello_wall,
+	                           transport, (uint64_t)p->idle_ms);
+	free(wcopy);
+	return ans;
 }
 
 /* A consumer's goodbye: its connection is closed, its memory unmapped, and

@@ -64,7 +64,11 @@ typedef struct rkey_ent {
 typedef struct conn {
 	uint64_t id;
 	ucp_ep_h ep; /* made at the first pull */
-	void *addr;  /* the consumer's worker address, from its hello */
+	/* Over shared memory, the worker this connection's endpoints live on
+	 * (its destroy is what lets go of the consumer's segments); NULL: the
+	 * producer's own worker. */
+	ecx_ucx_side *side;
+	void *addr; /* the consumer's worker address, from its hello */
 	size_t addr_len;
 	uint64_t used_ns; /* hello, or a pull's start or end: idle since */
 	/* The wall clock sent in the hello's answer, and the monotonic clock

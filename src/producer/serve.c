@@ -327,9 +327,10 @@ static bool job_start(ecx_producer *p, job *j)
 	pthread_mutex_unlock(&p->lock);
 	if (j->c != NULL && j->c->ep == NULL && !j->c->failed) {
 		char ewhy[200];
-		if (ecx_ucx_ep_create(p->ucx, j->c->addr, j->c->addr_len,
-		                      j->c->transport, conn_on_error, j->c,
-		                      &j->c->ep, ewhy, sizeof(ewhy)) != 0) {
+		if (ecx_ucx_side_ep_create(p->ucx, j->c->side, j->c->addr,
+		                           j->c->addr_len, j->c->transport,
+		                           conn_on_error, j->c, &j->c->ep, ewhy,
+		                           sizeof(ewhy)) != 0) {
 			ecx_warn(MOD, "connection %llu: %s",
 			         (unsigned long long)j->c->id, ewhy);
 			j->c->failed = true;
@@ -529,8 +530,10 @@ static void conns_reap(ecx_producer *p)
 			if (c->jobs > 0 && now - c->closed_ns > 100000000u)
 				jobs_abandon(p, c);
 			if (c->jobs == 0) {
+				/* Counted until its memory is let go of
+				 * (below): a count of 0 means nothing of the
+				 * consumer is held here. */
 				*cp = c->next;
-				p->nconns--;
 				free_it = c;
 				break;
 			}
@@ -543,12 +546,19 @@ static void conns_reap(ecx_producer *p)
 			 * holding them finish with the flush's error. */
 			if (close_it->jobs == 0)
 				rkeys_drop(close_it);
-			ecx_ucx_ep_close(p->ucx, close_it->ep,
-			                 close_it->transport, 100);
+			ecx_ucx_side_ep_close(p->ucx, close_it->side,
+			                      close_it->ep, close_it->transport,
+			                      100);
 			close_it->ep = NULL;
 			continue;
 		}
 		rkeys_drop(free_it);
+		/* Its worker goes last: its endpoints with it, and with them
+		 * UCX's hold on the consumer's shared memory. */
+		ecx_ucx_side_destroy(p->ucx, free_it->side);
+		pthread_mutex_lock(&p->lock);
+		p->nconns--;
+		pthread_mutex_unlock(&p->lock);
 		ecx_debug(MOD, "closed connection %llu",
 		          (unsigned long long)free_it->id);
 		free(free_it->addr);
@@ -645,7 +655,9 @@ void prod_serve_shutdown(ecx_producer *p)
 		conn *c = p->conns;
 		p->conns = c->next;
 		rkeys_drop(c);
-		ecx_ucx_ep_close(p->ucx, c->ep, c->transport, 100);
+		ecx_ucx_side_ep_close(p->ucx, c->side, c->ep, c->transport,
+		                      100);
+		ecx_ucx_side_destroy(p->ucx, c->side);
 		free(c->addr);
 		free(c);
 	}

@@ -16,12 +16,28 @@
 
 #define MOD "ucx"
 
+/* A worker of its own for one peer (see ucx.h); on u's list of sides. */
+struct ecx_ucx_side {
+	ucp_worker_h worker;
+	int efd;
+	ucp_address_t *addr;
+	size_t addr_len;
+	struct ecx_ucx_side *next;
+};
+
 struct ecx_ucx {
 	ucp_context_h ctx;
 	ucp_worker_h worker;
 	int efd;
 	ucp_address_t *addr;
 	size_t addr_len;
+	ecx_ucx_opts am; /* the active-message handlers, for sides */
+	/* Sides: added by any thread, progressed and polled by the progress
+	 * thread with side_lock held, which its callbacks run under. */
+	pthread_mutex_t side_lock;
+	ecx_ucx_side *sides;
+	struct pollfd *pfd; /* the progress thread's poll set */
+	size_t pfd_cap;
 	pthread_t thread;
 	bool thread_started;
 	int stop;
@@ -137,9 +153,43 @@ static ucs_log_func_rc_t ucx_log(const char *file, unsigned line,
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
+static int ucx_wait_on(ucp_worker_h w, ucs_status_ptr_t req,
+                       uint64_t deadline_ns);
+
 static void log_init_once(void)
 {
 	ucs_log_push_handler(ucx_log);
+}
+
+/* Arms the worker and every side for a wake-up, filling u->pfd with their
+ * event descriptors (*n of them); false when one has events already.
+ * Progress thread only. */
+static bool ucx_arm(ecx_ucx *u, size_t *n)
+{
+	if (ucp_worker_arm(u->worker) == UCS_ERR_BUSY)
+		return false;
+	bool armed = true;
+	size_t k = 0;
+	u->pfd[k++] = (struct pollfd){.fd = u->efd, .events = POLLIN};
+	pthread_mutex_lock(&u->side_lock);
+	for (ecx_ucx_side *s = u->sides; s != NULL; s = s->next) {
+		if (ucp_worker_arm(s->worker) == UCS_ERR_BUSY) {
+			armed = false;
+			break;
+		}
+		if (k == u->pfd_cap) {
+			size_t cap = u->pfd_cap * 2;
+			struct pollfd *m = realloc(u->pfd, cap * sizeof(*m));
+			if (m == NULL)
+				break; /* polled at the next round (100 ms) */
+			u->pfd = m;
+			u->pfd_cap = cap;
+		}
+		u->pfd[k++] = (struct pollfd){.fd = s->efd, .events = POLLIN};
+	}
+	pthread_mutex_unlock(&u->side_lock);
+	*n = k;
+	return armed;
 }
 
 static void *ucx_thread(void *p)
@@ -154,6 +204,10 @@ static void *ucx_thread(void *p)
 			continue;
 		}
 		unsigned n = ucp_worker_progress(u->worker);
+		pthread_mutex_lock(&u->side_lock);
+		for (ecx_ucx_side *s = u->sides; s != NULL; s = s->next)
+			n += ucp_worker_progress(s->worker);
+		pthread_mutex_unlock(&u->side_lock);
 		if (u->on_progress != NULL)
 			u->on_progress(u->arg);
 		uint64_t now = ecx_now_ns();
@@ -163,14 +217,49 @@ static void *ucx_thread(void *p)
 		}
 		if (now - active < u->spin_ns)
 			continue;
-		ucs_status_t st = ucp_worker_arm(u->worker);
-		if (st == UCS_ERR_BUSY)
+		size_t npfd = 0;
+		if (!ucx_arm(u, &npfd))
 			continue;
-		struct pollfd pfd = {.fd = u->efd, .events = POLLIN};
-		poll(&pfd, 1, 100);
+		poll(u->pfd, npfd, 100);
 		active = ecx_now_ns();
 	}
 	return NULL;
+}
+
+/* Makes a worker on u's context with u's active-message handlers, its
+ * event descriptor and its address. On failure, what was made is
+ * destroyed and *w is NULL. */
+static ucs_status_t ucx_worker_make(ecx_ucx *u, ucp_worker_h *w, int *efd,
+                                    ucp_address_t **addr, size_t *len)
+{
+	ucp_worker_params_t wp = {.field_mask =
+	                              UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+	                          .thread_mode = UCS_THREAD_MODE_MULTI};
+	ucs_status_t st = ucp_worker_create(u->ctx, &wp, w);
+	if (st != UCS_OK) {
+		*w = NULL;
+		return st;
+	}
+	st = ucp_worker_get_efd(*w, efd);
+	for (unsigned i = 0; st == UCS_OK && i < u->am.nam; i++) {
+		ucp_am_handler_param_t ap = {
+		    .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+		                  UCP_AM_HANDLER_PARAM_FIELD_CB |
+		                  UCP_AM_HANDLER_PARAM_FIELD_ARG |
+		                  UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+		    .id = u->am.am[i].id,
+		    .cb = u->am.am[i].cb,
+		    .arg = u->am.am[i].arg,
+		    .flags = UCP_AM_FLAG_PERSISTENT_DATA};
+		st = ucp_worker_set_am_recv_handler(*w, &ap);
+	}
+	if (st == UCS_OK)
+		st = ucp_worker_get_address(*w, addr, len);
+	if (st != UCS_OK) {
+		ucp_worker_destroy(*w);
+		*w = NULL;
+	}
+	return st;
 }
 
 int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
@@ -181,6 +270,14 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_once(&log_once, log_init_once);
 	u->efd = -1;
+	pthread_mutex_init(&u->side_lock, NULL);
+	u->pfd_cap = 16;
+	u->pfd = malloc(u->pfd_cap * sizeof(*u->pfd));
+	if (u->pfd == NULL) {
+		pthread_mutex_destroy(&u->side_lock);
+		free(u);
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	}
 	u->on_progress = o->on_progress;
 	u->spin_ns = o->spin_ns;
 	u->arg = o->arg;
@@ -241,26 +338,9 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 		             ucs_status_string(st));
 		goto fail;
 	}
-	ucp_worker_params_t wp = {.field_mask =
-	                              UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-	                          .thread_mode = UCS_THREAD_MODE_MULTI};
-	st = ucp_worker_create(u->ctx, &wp, &u->worker);
-	if (st == UCS_OK)
-		st = ucp_worker_get_efd(u->worker, &u->efd);
-	if (st == UCS_OK)
-		st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len);
-	for (unsigned i = 0; st == UCS_OK && i < o->nam; i++) {
-		ucp_am_handler_param_t ap = {
-		    .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-		                  UCP_AM_HANDLER_PARAM_FIELD_CB |
-		                  UCP_AM_HANDLER_PARAM_FIELD_ARG |
-		                  UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-		    .id = o->am[i].id,
-		    .cb = o->am[i].cb,
-		    .arg = o->am[i].arg,
-		    .flags = UCP_AM_FLAG_PERSISTENT_DATA};
-		st = ucp_worker_set_am_recv_handler(u->worker, &ap);
-	}
+	memcpy(u->am.am, o->am, sizeof(o->am));
+	u->am.nam = o->nam;
+	st = ucx_worker_make(u, &u->worker, &u->efd, &u->addr, &u->addr_len);
 	if (st != UCS_OK) {
 		rc = ecx_why(why, whylen, ECX_EIO, "UCX worker: %s",
 		             ucs_status_string(st));
@@ -293,13 +373,62 @@ void ecx_ucx_destroy(ecx_ucx *u)
 	if (u == NULL)
 		return;
 	ecx_ucx_stop(u);
+	while (u->sides != NULL)
+		ecx_ucx_side_destroy(u, u->sides);
 	if (u->addr != NULL)
 		ucp_worker_release_address(u->worker, u->addr);
 	if (u->worker != NULL)
 		ucp_worker_destroy(u->worker);
 	if (u->ctx != NULL)
 		ucp_cleanup(u->ctx);
+	pthread_mutex_destroy(&u->side_lock);
+	free(u->pfd);
 	free(u);
+}
+
+int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
+                        size_t whylen)
+{
+	ecx_ucx_side *s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	ucs_status_t st =
+	    ucx_worker_make(u, &s->worker, &s->efd, &s->addr, &s->addr_len);
+	if (st != UCS_OK) {
+		free(s);
+		return ecx_why(why, whylen, ecx_ucx_err(st), "UCX worker: %s",
+		               ucs_status_string(st));
+	}
+	pthread_mutex_lock(&u->side_lock);
+	s->next = u->sides;
+	u->sides = s;
+	pthread_mutex_unlock(&u->side_lock);
+	/* The progress thread may be asleep on a poll set without it. */
+	ucp_worker_signal(u->worker);
+	*out = s;
+	return 0;
+}
+
+void ecx_ucx_side_address(const ecx_ucx_side *s, const void **addr, size_t *len)
+{
+	*addr = s->addr;
+	*len = s->addr_len;
+}
+
+void ecx_ucx_side_destroy(ecx_ucx *u, ecx_ucx_side *s)
+{
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&u->side_lock);
+	for (ecx_ucx_side **sp = &u->sides; *sp != NULL; sp = &(*sp)->next)
+		if (*sp == s) {
+			*sp = s->next;
+			break;
+		}
+	pthread_mutex_unlock(&u->side_lock);
+	ucp_worker_release_address(s->worker, s->addr);
+	ucp_worker_destroy(s->worker);
+	free(s);
 }
 
 ucp_context_h ecx_ucx_context(ecx_ucx *u)
@@ -401,6 +530,15 @@ int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
                       unsigned transport, ucp_err_handler_cb_t on_error,
                       void *arg, ucp_ep_h *ep, char *why, size_t whylen)
 {
+	return ecx_ucx_side_ep_create(u, NULL, addr, len, transport, on_error,
+	                              arg, ep, why, whylen);
+}
+
+int ecx_ucx_side_ep_create(ecx_ucx *u, ecx_ucx_side *side, const void *addr,
+                           size_t len, unsigned transport,
+                           ucp_err_handler_cb_t on_error, void *arg,
+                           ucp_ep_h *ep, char *why, size_t whylen)
+{
 	(void)len;
 	/* UCX's shared-memory transports cannot report a failed peer, and
 	 * asking for that reporting excludes them: so it is asked for
@@ -413,7 +551,8 @@ int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
 	    .err_mode = transport == ECX_TR_TCP ? UCP_ERR_HANDLING_MODE_PEER
 	                                        : UCP_ERR_HANDLING_MODE_NONE,
 	    .err_handler = {.cb = on_error, .arg = arg}};
-	ucs_status_t st = ucp_ep_create(u->worker, &ep_params, ep);
+	ucs_status_t st = ucp_ep_create(side != NULL ? side->worker : u->worker,
+	                                &ep_params, ep);
 	if (st != UCS_OK)
 		return ecx_why(why, whylen, ecx_ucx_err(st),
 		               "cannot reach peer worker: %s",
@@ -424,6 +563,12 @@ int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
 void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
                       int timeout_ms)
 {
+	ecx_ucx_side_ep_close(u, NULL, ep, transport, timeout_ms);
+}
+
+void ecx_ucx_side_ep_close(ecx_ucx *u, ecx_ucx_side *side, ucp_ep_h ep,
+                           unsigned transport, int timeout_ms)
+{
 	if (ep == NULL)
 		return;
 	/* UCX defines a forced close only for endpoints made with peer
@@ -433,10 +578,17 @@ void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
 	    .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
 	    .flags = transport == ECX_TR_TCP ? UCP_EP_CLOSE_FLAG_FORCE : 0};
 	ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
-	ecx_ucx_wait(u, req, ecx_now_ns() + (uint64_t)timeout_ms * 1000000u);
+	ucx_wait_on(side != NULL ? side->worker : u->worker, req,
+	            ecx_now_ns() + (uint64_t)timeout_ms * 1000000u);
 }
 
 int ecx_ucx_wait(ecx_ucx *u, ucs_status_ptr_t req, uint64_t deadline_ns)
+{
+	return ucx_wait_on(u->worker, req, deadline_ns);
+}
+
+static int ucx_wait_on(ucp_worker_h w, ucs_status_ptr_t req,
+                       uint64_t deadline_ns)
 {
 	if (req == NULL)
 		return 0;
@@ -448,16 +600,16 @@ int ecx_ucx_wait(ecx_ucx *u, ucs_status_ptr_t req, uint64_t deadline_ns)
 		if (ecx_now_ns() > spin_until)
 			usleep(20);
 		if (ecx_now_ns() >= deadline_ns) {
-			ucp_request_cancel(u->worker, req);
+			ucp_request_cancel(w, req);
 			/* Cancelled requests complete on a later progress. */
 			for (int i = 0; i < 1000 && ucp_request_check_status(
 			                                req) == UCS_INPROGRESS;
 			     i++)
-				ucp_worker_progress(u->worker);
+				ucp_worker_progress(w);
 			ucp_request_free(req);
 			return ECX_ETIMEDOUT;
 		}
-		ucp_worker_progress(u->worker);
+		ucp_worker_progress(w);
 	}
 	ucp_request_free(req);
 	return ecx_ucx_err(st);

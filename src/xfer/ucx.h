@@ -1,6 +1,7 @@
 /*
- * ucx.h - the data plane: one UCX context and worker, progressed by a
- * thread of its own that sleeps on the worker's event descriptor when idle.
+ * ucx.h - the data plane: one UCX context and worker (and, for peers whose
+ * endpoints must go when they leave, a side worker each), progressed by a
+ * thread of its own that sleeps on the workers' event descriptors when idle.
  *
  * The worker is created in UCX's multi-thread mode, so any thread may post
  * operations on it; a thread that waits for an operation progresses the
@@ -98,6 +99,39 @@ int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
  * mode otherwise, as UCX requires. Used on failed peers and at shutdown. */
 void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
                       int timeout_ms);
+
+/* A side: a second worker on the context, for one peer. Its endpoints go
+ * with it when it is destroyed, which is the only way UCX (1.13) lets go of
+ * an endpoint the peer has wired up to over shared memory: ucp_ep_close_nbx
+ * in flush mode keeps such an endpoint ("destroyed only when the worker is
+ * destroyed", ucp_ep_disconnected), with its transport endpoints attached
+ * to the peer's FIFO and receive segments, and a forced close is refused
+ * (UCS_ERR_INVALID_PARAM) without peer error handling, which shared memory
+ * lacks. Any active message longer than UCX's short limit makes both ends
+ * exchange wireup messages, so every ecx connection is such a pair.
+ *
+ * ecx_ucx_side_create makes one (a worker with the same active-message
+ * handlers, progressed and polled by the progress thread) and may be called
+ * from any thread; ecx_ucx_side_destroy destroys it with its endpoints, on
+ * the progress thread (from on_progress) or once it is stopped, after the
+ * caller has destroyed the remote keys it unpacked on them. Each side holds
+ * its own shared-memory FIFOs and receive buffers while it lives (measured:
+ * 4 MiB resident, 2 MiB each for sysv and posix). */
+typedef struct ecx_ucx_side ecx_ucx_side;
+int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
+                        size_t whylen);
+/* The side's packed worker address (valid until its destroy). */
+void ecx_ucx_side_address(const ecx_ucx_side *s, const void **addr,
+                          size_t *len);
+void ecx_ucx_side_destroy(ecx_ucx *u, ecx_ucx_side *s);
+/* ecx_ucx_ep_create and ecx_ucx_ep_close on side's worker (u's when side
+ * is NULL). */
+int ecx_ucx_side_ep_create(ecx_ucx *u, ecx_ucx_side *side, const void *addr,
+                           size_t len, unsigned transport,
+                           ucp_err_handler_cb_t on_error, void *arg,
+                           ucp_ep_h *ep, char *why, size_t whylen);
+void ecx_ucx_side_ep_close(ecx_ucx *u, ecx_ucx_side *side, ucp_ep_h ep,
+                           unsigned transport, int timeout_ms);
 
 /* Waits for req (a status pointer from a *_nbx call) until deadline_ns on
  * the monotonic clock, progressing the worker. Returns 0, ECX_ETIMEDOUT

@@ -1270,25 +1270,19 @@ static void test_consumers_forgotten(void **state)
 	if (orphan1 - orphan0 >= 64 * 1024)
 		fail_msg("%lld MiB of shared memory left that no process maps",
 		         (orphan1 - orphan0) / 1024);
-	if (shm1 - shm0 >= 64 * 1024) {
-		/* Known, not yet fixed: the producer's UCX worker stays
-		 * attached to one small shared-memory segment of each
-		 * consumer that has left (UCX's FIFO of that consumer's
-		 * shared-memory transport, about 2 MiB touched), after ecx
-		 * closed the endpoint and unmapped the consumer's arena. Its
-		 * own resident share stays small, but the pages stay alive.
-		 * Reported as a skip that says so, not as a pass. */
-		int small1 = proc_shared_maps(p.ch.pid, 0);
-		print_message("host Shmem grew by %lld MiB while the producer "
-		              "runs: it still maps %d more small shared "
-		              "segments than before the %d consumers came "
-		              "(UCX's shared-memory FIFOs of departed "
-		              "consumers; known defect, docs/protocol.md)\n",
-		              (shm1 - shm0) / 1024, small1 - small0,
-		              ROUNDS * PER);
-		producer_stop(&p);
-		skip();
-	}
+	/* Each consumer's small shared segments (UCX's FIFOs and receive
+	 * buffers of its shared-memory transports) went with the worker the
+	 * producer gave its connection: none is left mapped. */
+	int small1 = proc_shared_maps(p.ch.pid, 0);
+	print_message("the producer's shared mappings: %d before, %d after\n",
+	              small0, small1);
+	if (small1 > small0)
+		fail_msg("the producer still maps %d more small shared "
+		         "segments than before the %d consumers came",
+		         small1 - small0, ROUNDS * PER);
+	if (shm1 - shm0 >= 64 * 1024)
+		fail_msg("host Shmem grew by %lld MiB while the producer runs",
+		         (shm1 - shm0) / 1024);
 	producer_stop(&p);
 }
 
