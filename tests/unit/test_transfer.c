@@ -750,6 +750,93 @@ static void test_many_timeouts_one_producer(void **state)
 	producer_stop(&p);
 }
 
+/* Items adjacent in the producer's arena and in the destination go in one
+ * put (up to 8 MiB): a batch of eight 64 KiB items loaded into one buffer
+ * in order (one put), in reverse order (eight), with a gap after the
+ * fourth (two), and 1 MiB items in order (one put of 8 MiB, then the
+ * rest): every item lands whole where it was asked to, and no byte around
+ * or between them is written. */
+static void batch_into(ecx_consumer *c, ecx_item *it, int n, size_t sz,
+                       const int *slot, int nslots)
+{
+	size_t total = (size_t)nslots * sz;
+	unsigned char *buf = malloc(total + 2 * 4096);
+	assert_non_null(buf);
+	memset(buf, 0xA5, total + 2 * 4096);
+	for (int i = 0; i < n; i++)
+		it[i].dst = buf + 4096 + (size_t)slot[i] * sz;
+	assert_int_equal(ecx_consumer_load(c, it, (size_t)n), 0);
+	for (int i = 0; i < n; i++) {
+		assert_int_equal(it[i].status, 0);
+		assert_true(tu_check(it[i].id, it[i].dst, sz));
+	}
+	/* Every byte of buf that no item owns still holds the pattern. */
+	bool *owned = calloc((size_t)nslots, sizeof(*owned));
+	assert_non_null(owned);
+	for (int i = 0; i < n; i++)
+		owned[slot[i]] = true;
+	for (size_t b = 0; b < total + 2 * 4096; b++) {
+		bool in =
+		    b >= 4096 && b < 4096 + total && owned[(b - 4096) / sz];
+		if (!in && buf[b] != 0xA5)
+			fail_msg("byte %zu outside the items was written", b);
+	}
+	free(owned);
+	free(buf);
+}
+
+static void runs_of(const char *transport)
+{
+	producer p;
+	producer_start(&p, transport, NULL);
+	enum { N = 8, M = 10 };
+	char ids[N][16];
+	ecx_item it[M];
+	for (int i = 0; i < N; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "r%d", i);
+		producer_put(&p, ids[i], "uint8", "65536", "ok");
+	}
+	for (int i = 0; i < M; i++) {
+		char id[16];
+		snprintf(id, sizeof(id), "m%d", i);
+		producer_put(&p, id, "uint8", "1048576", "ok");
+	}
+	ecx_consumer *c = consumer(p.url, transport, tu_ms(5000), NULL);
+	memset(it, 0, sizeof(it));
+	for (int i = 0; i < N; i++)
+		it[i].id = ids[i];
+	assert_int_equal(ecx_consumer_lookup(c, it, N), 0);
+	const int in_order[N] = {0, 1, 2, 3, 4, 5, 6, 7};
+	const int reversed[N] = {7, 6, 5, 4, 3, 2, 1, 0};
+	const int gap[N] = {0, 1, 2, 3, 5, 6, 7, 8};
+	batch_into(c, it, N, 65536, in_order, N);
+	batch_into(c, it, N, 65536, reversed, N);
+	batch_into(c, it, N, 65536, gap, N + 1);
+	char mids[M][16];
+	memset(it, 0, sizeof(it));
+	for (int i = 0; i < M; i++) {
+		snprintf(mids[i], sizeof(mids[i]), "m%d", i);
+		it[i].id = mids[i];
+	}
+	assert_int_equal(ecx_consumer_lookup(c, it, M), 0);
+	const int ten[M] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+	batch_into(c, it, M, 1048576, ten, M);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
+static void test_runs_shm(void **state)
+{
+	(void)state;
+	runs_of("shm");
+}
+
+static void test_runs_tcp(void **state)
+{
+	(void)state;
+	runs_of("tcp");
+}
+
 static void test_slow_producer_shm_arena(void **state)
 {
 	(void)state;
@@ -1412,6 +1499,8 @@ int main(void)
 	    cmocka_unit_test(test_integrity_shm),
 	    cmocka_unit_test(test_consumers_forgotten),
 	    cmocka_unit_test(test_idle_reconnect),
+	    cmocka_unit_test(test_runs_shm),
+	    cmocka_unit_test(test_runs_tcp),
 	    cmocka_unit_test(test_timeout_dead_producers),
 	};
 	/* ECX_TEST_FILTER=test_token (a glob) runs only what matches. */
