@@ -15,6 +15,7 @@
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -38,7 +39,8 @@ static const char help[] =
     "  registry  single lookups over one persistent connection against\n"
     "            the reference's way: a new HTTP client (a new libcurl\n"
     "            handle and connection) per lookup; batched lookups of\n"
-    "            256 ids against single ones\n"
+    "            256 ids against single ones; beside them the machine's\n"
+    "            floor, a 1-byte TCP round trip to another thread\n"
     "  transfer  loads of 64 KiB, 1 MiB and 7 MiB items (7 MiB: 1024 x\n"
     "            3584 bf16, one Qwen2.5-VL-7B image) in batches of 1, 8\n"
     "            and 32 from a producer process, over shared memory into\n"
@@ -299,6 +301,44 @@ static int ref_lookup(const char *url, const char *id)
 	return rc;
 }
 
+static void tcp_tune(int fd);
+
+/* The machine's floor for a lookup: a 1-byte TCP round trip over
+ * loopback to another thread (as the registry answers from a thread of
+ * its own), measured beside the lookups. */
+static void *echo_thread(void *arg)
+{
+	int c = *(int *)arg;
+	char b;
+	while (recv(c, &b, 1, 0) == 1 && send(c, &b, 1, MSG_NOSIGNAL) == 1)
+		;
+	return NULL;
+}
+
+/* Connects fd[0] to an echo thread on loopback; fd[1] is its end. */
+static bool echo_start(int fd[2], pthread_t *t)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+	fd[0] = fd[1] = -1;
+	if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+	    getsockname(l, (struct sockaddr *)&sa, &sl) != 0 ||
+	    listen(l, 1) != 0 ||
+	    (fd[0] = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
+	    connect(fd[0], (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+	    (fd[1] = accept(l, NULL, NULL)) < 0) {
+		if (l >= 0)
+			close(l);
+		return false;
+	}
+	close(l);
+	tcp_tune(fd[0]);
+	tcp_tune(fd[1]);
+	return pthread_create(t, NULL, echo_thread, &fd[1]) == 0;
+}
+
 enum { NIDS = 4096 };
 static char reg_ids[NIDS][80];
 
@@ -347,7 +387,7 @@ static int bench_registry(void)
 	    biters = quick ? 6 : 30;
 	reps ref50 = {0}, keep50 = {0}, keep99 = {0}, ref99 = {0},
 	     batch50 = {0}, krate = {0}, frate = {0}, brate = {0}, xref = {0},
-	     xbatch = {0}, rbrate = {0};
+	     xbatch = {0}, rbrate = {0}, rtt50 = {0}, xrtt = {0};
 	ecx_item *its = calloc(256, sizeof(*its));
 	ecx_client *rcl = NULL;
 	int rc = EXIT_OK;
@@ -378,9 +418,25 @@ static int bench_registry(void)
 		ecx_client_lookup(c, &it, 1);
 		ref_lookup(url, reg_ids[i]);
 	}
+	int echo[2];
+	pthread_t echo_t;
+	if (!echo_start(echo, &echo_t)) {
+		rc = tool_fail("bench", EXIT_FAIL, "loopback echo: %m");
+		goto out;
+	}
 	int next = 0;
 	for (int r = 0; r < R && rc == EXIT_OK; r++) {
-		samples fs = {0}, ks = {0}, bs = {0}, rs = {0};
+		samples fs = {0}, ks = {0}, bs = {0}, rs = {0}, es = {0};
+		/* The floor: 1-byte round trips to another thread. */
+		for (int i = 0; i < iters && rc == EXIT_OK; i++) {
+			char b = 'x';
+			uint64_t a = tool_now_ns();
+			if (send(echo[0], &b, 1, MSG_NOSIGNAL) != 1 ||
+			    recv(echo[0], &b, 1, 0) != 1)
+				rc = tool_fail("bench", EXIT_FAIL,
+				               "loopback echo: %m");
+			samples_add(&es, tool_now_ns() - a);
+		}
 		/* The baseline first, then ecx: adjacent blocks. */
 		uint64_t t0 = tool_now_ns();
 		for (int i = 0; i < iters && rc == EXIT_OK; i++) {
@@ -441,6 +497,9 @@ static int bench_registry(void)
 			reps_add(&krate, iters / ksec);
 			reps_add(&brate, 256.0 * biters / bsec);
 			reps_add(&xref, k / f);
+			double e50 = (double)samples_pct(&es, 50) / 1e3;
+			reps_add(&rtt50, e50);
+			reps_add(&xrtt, k / e50);
 			reps_add(&xbatch,
 			         256.0 * biters / bsec / (iters / ksec));
 			if (rcl != NULL)
@@ -450,12 +509,21 @@ static int bench_registry(void)
 		samples_free(&ks);
 		samples_free(&bs);
 		samples_free(&rs);
+		samples_free(&es);
 	}
+	close(echo[0]); /* the echo thread sees the end and returns */
+	pthread_join(echo_t, NULL);
+	close(echo[1]);
 	if (rc != EXIT_OK)
 		goto out;
 	long conns = ecx_client_connections(c);
 	char a[96], b[96];
 	if (json) {
+		row_json("registry", "tcp_round_trip",
+		         "\"p50_us\": %.1f, \"p50_us_min\": %.1f, "
+		         "\"p50_us_max\": %.1f, \"reps\": %d",
+		         reps_med(&rtt50), reps_min(&rtt50), reps_max(&rtt50),
+		         R);
 		row_json("registry", "single_new_connection",
 		         "\"p50_us\": %.1f, \"p99_us\": %.1f, \"ids_per_s\": "
 		         "%.0f, \"reps\": %d",
@@ -465,10 +533,10 @@ static int bench_registry(void)
 		         "\"p50_us\": %.1f, \"p50_us_min\": %.1f, "
 		         "\"p50_us_max\": %.1f, \"p99_us\": %.1f, "
 		         "\"ids_per_s\": %.0f, \"x_new_connection_p50\": %.2f, "
-		         "\"connections\": %ld",
+		         "\"x_tcp_round_trip_p50\": %.2f, \"connections\": %ld",
 		         reps_med(&keep50), reps_min(&keep50),
 		         reps_max(&keep50), reps_med(&keep99), reps_med(&krate),
-		         reps_med(&xref), conns);
+		         reps_med(&xref), reps_med(&xrtt), conns);
 		row_json("registry", "batch_256",
 		         "\"p50_us\": %.1f, \"ids_per_s\": %.0f, \"x_single\": "
 		         "%.1f, \"x_single_min\": %.1f, \"x_single_max\": %.1f",
@@ -489,6 +557,8 @@ static int bench_registry(void)
 		       NIDS, R, iters, iters, biters);
 		printf("  %-36s %-24s %9s %12s\n", "", "p50 us", "p99 us",
 		       "ids/s");
+		printf("  %-36s %-24s\n", "TCP round trip, 1 byte (floor)",
+		       fmt_reps(&rtt50, 1, a, sizeof(a)));
 		printf("  %-36s %-24s %9.1f %12.0f\n",
 		       "single, new connection (reference)",
 		       fmt_reps(&ref50, 1, a, sizeof(a)), reps_med(&ref99),
@@ -506,10 +576,12 @@ static int bench_registry(void)
 			       "batch of 256 ids, Redis MGET", "", "",
 			       reps_med(&rbrate),
 			       reps_med(&rbrate) / reps_med(&brate));
-		printf("  persistent p50 / new-connection p50: %s; batched "
-		       "ids/s / single: %s; %ld connection(s) for the "
-		       "persistent lookups\n",
+		char d[96];
+		printf("  persistent p50 / new-connection p50: %s; persistent "
+		       "p50 / TCP round trip p50: %s; batched ids/s / single: "
+		       "%s; %ld connection(s) for the persistent lookups\n",
 		       fmt_reps(&xref, 2, a, sizeof(a)),
+		       fmt_reps(&xrtt, 2, d, sizeof(d)),
 		       fmt_reps(&xbatch, 1, b, sizeof(b)), conns);
 		printf("  targets%s: persistent p50 < %.0f us, batched >= "
 		       "%.0fx single\n",
