@@ -132,15 +132,23 @@ ucp_ep_h cons_pconn_cut_locked(pconn *pc)
 	return ep;
 }
 
-void cons_pconn_cut(ecx_consumer *c, ucp_ep_h ep)
+void cons_pconn_cut(ecx_consumer *c, ecx_ucx_side *side, ucp_ep_h ep)
 {
 	/* Forced: nothing is flushed, in either direction. */
-	ecx_ucx_ep_close(c->ucx, ep, ECX_TR_TCP, 100);
+	ecx_ucx_side_ep_close(c->ucx, side, ep, ECX_TR_TCP, 100);
 }
 
 void cons_pconn_close(ecx_consumer *c, pconn *pc)
 {
-	ecx_ucx_ep_close(c->ucx, pc->ep, pc->transport, 100);
+	ecx_ucx_side_ep_close(c->ucx, pc->side, pc->ep, pc->transport, 100);
+	ecx_ucx_side_destroy(c->ucx, pc->side);
+	free(pc);
+}
+
+/* A placeholder whose hello failed: nothing was made on its side yet. */
+static void pconn_discard(ecx_consumer *c, pconn *pc)
+{
+	ecx_ucx_side_destroy(c->ucx, pc->side);
 	free(pc);
 }
 
@@ -262,9 +270,9 @@ static int pconn_fill(ecx_consumer *c, pconn *pc, ecx_zresp *z, uint64_t mid_ms,
 	pc->transport = z->transport != 0 ? z->transport
 	                : ecx_ucx_transports(c->ucx) == ECX_TR_TCP ? ECX_TR_TCP
 	                                                           : ECX_TR_SHM;
-	return ecx_ucx_ep_create(c->ucx, z->worker, z->worker_len,
-	                         pc->transport, pconn_on_error, pc, &pc->ep,
-	                         why, whylen);
+	return ecx_ucx_side_ep_create(c->ucx, pc->side, z->worker,
+	                              z->worker_len, pc->transport,
+	                              pconn_on_error, pc, &pc->ep, why, whylen);
 }
 
 static void pconn_unlink(ecx_consumer *c, pconn *pc)
@@ -353,7 +361,7 @@ static void hello_done(void *arg, ecx_rdv_call *k)
 	pthread_mutex_unlock(&c->lock);
 	w->mine = NULL;
 	if (err != 0) {
-		free(pc);
+		pconn_discard(c, pc);
 		return;
 	}
 	ecx_debug(MOD, "connected to %s (epoch %llu)", pc->address,
@@ -460,8 +468,28 @@ void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
 		for (size_t k = 0; k < n; k++) {
 			if (w[k].mine == NULL)
 				continue;
-			msgs[ncalls] = ecx_rdv_hello_encode(c->rdv, waddr,
-			                                    walen, c->token);
+			/* Where shared memory may be used, the connection
+			 * gets a worker of its own (ucx.h): the hello names
+			 * it. */
+			const void *a = waddr;
+			size_t alen = walen;
+			char swhy[200];
+			if (ecx_ucx_transports(c->ucx) & ECX_TR_SHM) {
+				if (ecx_ucx_side_create(c->ucx,
+				                        &w[k].mine->side, swhy,
+				                        sizeof(swhy)) == 0)
+					ecx_ucx_side_address(w[k].mine->side,
+					                     &a, &alen);
+				else
+					ecx_warn(
+					    MOD,
+					    "no worker of its own for the "
+					    "connection to %s (%s): it uses "
+					    "the consumer's",
+					    w[k].address, swhy);
+			}
+			msgs[ncalls] =
+			    ecx_rdv_hello_encode(c->rdv, a, alen, c->token);
 			calls[ncalls] = (ecx_rdv_call){
 			    .address = w[k].address,
 			    .req = msgs[ncalls] ? msgs[ncalls] : "",

@@ -63,6 +63,10 @@ typedef struct pconn {
 	/* The producer closes a connection idle for idle_ms (0: never said);
 	 * one idle for half that is replaced before it is used. */
 	uint64_t idle_ms, used_ms;
+	/* A worker of its own where shared memory may be used, so that
+	 * closing the connection lets go of the producer's segments (ucx.h);
+	 * NULL: the consumer's worker. Set before the hello, fixed after. */
+	ecx_ucx_side *side;
 	struct ecx_consumer *c;
 } pconn;
 
@@ -72,7 +76,7 @@ typedef struct pconn {
  * land. Called with c->lock; returns the endpoint for the caller to close
  * with cons_pconn_cut after unlocking, or NULL. */
 ucp_ep_h cons_pconn_cut_locked(pconn *pc);
-void cons_pconn_cut(ecx_consumer *c, ucp_ep_h ep);
+void cons_pconn_cut(ecx_consumer *c, ecx_ucx_side *side, ucp_ep_h ep);
 
 /* A registration of memory that loads write into. */
 typedef struct region {

@@ -261,12 +261,17 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		pc->cut = false;
 		cut = pc->ep;
 		pc->ep = NULL;
+		pc->users++; /* kept (with its side) until it is closed */
 	}
 	if (err != 0 && cons_pull_take(c, p->req) != NULL)
 		cons_pull_fail(p, err);
 	pthread_mutex_unlock(&c->lock);
-	if (cut != NULL)
-		cons_pconn_cut(c, cut);
+	if (cut != NULL) {
+		cons_pconn_cut(c, pc->side, cut);
+		pthread_mutex_lock(&c->lock);
+		pc->users--;
+		pthread_mutex_unlock(&c->lock);
+	}
 	ecx_ucx_wake(c->ucx);
 }
 
@@ -379,7 +384,7 @@ static bool load_done(ecx_load *l)
 
 int ecx_load_test(ecx_load *l)
 {
-	ucp_worker_progress(ecx_ucx_worker(l->c->ucx));
+	ecx_ucx_progress(l->c->ucx);
 	return load_done(l) ||
 	               ecx_now_ns() >= l->deadline_ns + ECX_LOAD_GRACE_NS
 	           ? 0
@@ -430,8 +435,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		uint64_t now = ecx_now_ns();
 		if (now >= until)
 			break;
-		if (ucp_worker_progress(ecx_ucx_worker(c->ucx)) == 0 &&
-		    now > spin_until)
+		if (ecx_ucx_progress(c->ucx) == 0 && now > spin_until)
 			usleep(20);
 	}
 	ecx_ucx_waiting(c->ucx, false);
@@ -439,7 +443,12 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	uint64_t ok = 0, bad = 0, bytes = 0;
 	/* One pull per producer: at most npulls endpoints to close. */
 	ucp_ep_h *cut = calloc(l->npulls + 1, sizeof(*cut));
+	pconn **cutpc = calloc(l->npulls + 1, sizeof(*cutpc));
 	size_t ncut = 0;
+	if (cutpc == NULL) {
+		free(cut);
+		cut = NULL;
+	}
 	pthread_mutex_lock(&c->lock);
 	for (size_t k = 0; k < l->npulls; k++) {
 		pull *p = l->pulls[k];
@@ -458,8 +467,11 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 				cut[ncut] = cons_pconn_cut_locked(p->pc);
 			else if (p->pc != NULL)
 				p->pc->failed = true; /* no memory: as before */
-			if (cut != NULL && cut[ncut] != NULL)
-				ncut++;
+			if (cut != NULL && cut[ncut] != NULL) {
+				/* Kept, with its side, until closed below. */
+				cutpc[ncut++] = p->pc;
+				p->pc->users++;
+			}
 			if (inflight) {
 				cons_zombie_make(c, p);
 				p->next = c->inflight;
@@ -476,7 +488,14 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	}
 	pthread_mutex_unlock(&c->lock);
 	for (size_t i = 0; i < ncut; i++)
-		cons_pconn_cut(c, cut[i]);
+		cons_pconn_cut(c, cutpc[i]->side, cut[i]);
+	if (ncut > 0) {
+		pthread_mutex_lock(&c->lock);
+		for (size_t i = 0; i < ncut; i++)
+			cutpc[i]->users--;
+		pthread_mutex_unlock(&c->lock);
+	}
+	free(cutpc);
 	free(cut);
 	/* Every item's status is final now (the pulls are gone): the
 	 * integrity check needs no lock. */

@@ -680,7 +680,16 @@ void prod_serve_shutdown(ecx_producer *p)
 	while (p->active != NULL) {
 		job *j = p->active;
 		p->active = j->next;
-		job_release(p, j);
+		if (j->flushing &&
+		    !__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
+			/* Its flush may still call back, when its worker
+			 * goes below: flush_done frees it then (else it is
+			 * left, a few hundred bytes, at exit). */
+			j->abandoned = true;
+			job_release_parts(p, j);
+		} else {
+			job_release(p, j);
+		}
 	}
 	while (p->conns != NULL) {
 		conn *c = p->conns;

@@ -203,11 +203,7 @@ static void *ucx_thread(void *p)
 			usleep(200);
 			continue;
 		}
-		unsigned n = ucp_worker_progress(u->worker);
-		pthread_mutex_lock(&u->side_lock);
-		for (ecx_ucx_side *s = u->sides; s != NULL; s = s->next)
-			n += ucp_worker_progress(s->worker);
-		pthread_mutex_unlock(&u->side_lock);
+		unsigned n = ecx_ucx_progress(u);
 		if (u->on_progress != NULL)
 			u->on_progress(u->arg);
 		uint64_t now = ecx_now_ns();
@@ -384,6 +380,16 @@ void ecx_ucx_destroy(ecx_ucx *u)
 	pthread_mutex_destroy(&u->side_lock);
 	free(u->pfd);
 	free(u);
+}
+
+unsigned ecx_ucx_progress(ecx_ucx *u)
+{
+	unsigned n = ucp_worker_progress(u->worker);
+	pthread_mutex_lock(&u->side_lock);
+	for (ecx_ucx_side *s = u->sides; s != NULL; s = s->next)
+		n += ucp_worker_progress(s->worker);
+	pthread_mutex_unlock(&u->side_lock);
+	return n;
 }
 
 int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,

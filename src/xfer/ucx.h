@@ -58,6 +58,9 @@ void ecx_ucx_destroy(ecx_ucx *u);
 
 ucp_context_h ecx_ucx_context(ecx_ucx *u);
 ucp_worker_h ecx_ucx_worker(ecx_ucx *u);
+/* One progress of the worker and of every side (below); the number of
+ * events. For a caller that waits on a load itself (ecx_ucx_waiting). */
+unsigned ecx_ucx_progress(ecx_ucx *u);
 /* Wakes the progress thread (after queueing work for on_progress). */
 void ecx_ucx_wake(ecx_ucx *u);
 
@@ -112,9 +115,14 @@ void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
  *
  * ecx_ucx_side_create makes one (a worker with the same active-message
  * handlers, progressed and polled by the progress thread) and may be called
- * from any thread; ecx_ucx_side_destroy destroys it with its endpoints, on
- * the progress thread (from on_progress) or once it is stopped, after the
- * caller has destroyed the remote keys it unpacked on them. Each side holds
+ * from any thread; ecx_ucx_side_destroy destroys it with its endpoints,
+ * from any thread but the one thread that owns the side (nothing else may
+ * use it or its endpoints then: it is unlinked under the lock the progress
+ * thread and ecx_ucx_progress hold while they progress sides), after the
+ * caller has destroyed the remote keys it unpacked on them. The producer
+ * makes one per shared-memory consumer connection, the consumer one per
+ * producer connection where shared memory may be used: each end then lets
+ * go of the other's segments when the connection goes. Each side holds
  * its own shared-memory FIFOs and receive buffers while it lives (measured:
  * 4 MiB resident, 2 MiB each for sysv and posix). */
 typedef struct ecx_ucx_side ecx_ucx_side;

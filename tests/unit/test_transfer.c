@@ -1406,6 +1406,68 @@ static void test_idle_reconnect(void **state)
 	producer_stop(&p);
 }
 
+/* A long-lived consumer whose connection the producer closes for idleness
+ * again and again (each reconnect meets a new worker of the producer's,
+ * see docs/protocol.md) keeps none of the old ones' shared memory: ten
+ * reconnects leave this process with no more shared mappings than one, and
+ * the producer with none more than it had. Without a worker of the
+ * consumer's own per connection, each reconnect left about 4 MiB of the
+ * producer's old worker mapped here. */
+static void test_reconnects_leave_nothing(void **state)
+{
+	(void)state;
+	if (tu_ms(1) > 1) {
+		print_message("skipped: time is scaled (ECX_TEST_TIME_SCALE); "
+		              "it waits for idle closes at full speed\n");
+		skip();
+	}
+	producer p;
+	producer_start(&p, "shm", "--idle", "200", NULL);
+	producer_put(&p, "rc", "uint8", "65536", "ok");
+	ecx_consumer *c = consumer(p.url, "shm", tu_ms(2000), NULL);
+	ecx_item it = {.id = "rc"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	char *buf = malloc(65536);
+	it.dst = buf;
+	int mine = 0, theirs = 0;
+	enum { ROUNDS = 10 };
+	for (int r = 0; r <= ROUNDS; r++) {
+		memset(buf, 0, 65536);
+		assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+		assert_true(tu_check("rc", buf, 65536));
+		if (r == 0) { /* one connection's worth, the baseline */
+			mine = proc_shared_maps(getpid(), 0);
+			theirs = proc_shared_maps(p.ch.pid, 0);
+		}
+		uint64_t t0 = now_ms();
+		while (producer_stat(&p, "conns") != 0 && now_ms() - t0 < 3000)
+			usleep(20000);
+		assert_int_equal(producer_stat(&p, "conns"), 0);
+	}
+	int mine1 = proc_shared_maps(getpid(), 0);
+	int theirs1 = proc_shared_maps(p.ch.pid, 0);
+	ecx_consumer_stats s;
+	ecx_consumer_stats_get(c, &s);
+	print_message("reconnects: %llu connections; shared mappings here %d "
+	              "after the first, %d after the last; the producer's "
+	              "%d and %d\n",
+	              (unsigned long long)s.connections, mine, mine1, theirs,
+	              theirs1);
+	assert_int_equal(s.connections, ROUNDS + 1);
+	/* The last connection is closed, its worker gone: no more than
+	 * after the first, when one was live. */
+	if (mine1 > mine)
+		fail_msg("%d more shared mappings here after %d reconnects",
+		         mine1 - mine, ROUNDS);
+	if (theirs1 > theirs)
+		fail_msg("the producer maps %d more shared segments after %d "
+		         "reconnects",
+		         theirs1 - theirs, ROUNDS);
+	free(buf);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
 /* The timeout is a bound from the call with several dead producers (issue
  * 12, defect 4): one live producer and three dead ones (two stopped, one
  * killed) in one batch, none connected before. The live item loads, the
@@ -1499,6 +1561,7 @@ int main(void)
 	    cmocka_unit_test(test_integrity_shm),
 	    cmocka_unit_test(test_consumers_forgotten),
 	    cmocka_unit_test(test_idle_reconnect),
+	    cmocka_unit_test(test_reconnects_leave_nothing),
 	    cmocka_unit_test(test_runs_shm),
 	    cmocka_unit_test(test_runs_tcp),
 	    cmocka_unit_test(test_timeout_dead_producers),
