@@ -36,6 +36,7 @@ struct ecx_ucx {
 	 * thread with side_lock held, which its callbacks run under. */
 	pthread_mutex_t side_lock;
 	ecx_ucx_side *sides;
+	unsigned nsides;
 	struct pollfd *pfd; /* the progress thread's poll set */
 	size_t pfd_cap;
 	pthread_t thread;
@@ -395,6 +396,13 @@ unsigned ecx_ucx_progress(ecx_ucx *u)
 int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
                         size_t whylen)
 {
+	/* Each side holds file descriptors (its event descriptor, and a
+	 * listening socket per TCP device under "auto") and 4 MiB of shared
+	 * memory: past the cap, a peer shares the main worker instead. */
+	if (__atomic_load_n(&u->nsides, __ATOMIC_RELAXED) >= ECX_UCX_SIDES_MAX)
+		return ecx_why(why, whylen, ECX_EBUSY,
+		               "%d connections have one already",
+		               ECX_UCX_SIDES_MAX);
 	ecx_ucx_side *s = calloc(1, sizeof(*s));
 	if (s == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
@@ -408,6 +416,7 @@ int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
 	pthread_mutex_lock(&u->side_lock);
 	s->next = u->sides;
 	u->sides = s;
+	__atomic_add_fetch(&u->nsides, 1, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&u->side_lock);
 	/* The progress thread may be asleep on a poll set without it. */
 	ucp_worker_signal(u->worker);
@@ -429,6 +438,7 @@ void ecx_ucx_side_destroy(ecx_ucx *u, ecx_ucx_side *s)
 	for (ecx_ucx_side **sp = &u->sides; *sp != NULL; sp = &(*sp)->next)
 		if (*sp == s) {
 			*sp = s->next;
+			__atomic_sub_fetch(&u->nsides, 1, __ATOMIC_RELAXED);
 			break;
 		}
 	pthread_mutex_unlock(&u->side_lock);

@@ -126,6 +126,9 @@ void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
  * its own shared-memory FIFOs and receive buffers while it lives (measured:
  * 4 MiB resident, 2 MiB each for sysv and posix). */
 typedef struct ecx_ucx_side ecx_ucx_side;
+/* At most this many sides at once; past it ecx_ucx_side_create fails
+ * (ECX_EBUSY) and the caller uses the main worker, as before sides. */
+#define ECX_UCX_SIDES_MAX 128
 int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
                         size_t whylen);
 /* The side's packed worker address (valid until its destroy). */
