@@ -152,7 +152,7 @@ def test_idle_connections_are_closed_and_come_back():
     """idle_ms reaches the producer: a consumer that stays quiet loses its
     connection within the bound, and its next load connects again."""
     p = ecx.Producer(capacity_bytes=8 << 20, bind_host="127.0.0.1",
-                     registry_port=0, idle_ms=300)
+                     registry_port=0, idle_ms=1000)
     c = ecx.Consumer(f"http://127.0.0.1:{p.registry_port}")
     try:
         p.put("idle", torch.arange(256, dtype=torch.int32))
@@ -160,11 +160,11 @@ def test_idle_connections_are_closed_and_come_back():
         assert c.load_into([(c.lookup(["idle"])[0], out)]) == [None]
         assert p.stats()["connections"] == 1
         t0 = time.monotonic()
-        while p.stats()["connections"] and time.monotonic() - t0 < 3:
+        while p.stats()["connections"] and time.monotonic() - t0 < 4:
             time.sleep(0.02)
         quiet = time.monotonic() - t0
         assert p.stats()["connections"] == 0
-        assert quiet < 0.3 + 1.0, f"closed after {quiet:.2f} s"
+        assert quiet < 1.0 + 1.0, f"closed after {quiet:.2f} s"
         out.zero_()
         assert c.load_into([(c.lookup(["idle"])[0], out)]) == [None]
         assert torch.equal(out, torch.arange(256, dtype=torch.int32))

@@ -753,7 +753,8 @@ static void test_many_timeouts_one_producer(void **state)
 /* Items adjacent in the producer's arena and in the destination go in one
  * put (up to 8 MiB): a batch of eight 64 KiB items loaded into one buffer
  * in order (one put), in reverse order (eight), with a gap after the
- * fourth (two), and 1 MiB items in order (one put of 8 MiB, then the
+ * fourth (two), ids reversed into destinations in order (adjacent there
+ * only: eight), and 1 MiB items in order (one put of 8 MiB, then the
  * rest): every item lands whole where it was asked to, and no byte around
  * or between them is written. */
 static void batch_into(ecx_consumer *c, ecx_item *it, int n, size_t sz,
@@ -812,6 +813,12 @@ static void runs_of(const char *transport)
 	batch_into(c, it, N, 65536, in_order, N);
 	batch_into(c, it, N, 65536, reversed, N);
 	batch_into(c, it, N, 65536, gap, N + 1);
+	/* Ids in reverse, destinations in order: adjacent in the destination
+	 * only, so no item may join another's put. */
+	ecx_item rev[N];
+	for (int i = 0; i < N; i++)
+		rev[i] = it[N - 1 - i];
+	batch_into(c, rev, N, 65536, in_order, N);
 	char mids[M][16];
 	memset(it, 0, sizeof(it));
 	for (int i = 0; i < M; i++) {
