@@ -318,7 +318,9 @@ static void *echo_thread(void *arg)
 	return NULL;
 }
 
-/* Connects fd[0] to an echo thread on loopback; fd[1] is its end. */
+/* Connects fd[0] to an echo thread on loopback; fd[1] is its end. On
+ * failure it closes what it opened and returns false with errno set (from
+ * pthread_create's return where that failed). */
 static bool echo_start(int fd[2], pthread_t *t)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -332,14 +334,27 @@ static bool echo_start(int fd[2], pthread_t *t)
 	    (fd[0] = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
 	    connect(fd[0], (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
 	    (fd[1] = accept(l, NULL, NULL)) < 0) {
+		int e = errno;
 		if (l >= 0)
 			close(l);
+		if (fd[0] >= 0)
+			close(fd[0]);
+		fd[0] = -1;
+		errno = e;
 		return false;
 	}
 	close(l);
 	tcp_tune(fd[0]);
 	tcp_tune(fd[1]);
-	return pthread_create(t, NULL, echo_thread, &fd[1]) == 0;
+	int e = pthread_create(t, NULL, echo_thread, &fd[1]);
+	if (e != 0) {
+		close(fd[0]);
+		close(fd[1]);
+		fd[0] = fd[1] = -1;
+		errno = e;
+		return false;
+	}
+	return true;
 }
 
 enum { NIDS = 4096 };
