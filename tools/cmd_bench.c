@@ -83,7 +83,8 @@ static const char help[] =
     "  --peer-wrap PROG  transfer: start the producer and the raw TCP\n"
     "            sender as 'PROG /path/to/ecx ARGS...'; PROG must exec\n"
     "            its arguments (e.g. a script entering another network\n"
-    "            namespace: bench/two_hosts.sh). Use with --via tcp\n"
+    "            namespace: bench/two_hosts.sh). Needs --via tcp and\n"
+    "            --peer-addr\n"
     "  --peer-addr ADDR  transfer: the IPv4 address they bind and are\n"
     "            reached at (default 127.0.0.1)\n"
     "  -h, --help\n"
@@ -1554,6 +1555,7 @@ int cmd_bench(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
 	int c;
+	bool addr_given = false;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
@@ -1596,6 +1598,7 @@ int cmd_bench(int argc, char **argv)
 				                 "address, such as 127.0.0.1",
 				                 optarg);
 			peer_addr = optarg;
+			addr_given = true;
 			break;
 		}
 		case 'h':
@@ -1606,6 +1609,13 @@ int cmd_bench(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	}
+	/* The wrapper runs the producer and the raw TCP sender elsewhere:
+	 * only tcp rows can reach them there, and only at an address given. */
+	if (peer_wrap != NULL && (via_mask != VIA_BIT_TCP || !addr_given))
+		return tool_fail("bench", EXIT_USAGE,
+		                 "--peer-wrap needs --via tcp (only) and "
+		                 "--peer-addr (the address its peers bind in "
+		                 "their namespace); see 'ecx bench --help'");
 	const char *what = optind < argc ? argv[optind] : "all";
 	if (argc - optind > 1) {
 		fputs(help, stderr);
