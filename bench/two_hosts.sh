@@ -10,7 +10,8 @@
 # ecx sets, 7 MiB and 64 KiB messages) across
 # the same pair, for reference, and raw TCP with 1, 2 and 4 streams (would
 # more lanes help on this link?). Prints per row the min/median/max over
-# the runs of ecx's GB/s, raw TCP's and their ratio. Needs root.
+# the runs of ecx's GB/s, raw TCP's and their ratio. Needs root, ip, unshare,
+# timeout, ucx_perftest and /usr/bin/python3.
 #
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
@@ -22,10 +23,22 @@ case "$RUNS" in '' | *[!0-9]* | 0)
 	exit 2
 	;;
 esac
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-	echo "two_hosts.sh: needs root and 'ip' (network namespaces)" >&2
+missing=
+for c in ucx_perftest unshare ip timeout "$PY"; do
+	command -v "$c" >/dev/null || missing="$missing $c"
+done
+if [ -n "$missing" ]; then
+	echo "two_hosts.sh: missing:$missing" >&2
 	exit 2
 fi
+if [ "$(id -u)" != 0 ]; then
+	echo "two_hosts.sh: needs root (network namespaces)" >&2
+	exit 2
+fi
+# Every server and client runs under `timeout`, so a failed connect
+# cannot hang the script; each step runs in the background and is waited
+# for, so INT and TERM reach their traps at once.
+T=(timeout -k 5 120)
 A=ecxb-a-$$
 B=ecxb-b-$$
 VA=ecxba$$
@@ -34,10 +47,23 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
 	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+	# What they started lives on in the namespaces (a killed `timeout`
+	# leaves its command): the consumer in B, its producer and raw TCP
+	# sender in A, any ucx_perftest or streams.py.
+	for ns in "$A" "$B"; do
+		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+	done
 	wait 2>/dev/null
+	ip link del "$VA" 2>/dev/null # if setup stopped before moving it
 	ip netns del "$A" 2>/dev/null
 	ip netns del "$B" 2>/dev/null
 	rm -rf "$work"
+}
+# `bg_wait CMD...`: CMD in the background, waited for; its status.
+bg_wait() {
+	"$@" &
+	pids+=($!)
+	wait "$!"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -69,12 +95,24 @@ chmod +x "$work/in_ns" "$work/peer"
 
 # ucx_perftest with the segment sizes ecx sets (or those in the environment).
 seg="UCX_TCP_TX_SEG_SIZE=${UCX_TCP_TX_SEG_SIZE:-256k} UCX_TCP_RX_SEG_SIZE=${UCX_TCP_RX_SEG_SIZE:-1m}"
+# `perftest_client TEST SIZE PORT N RUN`: the client side in B, its last
+# result line appended to perftest$RUN.txt; fails if ucx_perftest did.
+perftest_client() {
+	set -o pipefail
+	# shellcheck disable=SC2086
+	"${T[@]}" env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VB "$work/in_ns" "$B" \
+		ucx_perftest 192.0.2.1 -p "$3" -t "$1" -s "$2" -n "$4" -w 20 \
+		-f 2>/dev/null |
+		awk -v t="$1" -v sz="$2" 'NF > 0 && $1 ~ /^[0-9]/ {
+			last = $0 } END { print t, sz, last }' \
+			>>"$work/perftest$5.txt"
+}
 echo "# two hosts: namespaces joined by a veth, $(nproc) cores, $RUNS runs," \
 	"load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$RUNS"); do
 	echo "## run $r"
-	"$work/in_ns" "$B" "$ECX" bench transfer --via tcp --json \
-		--peer-wrap "$work/peer" --peer-addr 192.0.2.1 \
+	bg_wait timeout -k 5 900 "$work/in_ns" "$B" "$ECX" bench transfer \
+		--via tcp --json --peer-wrap "$work/peer" --peer-addr 192.0.2.1 \
 		>"$work/run$r.json" 2>"$work/run$r.err" || {
 		echo "two_hosts.sh: run $r failed: $(tail -3 "$work/run$r.err")" >&2
 		exit 1
@@ -83,18 +121,19 @@ for r in $(seq "$RUNS"); do
 		ucp_am_bw:65536; do
 		test=${t%:*} sz=${t#*:}
 		port=$((20000 + RANDOM % 20000))
-		env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VA "$work/in_ns" "$A" \
+		"${T[@]}" env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VA "$work/in_ns" "$A" \
 			ucx_perftest -p "$port" >/dev/null 2>&1 &
 		pids+=($!)
+		srv=$!
 		sleep 0.5
 		n=$((sz > 1000000 ? 200 : 4000))
-		env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VB "$work/in_ns" "$B" \
-			ucx_perftest 192.0.2.1 -p "$port" -t "$test" -s "$sz" \
-			-n "$n" -w 20 -f 2>/dev/null |
-			awk -v t="$test" -v sz="$sz" 'NF > 0 && $1 ~ /^[0-9]/ {
-				last = $0 } END { print t, sz, last }' \
-				>>"$work/perftest$r.txt"
-		wait "${pids[-1]}" 2>/dev/null
+		bg_wait perftest_client "$test" "$sz" "$port" "$n" "$r" ||
+			{
+				echo "two_hosts.sh: run $r: ucx_perftest $test" \
+					"$sz failed; its row is left out" >&2
+				kill "$srv" 2>/dev/null
+			}
+		wait "$srv" 2>/dev/null
 	done
 done
 
@@ -132,11 +171,18 @@ else:
 PY
 line="raw TCP streams, 256 MiB, GB/s:"
 for k in 1 2 4 1 2 4; do
-	ip netns exec "$A" $PY "$work/streams.py" server "$k" >"$work/st.srv" &
+	"${T[@]}" ip netns exec "$A" $PY "$work/streams.py" server "$k" >"$work/st.srv" &
 	pids+=($!)
+	srv=$!
 	for _ in $(seq 50); do grep -q up "$work/st.srv" && break; sleep 0.1; done
-	line="$line $k: $(ip netns exec "$B" $PY "$work/streams.py" client "$k")"
-	wait "${pids[-1]}" 2>/dev/null
+	if bg_wait "${T[@]}" ip netns exec "$B" $PY "$work/streams.py" client "$k" \
+		>"$work/st.cli" 2>/dev/null; then
+		line="$line $k: $(cat "$work/st.cli")"
+	else
+		line="$line $k: failed"
+		kill "$srv" 2>/dev/null
+	fi
+	wait "$srv" 2>/dev/null
 done
 
 $PY - "$work" "$RUNS" <<'PY'

@@ -12,6 +12,9 @@ for args in "" "frobnicate" "serve --port notaport" "get" "info onlyone" \
 	"registry --threads 0" "serve --synthetic 3" "bench nothing" \
 	"bench --via tcp,udp transfer" "bench --via , transfer" \
 	"bench --peer-addr ::1 transfer" "bench --peer-wrap /nonexistent transfer" \
+	"bench --peer-wrap /bin/true transfer" \
+	"bench --peer-wrap /bin/true --via tcp transfer" \
+	"bench --peer-wrap /bin/true --peer-addr 127.0.0.1 transfer" \
 	"ls a b" "serve --capacity lots"; do
 	# shellcheck disable=SC2086
 	"$ECX" $args >"$work/out" 2>"$work/err"
