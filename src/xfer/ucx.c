@@ -1,5 +1,6 @@
 /* ucx.c - UCX context, worker and progress thread. */
 #include "xfer/ucx.h"
+#include "xfer/ucx_priv.h"
 
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -16,45 +17,6 @@
 #include <unistd.h>
 
 #define MOD "ucx"
-
-/* A worker of its own for one peer (see ucx.h); on u's list of sides. */
-struct ecx_ucx_side {
-	ucp_worker_h worker;
-	int efd;
-	ucp_address_t *addr;
-	size_t addr_len;
-	struct ecx_ucx_side *next;
-};
-
-struct ecx_ucx {
-	ucp_context_h ctx;
-	ucp_worker_h worker;
-	int efd;
-	ucp_address_t *addr;
-	size_t addr_len;
-	ecx_ucx_opts am; /* the active-message handlers, for sides */
-	/* Sides: added by any thread, progressed and polled by the progress
-	 * thread with side_lock held, which its callbacks run under. */
-	pthread_mutex_t side_lock;
-	ecx_ucx_side *sides;
-	unsigned nsides;
-	/* One side made ahead by the maker thread (under side_lock), so a
-	 * connection does not wait the 5-10 ms a worker takes to make. */
-	ecx_ucx_side *spare;
-	pthread_t maker;
-	bool maker_started, maker_stop;
-	pthread_cond_t maker_cv;
-	struct pollfd *pfd; /* the progress thread's poll set */
-	size_t pfd_cap;
-	pthread_t thread;
-	bool thread_started;
-	int stop;
-	void (*on_progress)(void *arg);
-	void *arg;
-	uint64_t spin_ns;
-	int waiters;         /* callers progressing the worker themselves */
-	unsigned transports; /* ECX_TR_* this context may use */
-};
 
 int ecx_ucx_err(ucs_status_t st)
 {
@@ -163,8 +125,6 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
 static int ucx_wait_on(ucp_worker_h w, ucs_status_ptr_t req,
                        uint64_t deadline_ns);
-static void side_free(ecx_ucx_side *s);
-static void *maker_thread(void *arg);
 
 static void log_init_once(void)
 {
@@ -235,8 +195,8 @@ static void *ucx_thread(void *p)
 /* Makes a worker on u's context with u's active-message handlers, its
  * event descriptor and its address. On failure, what was made is
  * destroyed and *w is NULL. */
-static ucs_status_t ucx_worker_make(ecx_ucx *u, ucp_worker_h *w, int *efd,
-                                    ucp_address_t **addr, size_t *len)
+ucs_status_t ecx_ucx_worker_make(ecx_ucx *u, ucp_worker_h *w, int *efd,
+                                 ucp_address_t **addr, size_t *len)
 {
 	ucp_worker_params_t wp = {.field_mask =
 	                              UCP_WORKER_PARAM_FIELD_THREAD_MODE,
@@ -347,7 +307,8 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 	}
 	memcpy(u->am.am, o->am, sizeof(o->am));
 	u->am.nam = o->nam;
-	st = ucx_worker_make(u, &u->worker, &u->efd, &u->addr, &u->addr_len);
+	st =
+	    ecx_ucx_worker_make(u, &u->worker, &u->efd, &u->addr, &u->addr_len);
 	if (st != UCS_OK) {
 		rc = ecx_why(why, whylen, ECX_EIO, "UCX worker: %s",
 		             ucs_status_string(st));
@@ -361,8 +322,7 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 	/* Where shared memory may be used, connections get sides: one is
 	 * made now, in the background, and one kept ready after each use. */
 	if (u->transports & ECX_TR_SHM)
-		u->maker_started =
-		    pthread_create(&u->maker, NULL, maker_thread, u) == 0;
+		ecx_ucx_sides_start(u);
 	*out = u;
 	return 0;
 fail:
@@ -385,16 +345,7 @@ void ecx_ucx_destroy(ecx_ucx *u)
 	if (u == NULL)
 		return;
 	ecx_ucx_stop(u);
-	pthread_mutex_lock(&u->side_lock);
-	u->maker_stop = true;
-	pthread_cond_broadcast(&u->maker_cv);
-	pthread_mutex_unlock(&u->side_lock);
-	if (u->maker_started)
-		pthread_join(u->maker, NULL);
-	if (u->spare != NULL)
-		side_free(u->spare);
-	while (u->sides != NULL)
-		ecx_ucx_side_destroy(u, u->sides);
+	ecx_ucx_sides_stop(u);
 	if (u->addr != NULL)
 		ucp_worker_release_address(u->worker, u->addr);
 	if (u->worker != NULL)
@@ -405,142 +356,6 @@ void ecx_ucx_destroy(ecx_ucx *u)
 	pthread_mutex_destroy(&u->side_lock);
 	free(u->pfd);
 	free(u);
-}
-
-unsigned ecx_ucx_progress(ecx_ucx *u)
-{
-	unsigned n = ucp_worker_progress(u->worker);
-	pthread_mutex_lock(&u->side_lock);
-	for (ecx_ucx_side *s = u->sides; s != NULL; s = s->next)
-		n += ucp_worker_progress(s->worker);
-	pthread_mutex_unlock(&u->side_lock);
-	return n;
-}
-
-/* A side, made; NULL with st set when it cannot be. */
-static ecx_ucx_side *side_make(ecx_ucx *u, ucs_status_t *st)
-{
-	ecx_ucx_side *s = calloc(1, sizeof(*s));
-	if (s == NULL) {
-		*st = UCS_ERR_NO_MEMORY;
-		return NULL;
-	}
-	*st = ucx_worker_make(u, &s->worker, &s->efd, &s->addr, &s->addr_len);
-	if (*st != UCS_OK) {
-		free(s);
-		return NULL;
-	}
-	return s;
-}
-
-static void side_free(ecx_ucx_side *s)
-{
-	ucp_worker_release_address(s->worker, s->addr);
-	ucp_worker_destroy(s->worker);
-	free(s);
-}
-
-/* Keeps one spare side made while sides are in use. */
-static void *maker_thread(void *arg)
-{
-	ecx_ucx *u = arg;
-	pthread_mutex_lock(&u->side_lock);
-	while (!u->maker_stop) {
-		if (u->spare != NULL) {
-			pthread_cond_wait(&u->maker_cv, &u->side_lock);
-			continue;
-		}
-		/* Not at once: the connection that took the last spare is
-		 * making its first load now, and making a worker takes a
-		 * core for 5-10 ms (its shared memory's first touch). */
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		if (u->nsides > 0) /* else the first, made at once */
-			ts.tv_nsec += 200000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		while (!u->maker_stop &&
-		       pthread_cond_timedwait(&u->maker_cv, &u->side_lock,
-		                              &ts) == 0)
-			;
-		if (u->maker_stop)
-			break;
-		pthread_mutex_unlock(&u->side_lock);
-		ucs_status_t st;
-		ecx_ucx_side *s = side_make(u, &st);
-		pthread_mutex_lock(&u->side_lock);
-		if (s == NULL) { /* made at the next create, or later here */
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += 1;
-			pthread_cond_timedwait(&u->maker_cv, &u->side_lock,
-			                       &ts);
-		} else if (u->maker_stop) {
-			pthread_mutex_unlock(&u->side_lock);
-			side_free(s);
-			pthread_mutex_lock(&u->side_lock);
-		} else {
-			u->spare = s;
-		}
-	}
-	pthread_mutex_unlock(&u->side_lock);
-	return NULL;
-}
-
-int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
-                        size_t whylen)
-{
-	pthread_mutex_lock(&u->side_lock);
-	/* Each side holds file descriptors (its event descriptor, and a
-	 * listening socket per TCP device under "auto") and 4 MiB of shared
-	 * memory: past the cap, a peer shares the main worker instead. */
-	if (u->nsides >= ECX_UCX_SIDES_MAX) {
-		pthread_mutex_unlock(&u->side_lock);
-		return ecx_why(why, whylen, ECX_EBUSY,
-		               "%d connections have one already",
-		               ECX_UCX_SIDES_MAX);
-	}
-	ecx_ucx_side *s = u->spare;
-	u->spare = NULL;
-	pthread_mutex_unlock(&u->side_lock);
-	if (s == NULL) {
-		ucs_status_t st;
-		if ((s = side_make(u, &st)) == NULL)
-			return ecx_why(why, whylen, ecx_ucx_err(st),
-			               "UCX worker: %s", ucs_status_string(st));
-	}
-	pthread_mutex_lock(&u->side_lock);
-	s->next = u->sides;
-	u->sides = s;
-	u->nsides++;
-	pthread_cond_signal(&u->maker_cv); /* make the next one */
-	pthread_mutex_unlock(&u->side_lock);
-	/* The progress thread may be asleep on a poll set without it. */
-	ucp_worker_signal(u->worker);
-	*out = s;
-	return 0;
-}
-
-void ecx_ucx_side_address(const ecx_ucx_side *s, const void **addr, size_t *len)
-{
-	*addr = s->addr;
-	*len = s->addr_len;
-}
-
-void ecx_ucx_side_destroy(ecx_ucx *u, ecx_ucx_side *s)
-{
-	if (s == NULL)
-		return;
-	pthread_mutex_lock(&u->side_lock);
-	for (ecx_ucx_side **sp = &u->sides; *sp != NULL; sp = &(*sp)->next)
-		if (*sp == s) {
-			*sp = s->next;
-			u->nsides--;
-			break;
-		}
-	pthread_mutex_unlock(&u->side_lock);
-	side_free(s);
 }
 
 ucp_context_h ecx_ucx_context(ecx_ucx *u)
