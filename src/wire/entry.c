@@ -287,6 +287,27 @@ fail:
 	return NULL;
 }
 
+static int item_cmp(const void *a, const void *b)
+{
+	const ecx_lookup_item *x = *(ecx_lookup_item *const *)a;
+	const ecx_lookup_item *y = *(ecx_lookup_item *const *)b;
+	return strcmp(x->id, y->id);
+}
+
+/* The first of ord[0..n) (sorted by id) whose id is not below id. */
+static size_t item_lower(ecx_lookup_item **ord, size_t n, const char *id)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (strcmp(ord[mid]->id, id) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
                            size_t n, char *why, size_t whylen)
 {
@@ -295,9 +316,19 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 		items[i].alt = NULL;
 		items[i].nalt = 0;
 	}
+	/* The items by id, so that each id of the reply is found in log n:
+	 * a batch of 256 compared every pair before (1.3 ms here). */
+	ecx_lookup_item **ord = malloc((n > 0 ? n : 1) * sizeof(*ord));
+	if (ord == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		ord[i] = &items[i];
+	qsort(ord, n, sizeof(*ord), item_cmp);
 	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
-	if (o == NULL)
+	if (o == NULL) {
+		free(ord);
 		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
+	}
 	int rc = 0;
 	const cJSON *found = cJSON_GetObjectItemCaseSensitive(o, "found");
 	const cJSON *missing = cJSON_GetObjectItemCaseSensitive(o, "missing");
@@ -311,12 +342,8 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 	size_t nm = (size_t)cJSON_GetArraySize(missing);
 	/* The reply answers each distinct requested id once. */
 	size_t distinct = 0;
-	for (size_t i = 0; i < n; i++) {
-		bool dup = false;
-		for (size_t j = 0; j < i && !dup; j++)
-			dup = strcmp(items[i].id, items[j].id) == 0;
-		distinct += !dup;
-	}
+	for (size_t i = 0; i < n; i++)
+		distinct += i == 0 || strcmp(ord[i - 1]->id, ord[i]->id) != 0;
 	if (nf + nm != distinct) {
 		rc = ecx_why(why, whylen, ECX_EPROTO,
 		             "lookup reply answers %zu ids, expected %zu",
@@ -326,14 +353,13 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 	const cJSON *c;
 	cJSON_ArrayForEach (c, found) {
 		bool known = false;
-		for (size_t i = 0; i < n; i++) {
-			if (strcmp(items[i].id, c->string) != 0)
-				continue;
-			rc = ecx_entry_from_json(c, &items[i].entry, why,
-			                         whylen);
+		for (size_t k = item_lower(ord, n, c->string);
+		     k < n && strcmp(ord[k]->id, c->string) == 0; k++) {
+			rc =
+			    ecx_entry_from_json(c, &ord[k]->entry, why, whylen);
 			if (rc != 0)
 				goto out;
-			items[i].found = true;
+			ord[k]->found = true;
 			known = true;
 		}
 		if (!known) {
@@ -358,15 +384,16 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 			            c->string, ECX_HOLDERS_MAX);
 			goto out;
 		}
-		for (size_t i = 0; i < n; i++) {
-			if (!items[i].found ||
-			    strcmp(items[i].id, c->string) != 0)
+		for (size_t k = item_lower(ord, n, c->string);
+		     k < n && strcmp(ord[k]->id, c->string) == 0; k++) {
+			ecx_lookup_item *it = ord[k];
+			if (!it->found)
 				continue;
-			free(items[i].alt);
-			items[i].nalt = 0;
-			items[i].alt = malloc((ECX_HOLDERS_MAX - 1) *
-			                      sizeof(*items[i].alt));
-			if (items[i].alt == NULL) {
+			free(it->alt);
+			it->nalt = 0;
+			it->alt =
+			    malloc((ECX_HOLDERS_MAX - 1) * sizeof(*it->alt));
+			if (it->alt == NULL) {
 				rc = ecx_why(why, whylen, ECX_ENOMEM,
 				             "out of memory");
 				goto out;
@@ -378,20 +405,18 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 				if (rc != 0)
 					goto out;
 				if (strcmp(e.producer_zmq,
-				           items[i].entry.producer_zmq) == 0 ||
-				    items[i].nalt == ECX_HOLDERS_MAX - 1)
+				           it->entry.producer_zmq) == 0 ||
+				    it->nalt == ECX_HOLDERS_MAX - 1)
 					continue;
-				items[i].alt[items[i].nalt++] = e;
+				it->alt[it->nalt++] = e;
 			}
 		}
 	}
 	cJSON_ArrayForEach (c, missing) {
-		bool known = false;
-		for (size_t i = 0; i < n && !known; i++)
-			known = cJSON_IsString(c) &&
-			        strcmp(items[i].id, c->valuestring) == 0 &&
-			        !items[i].found;
-		if (!known) {
+		size_t k =
+		    cJSON_IsString(c) ? item_lower(ord, n, c->valuestring) : n;
+		if (k == n || strcmp(ord[k]->id, c->valuestring) != 0 ||
+		    ord[k]->found) {
 			rc =
 			    ecx_why(why, whylen, ECX_EPROTO,
 			            "lookup reply's \"missing\" has an id that "
@@ -406,5 +431,6 @@ out:
 			items[i].found = false;
 	}
 	cJSON_Delete(o);
+	free(ord);
 	return rc;
 }
