@@ -308,6 +308,14 @@ static int ref_lookup(const char *url, const char *id)
 
 static void tcp_tune(int fd);
 
+/* The calling thread's CPU time (user and system) in us. */
+static double thread_cpu_us(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
 /* The machine's floor for a lookup: a 1-byte TCP round trip over
  * loopback to another thread (as the registry answers from a thread of
  * its own), measured beside the lookups. */
@@ -380,8 +388,17 @@ static int bench_registry(void)
 	                                     ECX_CLIENT_PARAM_TIMEOUT,
 	                       .registry = url,
 	                       .timeout_ms = 5000};
-	ecx_client *c;
+	ecx_client *c, *cs;
 	if (ecx_client_create(&o, &c, why, sizeof(why)) != 0) {
+		ecx_registry_destroy(reg);
+		return tool_fail("bench", EXIT_FAIL, "%s", why);
+	}
+	/* The same client sleeping at once on each answer (no poll first):
+	 * what the default 200 us poll buys, and what it costs in CPU. */
+	o.field_mask |= ECX_CLIENT_PARAM_SPIN;
+	o.spin_us = 0;
+	if (ecx_client_create(&o, &cs, why, sizeof(why)) != 0) {
+		ecx_client_destroy(c);
 		ecx_registry_destroy(reg);
 		return tool_fail("bench", EXIT_FAIL, "%s", why);
 	}
@@ -407,7 +424,8 @@ static int bench_registry(void)
 	    biters = quick ? 6 : 30;
 	reps ref50 = {0}, keep50 = {0}, keep99 = {0}, ref99 = {0},
 	     batch50 = {0}, krate = {0}, frate = {0}, brate = {0}, xref = {0},
-	     xbatch = {0}, rbrate = {0}, rtt50 = {0}, xrtt = {0};
+	     xbatch = {0}, rbrate = {0}, rtt50 = {0}, xrtt = {0}, sleep50 = {0},
+	     sleep99 = {0}, srate = {0}, kcpu = {0}, scpu = {0};
 	ecx_item *its = calloc(256, sizeof(*its));
 	ecx_client *rcl = NULL;
 	int rc = EXIT_OK;
@@ -436,6 +454,7 @@ static int bench_registry(void)
 	for (int i = 0; i < 20; i++) {
 		ecx_item it = {.id = reg_ids[i]};
 		ecx_client_lookup(c, &it, 1);
+		ecx_client_lookup(cs, &it, 1);
 		ref_lookup(url, reg_ids[i]);
 	}
 	int echo[2];
@@ -446,7 +465,8 @@ static int bench_registry(void)
 	}
 	int next = 0;
 	for (int r = 0; r < R && rc == EXIT_OK; r++) {
-		samples fs = {0}, ks = {0}, bs = {0}, rs = {0}, es = {0};
+		samples fs = {0}, ks = {0}, bs = {0}, rs = {0}, es = {0},
+		        ss = {0};
 		/* The floor: 1-byte round trips to another thread. */
 		for (int i = 0; i < iters && rc == EXIT_OK; i++) {
 			char b = 'x';
@@ -469,16 +489,27 @@ static int bench_registry(void)
 			samples_add(&fs, tool_now_ns() - a);
 		}
 		double fsec = (double)(tool_now_ns() - t0) / 1e9;
-		t0 = tool_now_ns();
-		for (int i = 0; i < iters && rc == EXIT_OK; i++) {
-			ecx_item it = {.id = reg_ids[next++ % NIDS]};
-			uint64_t a = tool_now_ns();
-			if (ecx_client_lookup(c, &it, 1) != 0 || it.status != 0)
-				rc = tool_fail("bench", EXIT_FAIL, "lookup: %s",
-				               ecx_last_error());
-			samples_add(&ks, tool_now_ns() - a);
+		double ssec = 0, ksec = 0, scu = 0, kcu = 0;
+		for (int pass = 0; pass < 2; pass++) {
+			/* sleeping at once, then the default: adjacent */
+			ecx_client *pc = pass == 0 ? cs : c;
+			samples *ps = pass == 0 ? &ss : &ks;
+			double cu = thread_cpu_us();
+			t0 = tool_now_ns();
+			for (int i = 0; i < iters && rc == EXIT_OK; i++) {
+				ecx_item it = {.id = reg_ids[next++ % NIDS]};
+				uint64_t a = tool_now_ns();
+				if (ecx_client_lookup(pc, &it, 1) != 0 ||
+				    it.status != 0)
+					rc = tool_fail("bench", EXIT_FAIL,
+					               "lookup: %s",
+					               ecx_last_error());
+				samples_add(ps, tool_now_ns() - a);
+			}
+			*(pass == 0 ? &ssec : &ksec) =
+			    (double)(tool_now_ns() - t0) / 1e9;
+			*(pass == 0 ? &scu : &kcu) = thread_cpu_us() - cu;
 		}
-		double ksec = (double)(tool_now_ns() - t0) / 1e9;
 		t0 = tool_now_ns();
 		for (int i = 0; i < biters && rc == EXIT_OK; i++) {
 			for (int k = 0; k < 256; k++)
@@ -512,6 +543,11 @@ static int bench_registry(void)
 			reps_add(&ref99, (double)samples_pct(&fs, 99) / 1e3);
 			reps_add(&keep50, k);
 			reps_add(&keep99, (double)samples_pct(&ks, 99) / 1e3);
+			reps_add(&sleep50, (double)samples_pct(&ss, 50) / 1e3);
+			reps_add(&sleep99, (double)samples_pct(&ss, 99) / 1e3);
+			reps_add(&srate, iters / ssec);
+			reps_add(&kcpu, kcu / iters);
+			reps_add(&scpu, scu / iters);
 			reps_add(&batch50, (double)samples_pct(&bs, 50) / 1e3);
 			reps_add(&frate, iters / fsec);
 			reps_add(&krate, iters / ksec);
@@ -530,6 +566,7 @@ static int bench_registry(void)
 		samples_free(&bs);
 		samples_free(&rs);
 		samples_free(&es);
+		samples_free(&ss);
 	}
 	close(echo[0]); /* the echo thread sees the end and returns */
 	pthread_join(echo_t, NULL);
@@ -557,6 +594,14 @@ static int bench_registry(void)
 		         reps_med(&keep50), reps_min(&keep50),
 		         reps_max(&keep50), reps_med(&keep99), reps_med(&krate),
 		         reps_med(&xref), reps_med(&xrtt), conns);
+		row_json("registry", "single_persistent_sleeping",
+		         "\"p50_us\": %.1f, \"p50_us_min\": %.1f, "
+		         "\"p50_us_max\": %.1f, \"p99_us\": %.1f, "
+		         "\"ids_per_s\": %.0f, \"cpu_us_per_id\": %.1f, "
+		         "\"cpu_us_per_id_polling\": %.1f",
+		         reps_med(&sleep50), reps_min(&sleep50),
+		         reps_max(&sleep50), reps_med(&sleep99),
+		         reps_med(&srate), reps_med(&scpu), reps_med(&kcpu));
 		row_json("registry", "batch_256",
 		         "\"p50_us\": %.1f, \"ids_per_s\": %.0f, \"x_single\": "
 		         "%.1f, \"x_single_min\": %.1f, \"x_single_max\": %.1f",
@@ -575,18 +620,22 @@ static int bench_registry(void)
 		       "%d batches of 256 ids; medians of the repetitions "
 		       "[min-max]\n",
 		       NIDS, R, iters, iters, biters);
-		printf("  %-36s %-24s %9s %12s\n", "", "p50 us", "p99 us",
-		       "ids/s");
+		printf("  %-36s %-24s %9s %12s %9s\n", "", "p50 us", "p99 us",
+		       "ids/s", "cpu us/id");
 		printf("  %-36s %-24s\n", "TCP round trip, 1 byte (floor)",
 		       fmt_reps(&rtt50, 1, a, sizeof(a)));
 		printf("  %-36s %-24s %9.1f %12.0f\n",
 		       "single, new connection (reference)",
 		       fmt_reps(&ref50, 1, a, sizeof(a)), reps_med(&ref99),
 		       reps_med(&frate));
-		printf("  %-36s %-24s %9.1f %12.0f\n",
+		printf("  %-36s %-24s %9.1f %12.0f %9.1f\n",
+		       "single, persistent, sleeping at once",
+		       fmt_reps(&sleep50, 1, a, sizeof(a)), reps_med(&sleep99),
+		       reps_med(&srate), reps_med(&scpu));
+		printf("  %-36s %-24s %9.1f %12.0f %9.1f\n",
 		       "single, persistent connection",
 		       fmt_reps(&keep50, 1, a, sizeof(a)), reps_med(&keep99),
-		       reps_med(&krate));
+		       reps_med(&krate), reps_med(&kcpu));
 		printf("  %-36s %-24s %9s %12.0f\n", "batch of 256 ids",
 		       fmt_reps(&batch50, 1, a, sizeof(a)), "",
 		       reps_med(&brate));
@@ -625,6 +674,7 @@ out:
 	}
 	free(its);
 	ecx_client_destroy(c);
+	ecx_client_destroy(cs);
 	ecx_registry_destroy(reg);
 	return rc;
 }

@@ -568,6 +568,7 @@ enum {
 	ECX_CLIENT_PARAM_TIMEOUT = 1u << 2,
 	ECX_CLIENT_PARAM_CONNECT_TIMEOUT = 1u << 3,
 	ECX_CLIENT_PARAM_REGISTRY_TTL = 1u << 4,
+	ECX_CLIENT_PARAM_SPIN = 1u << 5,
 };
 
 typedef struct ecx_client_params {
@@ -580,6 +581,10 @@ typedef struct ecx_client_params {
 	int registry_ttl_s;     /* the lease of entries it publishes (at most
 	                           86400 s); default 0: the registry's own
 	                           (HTTP: 30 s unless set; Redis: never) */
+	int spin_us;            /* how long a request polls its connection for
+	                           the answer before sleeping, default 200;
+	                           0 sleeps at once. Waking a sleeping thread
+	                           can cost more than the answer takes */
 } ecx_client_params;
 
 /* ecx_client_create checks the URLs and makes a client; nothing is

@@ -35,12 +35,18 @@ int ecx_client_create(const ecx_client_params *params, ecx_client **out,
 	                              ? params->connect_timeout_ms
 	                              : 0,
 	    .ttl_s =
-	        m & ECX_CLIENT_PARAM_REGISTRY_TTL ? params->registry_ttl_s : 0};
-	if (o.timeout_ms < 0 || o.connect_timeout_ms < 0 || o.ttl_s < 0) {
+	        m & ECX_CLIENT_PARAM_REGISTRY_TTL ? params->registry_ttl_s : 0,
+	    /* 0 asks for the default there; here it asks for none */
+	    .spin_us = !(m & ECX_CLIENT_PARAM_SPIN) ? 0
+	               : params->spin_us == 0       ? -1
+	                                            : params->spin_us};
+	if (o.timeout_ms < 0 || o.connect_timeout_ms < 0 || o.ttl_s < 0 ||
+	    ((m & ECX_CLIENT_PARAM_SPIN) && params->spin_us < 0)) {
 		ecx_why(why, whylen, ECX_EINVAL,
-		        "timeouts and the TTL cannot be negative");
-		return ecx_set_error(ECX_EINVAL,
-		                     "timeouts and the TTL cannot be negative");
+		        "timeouts, the TTL and the spin cannot be negative");
+		return ecx_set_error(
+		    ECX_EINVAL,
+		    "timeouts, the TTL and the spin cannot be negative");
 	}
 	ecx_client *c = calloc(1, sizeof(*c));
 	if (c == NULL) {

@@ -6,6 +6,7 @@
 #include <curl/curl.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,9 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 	    o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 1000;
 	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
 	c->ttl_s = o->ttl_s > 0 ? o->ttl_s : 0;
+	c->spin_us = o->spin_us < 0    ? 0
+	             : o->spin_us == 0 ? ECX_REGC_SPIN_US
+	                               : o->spin_us;
 	int rc = 0;
 	const char *p = o->urls;
 	while (*p != '\0') {
@@ -133,6 +137,8 @@ void ecx_regclient_destroy(ecx_regclient *c)
 	for (size_t i = 0; i < c->nregs; i++) {
 		if (c->regs[i].curl != NULL)
 			curl_easy_cleanup(c->regs[i].curl);
+		if (c->regs[i].multi != NULL)
+			curl_multi_cleanup(c->regs[i].multi);
 		ecx_store_destroy(c->regs[i].redis);
 	}
 	curl_slist_free_all(c->headers);
@@ -164,6 +170,43 @@ static int curl_err(CURLcode cc, const char *url, char *why, size_t whylen)
 	}
 	return ecx_why(why, whylen, e, "registry %s: %s", url,
 	               curl_easy_strerror(cc));
+}
+
+/* Runs g's prepared transfer to its end. It polls the connection (without
+ * sleeping) for up to c->spin_us, then sleeps in curl_multi_poll, which
+ * wakes for curl's own timeouts too, so CURLOPT_TIMEOUT_MS bounds the whole
+ * as it bounds curl_easy_perform. The connection lives in g->multi's
+ * cache between requests. */
+static CURLcode regc_perform(ecx_regclient *c, reg_conn *g)
+{
+	if (g->multi == NULL && (g->multi = curl_multi_init()) == NULL)
+		return CURLE_OUT_OF_MEMORY;
+	if (curl_multi_add_handle(g->multi, g->curl) != CURLM_OK)
+		return CURLE_FAILED_INIT;
+	uint64_t spin_end = ecx_now_ns() + (uint64_t)c->spin_us * 1000u;
+	CURLcode cc = CURLE_FAILED_INIT;
+	CURLMcode mc;
+	int running = 1;
+	for (;;) {
+		mc = curl_multi_perform(g->multi, &running);
+		if (mc != CURLM_OK || running == 0)
+			break;
+		if (ecx_now_ns() < spin_end)
+			sched_yield(); /* a registry on this CPU gets to answer
+			                */
+		else if ((mc = curl_multi_poll(g->multi, NULL, 0, 1000,
+		                               NULL)) != CURLM_OK)
+			break;
+	}
+	CURLMsg *m;
+	int left;
+	while ((m = curl_multi_info_read(g->multi, &left)) != NULL)
+		if (m->msg == CURLMSG_DONE && m->easy_handle == g->curl)
+			cc = m->data.result;
+	if (mc == CURLM_OUT_OF_MEMORY)
+		cc = CURLE_OUT_OF_MEMORY;
+	curl_multi_remove_handle(g->multi, g->curl);
+	return cc;
 }
 
 /* One HTTP request on registry g's persistent connection. */
@@ -201,7 +244,7 @@ int regc_request(ecx_regclient *c, reg_conn *g, const char *method,
 	}
 	if (strcmp(method, "GET") != 0)
 		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-	CURLcode cc = curl_easy_perform(h);
+	CURLcode cc = regc_perform(c, g);
 	long nc = 0;
 	curl_easy_getinfo(h, CURLINFO_NUM_CONNECTS, &nc);
 	c->connects += nc;

@@ -25,7 +25,15 @@ typedef struct ecx_regclient_opts {
 	int timeout_ms;         /* whole request, default 5000 */
 	int ttl_s;              /* entries put into Redis expire after it (0:
 	                           never); see ecx_regclient_refresh */
+	int spin_us; /* how long a request polls for its answer before
+	                sleeping: 0 for ECX_REGC_SPIN_US, negative for never */
 } ecx_regclient_opts;
+
+/* The default poll before sleeping on an answer. Waking a sleeping thread
+ * costs 50-150 us on this project's virtual machines (an idle vCPU halts,
+ * and the wake-up is an interrupt through the hypervisor), more than a
+ * registry takes to answer; docs/architecture.md has the figures. */
+#define ECX_REGC_SPIN_US 200
 
 /* Creates a client. Nothing is connected until the first request; each
  * registry then keeps one persistent connection. ECX_EINVAL for a URL that

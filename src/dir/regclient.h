@@ -15,6 +15,7 @@
 typedef struct reg_conn {
 	char url[ECX_ADDR_MAX]; /* without a trailing slash */
 	CURL *curl;
+	CURLM *multi; /* runs curl's transfers, so that they can poll first */
 	ecx_store *redis; /* a redis:// registry: its store, used directly */
 	uint64_t down_until_ms; /* skip until then; 0 when up */
 	uint64_t backoff_ms;
@@ -27,7 +28,8 @@ struct ecx_regclient {
 	size_t nregs;
 	struct curl_slist *headers; /* Content-Type and Authorization */
 	int connect_timeout_ms, timeout_ms;
-	int ttl_s; /* the lease asked for this client's entries */
+	int spin_us; /* polls an answer this long before sleeping; 0: never */
+	int ttl_s;   /* the lease asked for this client's entries */
 	/* A registry whose store renews by writes (Redis behind HTTP): the
 	 * entries are written again every third of the lease, no oftener. */
 	bool renew_by_writes;
