@@ -45,7 +45,10 @@ struct ecx_ucx {
 	void (*on_progress)(void *arg);
 	void *arg;
 	uint64_t spin_ns;
-	int waiters;         /* callers progressing the worker themselves */
+	int waiters; /* callers progressing the worker themselves */
+	/* The progress thread sleeps on wait_cv while waiters > 0 */
+	pthread_mutex_t wait_lock;
+	pthread_cond_t wait_cv;
 	unsigned transports; /* ECX_TR_* this context may use */
 };
 
