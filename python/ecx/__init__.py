@@ -202,7 +202,8 @@ class _ClientParams(ctypes.Structure):
                 ("registry", ctypes.c_char_p), ("token", ctypes.c_char_p),
                 ("timeout_ms", ctypes.c_int),
                 ("connect_timeout_ms", ctypes.c_int),
-                ("registry_ttl_s", ctypes.c_int)]
+                ("registry_ttl_s", ctypes.c_int),
+                ("spin_us", ctypes.c_int)]
 
 
 _LIST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
@@ -1053,12 +1054,14 @@ class Client:
 
     registry: one URL or several (a list, or comma-separated), each
     http://HOST:PORT or redis://[:password@]HOST[:PORT][/DB]; anything else
-    raises EcxError EINVAL now. token: None reads ECX_TOKEN. Safe to share
-    between threads (calls are serialized).
+    raises EcxError EINVAL now. token: None reads ECX_TOKEN. spin_us: how
+    long a request polls its connection for the answer before sleeping
+    (None: the library's 200 us; 0 sleeps at once). Safe to share between
+    threads (calls are serialized).
     """
 
     def __init__(self, registry, token=None, timeout_ms=5000,
-                 connect_timeout_ms=None, registry_ttl_s=None):
+                 connect_timeout_ms=None, registry_ttl_s=None, spin_us=None):
         self._h = None
         fns = _need_client()
         if not registry:
@@ -1078,6 +1081,9 @@ class Client:
         if registry_ttl_s is not None:
             p.registry_ttl_s = int(registry_ttl_s)
             p.field_mask |= 16
+        if spin_us is not None:
+            p.spin_us = int(spin_us)
+            p.field_mask |= 32
         self._keep = p
         self._fns = fns
         self._lock = threading.Lock()

@@ -1,4 +1,6 @@
 """ecx.Client against a real `ecx registry` process and a real producer."""
+import os
+import signal
 import time
 
 import pytest
@@ -100,3 +102,33 @@ def test_registry_entry_json_round_trips():
     with pytest.raises(ecx.EcxError) as e:
         ecx.Item.from_json("x", "{not json")
     assert e.value.name == "EPROTO"
+
+
+@pytest.mark.parametrize("spin_us", [None, 0, 100000])
+def test_a_stopped_registry_costs_the_timeout_whatever_the_spin(registry,
+                                                                spin_us):
+    # The client polls for an answer before sleeping (spin_us); neither
+    # way may outlast the request's timeout when the registry never
+    # answers (SIGSTOP: the connection is up, nothing comes back).
+    r = registry()
+    c = ecx.Client(r.url, timeout_ms=400, spin_us=spin_us)
+    c.publish(item(2))
+    assert c.lookup(["id-002"])[0].nbytes == item(2).nbytes
+    os.kill(r.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ecx.EcxError) as e:
+            c.lookup(["id-002"])
+        took = time.monotonic() - t0
+        assert e.value.name == "ETIMEDOUT", e.value
+        assert 0.35 < took < 1.5, took
+    finally:
+        os.kill(r.proc.pid, signal.SIGCONT)
+    c.close()
+
+
+def test_a_negative_spin_is_refused():
+    with pytest.raises(ecx.EcxError) as e:
+        ecx.Client("http://127.0.0.1:1", spin_us=-1)
+    assert e.value.name == "EINVAL"
+    assert "spin" in str(e.value)
