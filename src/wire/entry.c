@@ -287,13 +287,6 @@ fail:
 	return NULL;
 }
 
-static int item_cmp(const void *a, const void *b)
-{
-	const ecx_lookup_item *x = *(ecx_lookup_item *const *)a;
-	const ecx_lookup_item *y = *(ecx_lookup_item *const *)b;
-	return strcmp(x->id, y->id);
-}
-
 /* The first of ord[0..n) (sorted by id) whose id is not below id. */
 static size_t item_lower(ecx_lookup_item **ord, size_t n, const char *id)
 {
@@ -323,7 +316,7 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++)
 		ord[i] = &items[i];
-	qsort(ord, n, sizeof(*ord), item_cmp);
+	qsort(ord, n, sizeof(*ord), item_ptr_cmp);
 	cJSON *o = ecx_json_parse(buf, len, ECX_WIRE_MAX, why, whylen);
 	if (o == NULL) {
 		free(ord);
