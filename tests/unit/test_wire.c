@@ -256,6 +256,44 @@ static void test_lookup(void **state)
 	                 ECX_EPROTO);
 }
 
+/* A batch of 300 ids, every third missing, decoded into items asked in
+ * another order (reversed, one id asked twice): each gets its own entry. */
+static void test_lookup_batch(void **state)
+{
+	(void)state;
+	enum { N = 300 };
+	static char ids[N][16];
+	static ecx_lookup_item asked[N], back[N + 1];
+	for (int i = 0; i < N; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "id-%03d", i);
+		asked[i].id = ids[i];
+		asked[i].found = i % 3 != 0;
+		if (asked[i].found) {
+			asked[i].entry = sample_entry();
+			asked[i].entry.epoch = (uint64_t)i + 1;
+		}
+	}
+	char *resp = ecx_lookup_resp_encode(asked, N);
+	assert_non_null(resp);
+	for (int i = 0; i < N; i++)
+		back[i].id = ids[N - 1 - i];
+	back[N].id = ids[7]; /* asked twice */
+	char why[160];
+	assert_int_equal(
+	    ecx_lookup_resp_decode(resp, strlen(resp), back, N + 1, why, 160),
+	    0);
+	for (int i = 0; i <= N; i++) {
+		int k = i < N ? N - 1 - i : 7;
+		if (back[i].found != (k % 3 != 0))
+			fail_msg("%s: found %d", back[i].id, back[i].found);
+		if (back[i].found && back[i].entry.epoch != (uint64_t)k + 1)
+			fail_msg("%s: epoch %llu", back[i].id,
+			         (unsigned long long)back[i].entry.epoch);
+	}
+	ecx_lookup_items_clear(back, N + 1);
+	free(resp);
+}
+
 /* The lease and age fields, and an id's several holders: kept through a
  * round trip; a reply without ecx_holders (an older registry, or one
  * holder) reads as no alternates; bad holder lists are refused. */
@@ -633,6 +671,7 @@ int main(void)
 	    cmocka_unit_test(test_entry_reference),
 	    cmocka_unit_test(test_entry_rejects),
 	    cmocka_unit_test(test_lookup),
+	    cmocka_unit_test(test_lookup_batch),
 	    cmocka_unit_test(test_holders),
 	    cmocka_unit_test(test_pull_roundtrip),
 	    cmocka_unit_test(test_pull_rejects),
