@@ -1,0 +1,96 @@
+/* bench.h - what the files of `ecx bench` share. Where things are:
+ *   cmd_bench.c       the entry point: --help, options, the targets and
+ *                     --check (with how the --quick floors were chosen),
+ *                     repetitions, output
+ *   bench_registry.c  registry: lookups, the reference's way and ecx's
+ *   bench_transfer.c  transfer: item sizes, rows, integrity, and the
+ *                     producer and the raw TCP source it runs as child
+ *                     processes (--producer-for-bench, --tcp-source-for-bench)
+ *   bench_file.c      file: the file-per-item baseline */
+#ifndef ECX_TOOL_BENCH_H
+#define ECX_TOOL_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- options (cmd_bench.c) ---- */
+
+extern bool quick, json, check;
+extern const char *redis_url; /* --redis: a Redis to compare lookups with */
+/* transfer: which rows (--via), and where the producer and the raw TCP
+ * sender run (--peer-wrap, --peer-addr: another host's namespace). */
+enum { VIA_BIT_SHM = 1, VIA_BIT_USER = 2, VIA_BIT_TCP = 4 };
+extern unsigned via_mask;
+extern const char *peer_wrap;
+extern const char *peer_addr;
+
+/* ---- repetitions (cmd_bench.c) ---- */
+
+#define MAXREPS 16
+
+typedef struct reps {
+	double v[MAXREPS];
+	int n;
+} reps;
+
+/* Repetitions of a row: 5, 3 with --quick. */
+int nreps(void);
+/* Adds one repetition's value (beyond MAXREPS: dropped). */
+void reps_add(reps *r, double x);
+/* Median, min and max of the repetitions; 0 when there are none. */
+double reps_med(const reps *r);
+double reps_min(const reps *r);
+double reps_max(const reps *r);
+
+/* ---- targets (cmd_bench.c) ---- */
+
+typedef struct targets {
+	double shm7_ratio;  /* shm 7 MiB warm loads, x memcpy, at least */
+	double shm64_p50;   /* shm 64 KiB x1 warm p50 in us, below */
+	double reg_p50;     /* registry persistent p50 in us, below */
+	double reg_batch_x; /* batched ids/s over single ids/s, at least */
+	double tcp_ratio;   /* tcp warm >= 1 MiB, x raw TCP, at least */
+} targets;
+
+/* The targets in force: the stated ones, or with --quick the floors. */
+const targets *tgt(void);
+/* Records one check (--check): a row that misses is named on stderr. */
+void check_row(bool ok, const char *row, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- output (cmd_bench.c) ---- */
+
+/* Prints one JSON result line: the fields fmt gives, as a JSON fragment,
+ * with "bench" and "case". */
+void row_json(const char *bench, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "0.85 [0.80-0.90]": median [min-max] with dec decimals, in buf. */
+const char *fmt_reps(const reps *r, int dec, char *buf, size_t len);
+
+/* ---- item sizes (bench_transfer.c; the file benchmark's too) ---- */
+
+typedef struct bench_size {
+	const char *name;
+	uint64_t rows, cols; /* bfloat16 */
+	int pool;            /* distinct items the producer holds */
+} bench_size;
+
+#define NSIZES 3
+extern const bench_size sizes[NSIZES]; /* 64 KiB, 1 MiB, 7 MiB */
+
+/* TCP_NODELAY on a socket (bench_transfer.c; the registry's floor too). */
+void tcp_tune(int fd);
+
+/* ---- the benchmarks: each returns an exit code ---- */
+
+int bench_registry(void); /* bench_registry.c */
+int bench_transfer(void); /* bench_transfer.c */
+int bench_file(void);     /* bench_file.c */
+/* The transfer benchmark's child processes (bench_transfer.c), run as
+ * `ecx bench --producer-for-bench TRANSPORT` (serves until SIGTERM) and
+ * `ecx bench --tcp-source-for-bench` (until its connection ends). */
+int bench_producer(const char *transport);
+int bench_tcp_source(void);
+
+#endif

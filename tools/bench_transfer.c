@@ -1,0 +1,786 @@
+/* bench_transfer.c - the transfer benchmark (`ecx bench transfer`). */
+#include "tool.h"
+
+#include "bench.h"
+#include "gen.h"
+#include "proc.h"
+#include "stats.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- transfer: sizes, pools, memory ---- */
+
+const bench_size sizes[] = {
+    {"64KiB", 32, 1024, 1024}, /* 64 MiB */
+    {"1MiB", 512, 1024, 64},   /* 64 MiB */
+    {"7MiB", 1024, 3584, 32},  /* 224 MiB */
+};
+static const int batches[] = {1, 8, 32};
+#define NBATCH 3
+#define MAXBATCH 32
+
+static size_t size_bytes(int s)
+{
+	return (size_t)(sizes[s].rows * sizes[s].cols * 2);
+}
+
+/* Memory never touched before (so its first touch faults), and never
+ * recycled by malloc: each call maps afresh. */
+static void *fresh_map(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
+	               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* Pre-faulted memory. */
+static void *warm_alloc(size_t n)
+{
+	void *p = malloc(n);
+	if (p != NULL)
+		memset(p, 0, n);
+	return p;
+}
+
+/* Loads per block: about budget bytes, within [lo, hi]. */
+static int block_iters(size_t bytes)
+{
+	size_t budget = quick ? (64u << 20) : (256u << 20);
+	int lo = quick ? 3 : 4, hi = quick ? 15 : 40;
+	size_t n = budget / bytes;
+	return n < (size_t)lo ? lo : n > (size_t)hi ? hi : (int)n;
+}
+
+/* ---- the producer and the raw TCP source, in child processes ---- */
+
+/* The producer side of the transfer benchmark: each size's pool of items,
+ * then serves until SIGTERM. */
+int bench_producer(const char *transport)
+{
+	tool_block_signals();
+	/* With integrity on: it costs the producer a hash per put (not
+	 * timed here), and only consumers that ask check it. */
+	ecx_producer_params p = {
+	    .field_mask =
+	        ECX_PRODUCER_PARAM_BIND_HOST |
+	        ECX_PRODUCER_PARAM_REGISTRY_PORT | ECX_PRODUCER_PARAM_CAPACITY |
+	        ECX_PRODUCER_PARAM_TRANSPORT | ECX_PRODUCER_PARAM_INTEGRITY,
+	    .bind_host = peer_addr,
+	    .registry_port = 0,
+	    .capacity_bytes = 400u << 20,
+	    .transport = transport,
+	    .integrity = 1};
+	ecx_producer *prod;
+	char why[256];
+	if (ecx_producer_create(&p, &prod, why, sizeof(why)) != 0)
+		return tool_fail("bench", EXIT_FAIL, "producer: %s", why);
+	void *buf = malloc(7u << 20);
+	for (int s = 0; s < NSIZES; s++) {
+		for (int i = 0; i < sizes[s].pool; i++) {
+			char id[64];
+			snprintf(id, sizeof(id), "%s-%d", sizes[s].name, i);
+			uint64_t dims[2] = {sizes[s].rows, sizes[s].cols};
+			ecx_tensor_desc d;
+			ecx_tensor_set(&d, ECX_DTYPE_BFLOAT16, 2, dims);
+			gen_fill(id, buf, d.nbytes);
+			if (ecx_producer_put(prod, id, &d, buf) != 0)
+				return tool_fail("bench", EXIT_FAIL, "%s",
+				                 ecx_last_error());
+		}
+	}
+	free(buf);
+	printf("ready %u\n", ecx_producer_registry_port(prod));
+	fflush(stdout);
+	tool_wait_signal();
+	ecx_producer_destroy(prod);
+	return EXIT_OK;
+}
+
+/* A request to the raw TCP source: send `count` items of `bytes` from
+ * its pool, starting at item `first`. */
+typedef struct tcp_req {
+	uint64_t bytes;
+	uint32_t first, count;
+} tcp_req;
+
+/* IO_RECV: receive blocking in recv. IO_POLL: receive without sleeping,
+ * polling the socket as ecx's consumer polls its worker during a load
+ * (across the veth this moved raw TCP from 1.0 to 1.3 GB/s at 7 MiB x8,
+ * bench/two_hosts.sh); but on a 2-core machine over loopback a spinning
+ * receiver can take the core its sender needs. So the raw TCP baseline
+ * receives both ways in each repetition and counts the faster
+ * (bench_row). IO_POLL gives up after 30 s without a byte (ETIMEDOUT),
+ * as IO_RECV does on the consumer's socket (SO_RCVTIMEO, set in
+ * tcp_source_start); an end of file fails with ECONNRESET. */
+typedef enum { IO_SEND, IO_RECV, IO_POLL } io_mode;
+
+#define POLL_IDLE_NS 30000000000ull
+
+static bool full_io(int fd, void *p, size_t n, io_mode m)
+{
+	char *c = p;
+	uint64_t idle_since = 0;
+	while (n > 0) {
+		ssize_t k = m == IO_SEND   ? send(fd, c, n, MSG_NOSIGNAL)
+		            : m == IO_POLL ? recv(fd, c, n, MSG_DONTWAIT)
+		                           : recv(fd, c, n, 0);
+		if (k < 0 && m == IO_POLL &&
+		    (errno == EAGAIN || errno == EINTR)) {
+			uint64_t now = tool_now_ns();
+			if (idle_since == 0)
+				idle_since = now;
+			else if (now - idle_since > POLL_IDLE_NS) {
+				errno = ETIMEDOUT;
+				return false;
+			}
+			continue;
+		}
+		if (k == 0)
+			errno = ECONNRESET;
+		else if (k < 0 && m == IO_RECV &&
+		         (errno == EAGAIN || errno == EWOULDBLOCK))
+			errno = ETIMEDOUT; /* SO_RCVTIMEO ran out */
+		if (k <= 0)
+			return false;
+		idle_since = 0;
+		c += k;
+		n -= (size_t)k;
+	}
+	return true;
+}
+
+void tcp_tune(int fd)
+{
+	/* TCP_NODELAY; socket buffers left to the kernel's autotuning, as
+	 * UCX leaves its own (UCX_TCP_SNDBUF/RCVBUF=auto). Fixed 4 MiB
+	 * buffers (the ceiling) read no better across the veth: 1.27 vs
+	 * 1.29 GB/s at 7 MiB x8, 1.42 vs 1.23 at x32, 1.82 vs 1.89 at 64 KiB
+	 * x32 (bench/two_hosts.sh). */
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* The raw TCP baseline's sender, a process of its own as ecx's producer
+ * is: one connection, requests in, items out, until end of file. Each
+ * size's pool is as large as the producer's, so cold rows read cold
+ * memory here too. */
+int bench_tcp_source(void)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
+	socklen_t sl = sizeof(sa);
+	if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+	    getsockname(l, (struct sockaddr *)&sa, &sl) != 0 ||
+	    listen(l, 1) != 0)
+		return tool_fail("bench", EXIT_FAIL, "tcp source: %m");
+	printf("ready %u\n", ntohs(sa.sin_port));
+	fflush(stdout);
+	int c = accept(l, NULL, NULL);
+	close(l);
+	if (c < 0)
+		return EXIT_FAIL;
+	tcp_tune(c);
+	char *pool = NULL;
+	uint64_t have = 0;
+	uint32_t n = 0;
+	tcp_req q;
+	while (full_io(c, &q, sizeof(q), IO_RECV)) {
+		if (q.bytes != have) {
+			free(pool);
+			n = 0;
+			for (int s = 0; s < NSIZES; s++)
+				if (size_bytes(s) == q.bytes)
+					n = (uint32_t)sizes[s].pool;
+			if (n == 0 || (pool = warm_alloc(n * q.bytes)) == NULL)
+				break;
+			have = q.bytes;
+		}
+		bool ok = true;
+		for (uint32_t k = 0; k < q.count && ok; k++)
+			ok = full_io(c, pool + ((q.first + k) % n) * q.bytes,
+			             q.bytes, IO_SEND);
+		if (!ok)
+			break;
+	}
+	free(pool);
+	close(c);
+	return EXIT_OK;
+}
+
+/* ---- transfer: rows ---- */
+
+/* --quick: the warm rows' median ratios of the shm 7 MiB rows and of the
+ * tcp rows of 1 MiB and 7 MiB, checked as groups. */
+static reps group_shm7, group_tcp;
+
+typedef enum { VIA_SHM, VIA_USER, VIA_TCP } via;
+static const char *via_label[] = {"shm", "shm*", "tcp"};
+static const char *via_json[] = {"shm", "shm_user_memory", "tcp"};
+
+typedef struct bench_ctx {
+	via v;
+	ecx_consumer *c;
+	int tcp;                   /* connection to the raw TCP source */
+	char *bsrc, *bdst;         /* baseline pools of the current size */
+	void *wdst[MAXBATCH];      /* warm destinations (ecx) */
+	ecx_item witems[MAXBATCH]; /* warm items, looked up once a row */
+	bool wlooked;
+	int cur_ecx, cur_base; /* cold rotations */
+} bench_ctx;
+
+/* One baseline load of nb items of size s: memcpy or raw TCP (received
+ * the way rm says: IO_RECV or IO_POLL), from items `first`.. of the pool
+ * into destinations prepared as ecx's are. */
+static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
+                      uint64_t *ns)
+{
+	size_t sz = size_bytes(s);
+	int pool = sizes[s].pool;
+	int first = cold ? x->cur_base : 0;
+	if (cold)
+		x->cur_base = (x->cur_base + nb) % pool;
+	char *dst[MAXBATCH];
+	for (int k = 0; k < nb; k++) {
+		if (cold && x->v == VIA_USER)
+			dst[k] = fresh_map(sz);
+		else
+			dst[k] = x->bdst + (size_t)((first + k) % pool) * sz;
+		if (dst[k] == NULL)
+			return false;
+	}
+	bool ok = true;
+	uint64_t t0 = tool_now_ns();
+	if (x->v == VIA_TCP) {
+		tcp_req q = {.bytes = sz,
+		             .first = (uint32_t)first,
+		             .count = (uint32_t)nb};
+		ok = full_io(x->tcp, &q, sizeof(q), IO_SEND);
+		for (int k = 0; k < nb && ok; k++)
+			ok = full_io(x->tcp, dst[k], sz, rm);
+		if (!ok)
+			tool_fail("bench", EXIT_FAIL, "raw TCP baseline: %m");
+	} else {
+		for (int k = 0; k < nb; k++)
+			memcpy(dst[k],
+			       x->bsrc + (size_t)((first + k) % pool) * sz, sz);
+	}
+	*ns = tool_now_ns() - t0;
+	if (cold && x->v == VIA_USER)
+		for (int k = 0; k < nb; k++)
+			munmap(dst[k], sz);
+	return ok;
+}
+
+/* One ecx load of nb items of size s. Lookups and allocations are not
+ * timed; the load is. verify: check every byte. */
+static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
+                         uint64_t *ns)
+{
+	size_t sz = size_bytes(s);
+	int pool = sizes[s].pool;
+	int first = cold ? x->cur_ecx : 0;
+	if (cold)
+		x->cur_ecx = (x->cur_ecx + nb) % pool;
+	ecx_item it[MAXBATCH];
+	char ids[MAXBATCH][64];
+	memset(it, 0, sizeof(it));
+	for (int k = 0; k < nb; k++) {
+		snprintf(ids[k], sizeof(ids[k]), "%s-%d", sizes[s].name,
+		         (first + k) % pool);
+		it[k].id = ids[k];
+	}
+	/* Warm: looked up once, at the row's first load. */
+	if (!cold && x->wlooked) {
+		memcpy(it, x->witems, sizeof(it[0]) * (size_t)nb);
+		for (int k = 0; k < nb; k++)
+			it[k].id = ids[k];
+	} else if (ecx_consumer_lookup(x->c, it, (size_t)nb) != 0) {
+		tool_fail("bench", EXIT_FAIL, "lookup: %s", ecx_last_error());
+		return false;
+	} else if (!cold) {
+		memcpy(x->witems, it, sizeof(it[0]) * (size_t)nb);
+		x->wlooked = true;
+	}
+	bool ok = true;
+	for (int k = 0; k < nb; k++) {
+		if (!cold)
+			it[k].dst = x->wdst[k];
+		else if (x->v == VIA_USER)
+			it[k].dst = fresh_map(sz);
+		else
+			it[k].dst = ecx_consumer_alloc(x->c, sz);
+		if (it[k].dst == NULL) {
+			tool_fail("bench", EXIT_FAIL, "no memory for %s",
+			          ids[k]);
+			nb = k;
+			ok = false;
+		}
+	}
+	if (ok) {
+		uint64_t t0 = tool_now_ns();
+		int e = ecx_consumer_load(x->c, it, (size_t)nb);
+		*ns = tool_now_ns() - t0;
+		if (e != 0) {
+			tool_fail("bench", EXIT_FAIL, "load: %s",
+			          ecx_last_error());
+			ok = false;
+		}
+	}
+	for (int k = 0; k < nb && ok && verify; k++)
+		if (!gen_check(it[k].id, it[k].dst, sz)) {
+			tool_fail("bench", EXIT_FAIL, "%s: bytes differ",
+			          it[k].id);
+			ok = false;
+		}
+	if (cold)
+		for (int k = 0; k < nb; k++) {
+			if (x->v == VIA_USER)
+				munmap(it[k].dst, sz);
+			else
+				ecx_consumer_free(x->c, it[k].dst);
+		}
+	return ok;
+}
+
+/* One row: repetitions of a baseline block then an ecx block. Raw TCP
+ * runs two baseline blocks, a blocking receiver's and a polling one's (in
+ * turn first), and the faster is the repetition's baseline. */
+static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
+{
+	int nb = batches[bi];
+	size_t bytes = size_bytes(s) * (size_t)nb;
+	int iters = block_iters(bytes), R = nreps();
+	int nbase = x->v == VIA_TCP ? 2 : 1;
+	reps ratio = {0}, eg = {0}, bg = {0}, p50r = {0}, bmode[2];
+	memset(bmode, 0, sizeof(bmode)); /* 0: IO_RECV, 1: IO_POLL */
+	samples lat = {0};
+	uint64_t ns;
+	bool ok = true;
+	x->wlooked = false;
+	/* Warm rows load into the same destinations every time: the
+	 * receive arena's, or the caller's memory faulted in beforehand. */
+	for (int k = 0; k < nb && !cold; k++) {
+		x->wdst[k] = x->v == VIA_USER
+		                 ? warm_alloc(size_bytes(s))
+		                 : ecx_consumer_alloc(x->c, size_bytes(s));
+		if (x->wdst[k] == NULL)
+			ok =
+			    tool_fail("bench", EXIT_FAIL, "out of memory") == 0;
+	}
+	/* One of each, untimed, so first-time costs of the row (a first
+	 * registration of warm destinations) fall outside. */
+	for (int m = 0; m < nbase && ok; m++)
+		ok = base_load(x, s, nb, cold, m ? IO_POLL : IO_RECV, &ns);
+	ok = ok && ecx_load_one(x, s, nb, cold, true, &ns);
+	for (int r = 0; r < R && ok; r++) {
+		samples b[2] = {{0}}, e = {0};
+		double bgb = 0;
+		for (int j = 0; j < nbase && ok; j++) {
+			int m = (j + r) % nbase; /* 0: IO_RECV, 1: IO_POLL */
+			for (int i = 0; i < iters && ok; i++) {
+				ok = base_load(x, s, nb, cold,
+				               m ? IO_POLL : IO_RECV, &ns);
+				samples_add(&b[m], ns);
+			}
+		}
+		for (int i = 0; i < iters && ok; i++) {
+			ok = ecx_load_one(x, s, nb, cold, r == R - 1, &ns);
+			samples_add(&e, ns);
+			samples_add(&lat, ns);
+		}
+		if (ok) {
+			for (int m = 0; m < nbase; m++) {
+				double g = (double)bytes /
+				           (double)samples_pct(&b[m], 50);
+				reps_add(&bmode[m], g);
+				bgb = g > bgb ? g : bgb;
+			}
+			double egb =
+			    (double)bytes / (double)samples_pct(&e, 50);
+			reps_add(&bg, bgb);
+			reps_add(&eg, egb);
+			reps_add(&ratio, egb / bgb);
+			reps_add(&p50r, (double)samples_pct(&e, 50) / 1e3);
+		}
+		samples_free(&b[0]);
+		samples_free(&b[1]);
+		samples_free(&e);
+	}
+	for (int k = 0; k < nb && !cold; k++) {
+		if (x->v == VIA_USER)
+			free(x->wdst[k]);
+		else if (x->wdst[k] != NULL)
+			ecx_consumer_free(x->c, x->wdst[k]);
+		x->wdst[k] = NULL;
+	}
+	if (!ok) {
+		samples_free(&lat);
+		return false;
+	}
+	double p50 = (double)samples_pct(&lat, 50) / 1e3;
+	double p99 = (double)samples_pct(&lat, 99) / 1e3;
+	const char *cache = cold ? "cold" : "warm";
+	char buf[96], row[96], modes[128] = "";
+	if (x->v == VIA_TCP)
+		snprintf(modes, sizeof(modes),
+		         ", \"baseline_blocking_gbps\": %.3f, "
+		         "\"baseline_polling_gbps\": %.3f",
+		         reps_med(&bmode[0]), reps_med(&bmode[1]));
+	snprintf(row, sizeof(row), "transfer %s %s x%d %s", via_label[x->v],
+	         sizes[s].name, nb, cache);
+	if (json)
+		row_json("transfer", via_json[x->v],
+		         "\"size\": \"%s\", \"batch\": %d, \"cache\": \"%s\", "
+		         "\"gbps\": %.3f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
+		         "\"baseline\": \"%s\", \"baseline_gbps\": %.3f, "
+		         "\"ratio\": %.3f, \"ratio_min\": %.3f, "
+		         "\"ratio_max\": %.3f, \"p50_us_best_rep\": %.1f, "
+		         "\"reps\": %d, \"loads\": %d%s",
+		         sizes[s].name, nb, cache, reps_med(&eg), p50, p99,
+		         x->v == VIA_TCP ? "raw_tcp" : "memcpy", reps_med(&bg),
+		         reps_med(&ratio), reps_min(&ratio), reps_max(&ratio),
+		         reps_min(&p50r), R, iters, modes);
+	else
+		printf("  %-4s %6s x%-3d %-4s %8.2f %9.1f %9.1f %9.2f   %s\n",
+		       via_label[x->v], sizes[s].name, nb, cache, reps_med(&eg),
+		       p50, p99, reps_med(&bg),
+		       fmt_reps(&ratio, 2, buf, sizeof(buf)));
+	fflush(stdout);
+	/* --check: each row against its target; --quick: the median of a
+	 * group's rows (shm 7 MiB, tcp >= 1 MiB), and the best repetition's
+	 * p50 (load only adds to a latency), against its floor. */
+	const targets *t = tgt();
+	if (!cold && x->v == VIA_SHM && s == 2) {
+		if (quick)
+			reps_add(&group_shm7, reps_med(&ratio));
+		else
+			check_row(reps_med(&ratio) >= t->shm7_ratio, row,
+			          "%.2fx memcpy, below %.2fx", reps_med(&ratio),
+			          t->shm7_ratio);
+	}
+	if (!cold && x->v == VIA_SHM && s == 0 && nb == 1) {
+		double v = quick ? reps_min(&p50r) : p50;
+		check_row(v < t->shm64_p50, row,
+		          "%sp50 %.1f us, not below %.0f us",
+		          quick ? "best repetition's " : "", v, t->shm64_p50);
+	}
+	if (!cold && x->v == VIA_TCP && s >= 1) {
+		if (quick)
+			reps_add(&group_tcp, reps_med(&ratio));
+		else
+			check_row(reps_med(&ratio) >= t->tcp_ratio, row,
+			          "%.2fx raw TCP, below %.2fx",
+			          reps_med(&ratio), t->tcp_ratio);
+	}
+	samples_free(&lat);
+	return true;
+}
+
+/* The price of integrity: warm loads of nb items of size s into the
+ * receive arena by a consumer that checks each item's xxh64 (hashed) beside
+ * the same loads by one that does not (x->c), alternating blocks. */
+static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
+{
+	size_t sz = size_bytes(s), bytes = sz * (size_t)nb;
+	int iters = block_iters(bytes), R = nreps();
+	ecx_consumer *cs[2] = {x->c, hashed};
+	ecx_item it[2][MAXBATCH];
+	char ids[MAXBATCH][64];
+	reps gb[2], ratio = {0};
+	memset(gb, 0, sizeof(gb));
+	bool ok = true;
+	memset(it, 0, sizeof(it));
+	for (int w = 0; w < 2; w++)
+		for (int k = 0; k < nb; k++) {
+			snprintf(ids[k], sizeof(ids[k]), "%s-%d", sizes[s].name,
+			         k);
+			it[w][k].id = ids[k];
+		}
+	for (int w = 0; w < 2 && ok; w++) {
+		ok = ecx_consumer_lookup(cs[w], it[w], (size_t)nb) == 0;
+		for (int k = 0; k < nb && ok; k++)
+			ok = (it[w][k].dst = ecx_consumer_alloc(cs[w], sz)) !=
+			     NULL;
+		/* untimed: the first load registers nothing new, but
+		 * connects */
+		ok = ok && ecx_consumer_load(cs[w], it[w], (size_t)nb) == 0;
+	}
+	for (int r = 0; r < R && ok; r++) {
+		double g[2];
+		for (int w = 0; w < 2 && ok; w++) {
+			samples sm = {0};
+			for (int i = 0; i < iters && ok; i++) {
+				uint64_t t0 = tool_now_ns();
+				ok = ecx_consumer_load(cs[w], it[w],
+				                       (size_t)nb) == 0;
+				samples_add(&sm, tool_now_ns() - t0);
+			}
+			g[w] = (double)bytes / (double)samples_pct(&sm, 50);
+			reps_add(&gb[w], g[w]);
+			samples_free(&sm);
+		}
+		if (ok)
+			reps_add(&ratio, g[1] / g[0]);
+	}
+	if (!ok)
+		tool_fail("bench", EXIT_FAIL, "integrity row: %s",
+		          ecx_last_error());
+	for (int w = 0; w < 2; w++)
+		for (int k = 0; k < nb; k++)
+			if (it[w][k].dst != NULL)
+				ecx_consumer_free(cs[w], it[w][k].dst);
+	if (!ok)
+		return false;
+	char buf[96];
+	if (json)
+		row_json("transfer", "integrity",
+		         "\"via\": \"%s\", \"size\": \"%s\", \"batch\": %d, "
+		         "\"gbps_checking\": %.3f, \"gbps_plain\": %.3f, "
+		         "\"ratio\": %.3f, \"ratio_min\": %.3f, "
+		         "\"ratio_max\": %.3f, \"reps\": %d",
+		         via_json[x->v], sizes[s].name, nb, reps_med(&gb[1]),
+		         reps_med(&gb[0]), reps_med(&ratio), reps_min(&ratio),
+		         reps_max(&ratio), R);
+	else
+		printf("  %-4s %6s x%-3d %-4s %8.2f %9s %9s %9.2f   %s "
+		       "(integrity: checking xxh64 vs not)\n",
+		       via_label[x->v], sizes[s].name, nb, "hash",
+		       reps_med(&gb[1]), "", "", reps_med(&gb[0]),
+		       fmt_reps(&ratio, 2, buf, sizeof(buf)));
+	fflush(stdout);
+	return true;
+}
+
+/* Waits until every item of the producer's pools is found by a lookup,
+ * so no row runs while the producer is still publishing. */
+static bool producer_settled(ecx_consumer *c)
+{
+	enum { MAXPOOL = 1024 + 64 + 32 };
+	static ecx_item it[MAXPOOL];
+	static char ids[MAXPOOL][32];
+	size_t n = 0;
+	for (int s = 0; s < NSIZES; s++)
+		for (int i = 0; i < sizes[s].pool && n < MAXPOOL; i++, n++)
+			snprintf(ids[n], sizeof(ids[n]), "%s-%d", sizes[s].name,
+			         i);
+	uint64_t end = tool_now_ns() + 60000000000ull;
+	while (tool_now_ns() < end) {
+		memset(it, 0, sizeof(it));
+		for (size_t i = 0; i < n; i++)
+			it[i].id = ids[i];
+		ecx_consumer_lookup(c, it, n);
+		size_t found = 0;
+		for (size_t i = 0; i < n; i++)
+			found += it[i].status == 0;
+		if (found == n)
+			return true;
+		usleep(100000);
+	}
+	return false;
+}
+
+/* Starts the raw TCP source and connects to it. */
+static bool tcp_source_start(proc *pr, int *fd)
+{
+	char *a[] = {"bench", "--peer-addr", (char *)peer_addr,
+	             "--tcp-source-for-bench", NULL};
+	char line[64];
+	unsigned port;
+	if (!proc_start_via(pr, peer_wrap, a) ||
+	    !proc_line(pr, line, sizeof(line), 30000) ||
+	    sscanf(line, "ready %u", &port) != 1)
+		return false;
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
+	*fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (*fd < 0 || connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+		return false;
+	tcp_tune(*fd);
+	/* The blocking receiver's bound, as IO_POLL's: 30 s without a byte. */
+	struct timeval tv = {.tv_sec = 30};
+	setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return true;
+}
+
+/* One transport's rows. */
+static int bench_transfer_one(via v)
+{
+	const char *transport = v == VIA_TCP ? "tcp" : "shm";
+	proc pr = {0}, src = {0};
+	char *a[] = {"bench",           "--peer-addr",
+	             (char *)peer_addr, "--producer-for-bench",
+	             (char *)transport, NULL};
+	char line[256];
+	unsigned port = 0;
+	if (!proc_start_via(&pr, peer_wrap, a) ||
+	    !proc_line(&pr, line, sizeof(line), 60000) ||
+	    sscanf(line, "ready %u", &port) != 1) {
+		if (pr.pid > 0)
+			proc_stop(&pr, SIGTERM, 5000);
+		return tool_fail("bench", EXIT_FAIL,
+		                 "the benchmark's producer did not start");
+	}
+	bench_ctx x = {.v = v, .tcp = -1};
+	int rc = EXIT_OK;
+	if (v == VIA_TCP && !tcp_source_start(&src, &x.tcp)) {
+		rc = tool_fail("bench", EXIT_FAIL,
+		               "the raw TCP baseline's sender did not start");
+		goto out;
+	}
+	char url[64], why[256];
+	snprintf(url, sizeof(url), "http://%s:%u", peer_addr, port);
+	ecx_consumer_params cp = {.field_mask =
+	                              ECX_CONSUMER_PARAM_REGISTRY |
+	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	                              ECX_CONSUMER_PARAM_TRANSPORT,
+	                          .registry = url,
+	                          .recv_capacity = 240u << 20,
+	                          .transport = transport};
+	if (ecx_consumer_create(&cp, &x.c, why, sizeof(why)) != 0) {
+		rc = tool_fail("bench", EXIT_FAIL, "%s", why);
+		goto out;
+	}
+	if (!producer_settled(x.c))
+		rc =
+		    tool_fail("bench", EXIT_FAIL,
+		              "the producer's items were not all listed within "
+		              "60 s");
+	for (int s = 0; s < NSIZES && rc == EXIT_OK; s++) {
+		size_t sz = size_bytes(s), pool = (size_t)sizes[s].pool * sz;
+		if (v != VIA_TCP && (x.bsrc = warm_alloc(pool)) == NULL)
+			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
+		if (rc == EXIT_OK && (x.bdst = warm_alloc(pool)) == NULL)
+			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
+		for (int bi = 0; bi < NBATCH && rc == EXIT_OK; bi++) {
+			if (!bench_row(&x, s, bi, false))
+				rc = EXIT_FAIL;
+			if (rc == EXIT_OK && batches[bi] <= 8 &&
+			    !bench_row(&x, s, bi, true))
+				rc = EXIT_FAIL;
+		}
+		free(x.bsrc);
+		free(x.bdst);
+		x.bsrc = x.bdst = NULL;
+	}
+	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8. */
+	if (rc == EXIT_OK && v != VIA_USER) {
+		ecx_consumer *hashed = NULL;
+		cp.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
+		cp.integrity = 1;
+		cp.recv_capacity = 64u << 20;
+		if (ecx_consumer_create(&cp, &hashed, why, sizeof(why)) != 0)
+			rc = tool_fail("bench", EXIT_FAIL, "%s", why);
+		for (int s = 1; s < NSIZES && rc == EXIT_OK; s++)
+			if (!bench_integrity(&x, hashed, s, 8))
+				rc = EXIT_FAIL;
+		ecx_consumer_destroy(hashed);
+	}
+out:
+	ecx_consumer_destroy(x.c);
+	if (x.tcp >= 0)
+		close(x.tcp);
+	if (src.pid > 0)
+		proc_stop(&src, SIGTERM, 5000);
+	int st = proc_stop(&pr, SIGTERM, 10000);
+	if (rc == EXIT_OK && (!WIFEXITED(st) || WEXITSTATUS(st) != 0))
+		rc = tool_fail("bench", EXIT_FAIL,
+		               "the benchmark's producer failed");
+	return rc;
+}
+
+/* The kernel's TCP buffer ceilings, for the table header. */
+static void tcp_limits(char *buf, size_t len)
+{
+	unsigned long w[3] = {0}, r[3] = {0};
+	FILE *f = fopen("/proc/sys/net/ipv4/tcp_wmem", "r");
+	if (f != NULL) {
+		if (fscanf(f, "%lu %lu %lu", &w[0], &w[1], &w[2]) != 3)
+			w[2] = 0;
+		fclose(f);
+	}
+	f = fopen("/proc/sys/net/ipv4/tcp_rmem", "r");
+	if (f != NULL) {
+		if (fscanf(f, "%lu %lu %lu", &r[0], &r[1], &r[2]) != 3)
+			r[2] = 0;
+		fclose(f);
+	}
+	char a[32], b[32];
+	snprintf(buf, len, "up to %s send, %s receive",
+	         tool_bytes(w[2], a, sizeof(a)),
+	         tool_bytes(r[2], b, sizeof(b)));
+}
+
+int bench_transfer(void)
+{
+	if (!json) {
+		char lim[96];
+		tcp_limits(lim, sizeof(lim));
+		printf(
+		    "transfer: producer process -> consumer process, "
+		    "%s; %d repetitions of (baseline block, ecx "
+		    "block), GB/s and base GB/s: medians of the blocks' "
+		    "median loads, ratio: ecx/baseline of adjacent blocks, "
+		    "median [min-max]; p50/p99: of every ecx load of the "
+		    "row (a whole batch lands by its end)\n"
+		    "  shm: into the receive arena, baseline: single-thread "
+		    "memcpy into pre-faulted memory; shm*: into the "
+		    "caller's memory, baseline: memcpy into memory prepared "
+		    "the same way\n"
+		    "  tcp: into the receive arena, baseline: raw TCP from "
+		    "another process, 1 stream (ecx uses 1 endpoint), "
+		    "TCP_NODELAY, kernel-tuned socket buffers as UCX's "
+		    "(%s), the faster of a blocking and a polling receiver "
+		    "in each repetition\n"
+		    "  warm: the same ids into the same destinations; cold: "
+		    "ids unused for 32+ MiB of loads, fresh destinations "
+		    "(shm*: never-touched memory), baselines alike\n"
+		    "  hash: warm loads into the receive arena by a consumer "
+		    "checking each item's xxh64 (integrity on); base: the "
+		    "same loads by one that does not, alternating\n",
+		    peer_wrap != NULL ? "producer reached at --peer-addr "
+		                        "through --peer-wrap"
+		                      : "loopback",
+		    nreps(), lim);
+		printf("  %-4s %6s %-4s %-4s %8s %9s %9s %9s   %s\n", "via",
+		       "item", "batch", "", "GB/s", "p50 us", "p99 us",
+		       "base GB/s", "ratio");
+	}
+	int rc = EXIT_OK;
+	if (via_mask & VIA_BIT_SHM)
+		rc = bench_transfer_one(VIA_SHM);
+	if (rc == EXIT_OK && (via_mask & VIA_BIT_USER))
+		rc = bench_transfer_one(VIA_USER);
+	if (rc == EXIT_OK && (via_mask & VIA_BIT_TCP))
+		rc = bench_transfer_one(VIA_TCP);
+	if (rc == EXIT_OK && quick && group_shm7.n > 0)
+		check_row(reps_med(&group_shm7) >= tgt()->shm7_ratio,
+		          "transfer shm 7MiB warm (median of its rows)",
+		          "%.2fx memcpy, below %.2fx", reps_med(&group_shm7),
+		          tgt()->shm7_ratio);
+	if (rc == EXIT_OK && quick && group_tcp.n > 0)
+		check_row(reps_med(&group_tcp) >= tgt()->tcp_ratio,
+		          "transfer tcp 1MiB and 7MiB warm (median of their "
+		          "rows)",
+		          "%.2fx raw TCP, below %.2fx", reps_med(&group_tcp),
+		          tgt()->tcp_ratio);
+	if (!json)
+		printf("  targets%s: shm 7MiB warm >= %.2fx memcpy; shm 64KiB "
+		       "x1 warm p50 < %.0f us; tcp warm 1MiB and 7MiB >= %.2fx "
+		       "raw TCP\n",
+		       quick ? " (--quick floors)" : "", tgt()->shm7_ratio,
+		       tgt()->shm64_p50, tgt()->tcp_ratio);
+	return rc;
+}
