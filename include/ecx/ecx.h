@@ -582,9 +582,10 @@ typedef struct ecx_client_params {
 	                           86400 s); default 0: the registry's own
 	                           (HTTP: 30 s unless set; Redis: never) */
 	int spin_us;            /* how long a request polls its connection for
-	                           the answer before sleeping, default 200;
-	                           0 sleeps at once. Waking a sleeping thread
-	                           can cost more than the answer takes */
+	                           the answer before sleeping, 0 to 100000,
+	                           default 200; 0 sleeps at once. Waking a
+	                           sleeping thread can cost more than the
+	                           answer takes; the poll costs CPU */
 } ecx_client_params;
 
 /* ecx_client_create checks the URLs and makes a client; nothing is

@@ -49,6 +49,8 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	/* Released: the unmap hook may run on any thread, one started by a
 	 * library (a ZeroMQ context's) that saw nothing of this create. */
 	__atomic_store_n(&c->ncache, rcmax, __ATOMIC_RELEASE);
+	/* Lookups poll for their answers (ECX_REGC_SPIN_US): they are on
+	 * the caller's path (vLLM's scheduler). */
 	ecx_regclient_opts ro = {.urls = registry,
 	                         .token = c->token,
 	                         .connect_timeout_ms = c->timeout_ms,

@@ -38,15 +38,22 @@ int ecx_client_create(const ecx_client_params *params, ecx_client **out,
 	        m & ECX_CLIENT_PARAM_REGISTRY_TTL ? params->registry_ttl_s : 0,
 	    /* 0 asks for the default there; here it asks for none */
 	    .spin_us = !(m & ECX_CLIENT_PARAM_SPIN) ? 0
-	               : params->spin_us == 0       ? -1
+	               : params->spin_us == 0       ? ECX_REGC_SPIN_NONE
 	                                            : params->spin_us};
-	if (o.timeout_ms < 0 || o.connect_timeout_ms < 0 || o.ttl_s < 0 ||
-	    ((m & ECX_CLIENT_PARAM_SPIN) && params->spin_us < 0)) {
+	if (o.timeout_ms < 0 || o.connect_timeout_ms < 0 || o.ttl_s < 0) {
 		ecx_why(why, whylen, ECX_EINVAL,
-		        "timeouts, the TTL and the spin cannot be negative");
-		return ecx_set_error(
-		    ECX_EINVAL,
-		    "timeouts, the TTL and the spin cannot be negative");
+		        "timeouts and the TTL cannot be negative");
+		return ecx_set_error(ECX_EINVAL,
+		                     "timeouts and the TTL cannot be negative");
+	}
+	if ((m & ECX_CLIENT_PARAM_SPIN) &&
+	    (params->spin_us < 0 || params->spin_us > ECX_REGC_SPIN_MAX)) {
+		ecx_why(why, whylen, ECX_EINVAL,
+		        "the spin is 0 to %d us, not %d", ECX_REGC_SPIN_MAX,
+		        params->spin_us);
+		return ecx_set_error(ECX_EINVAL,
+		                     "the spin is 0 to %d us, not %d",
+		                     ECX_REGC_SPIN_MAX, params->spin_us);
 	}
 	ecx_client *c = calloc(1, sizeof(*c));
 	if (c == NULL) {

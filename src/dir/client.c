@@ -53,9 +53,9 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 	    o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 1000;
 	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
 	c->ttl_s = o->ttl_s > 0 ? o->ttl_s : 0;
-	c->spin_us = o->spin_us < 0    ? 0
-	             : o->spin_us == 0 ? ECX_REGC_SPIN_US
-	                               : o->spin_us;
+	c->spin_us = o->spin_us == ECX_REGC_SPIN_NONE ? 0
+	             : o->spin_us <= 0                ? ECX_REGC_SPIN_US
+	                                              : o->spin_us;
 	int rc = 0;
 	const char *p = o->urls;
 	while (*p != '\0') {
@@ -172,41 +172,56 @@ static int curl_err(CURLcode cc, const char *url, char *why, size_t whylen)
 	               curl_easy_strerror(cc));
 }
 
-/* Runs g's prepared transfer to its end. It polls the connection (without
- * sleeping) for up to c->spin_us, then sleeps in curl_multi_poll, which
- * wakes for curl's own timeouts too, so CURLOPT_TIMEOUT_MS bounds the whole
- * as it bounds curl_easy_perform. The connection lives in g->multi's
- * cache between requests. */
-static CURLcode regc_perform(ecx_regclient *c, reg_conn *g)
+/* The error of a failure in this client rather than in the registry (no
+ * memory, a libcurl multi-handle failure): not a reason to back off from
+ * the registry. */
+static int multi_err(CURLMcode mc, char *why, size_t whylen)
+{
+	int e = mc == CURLM_OUT_OF_MEMORY ? ECX_ENOMEM : ECX_EINTERNAL;
+	return ecx_why(why, whylen, e, "registry client: %s",
+	               curl_multi_strerror(mc));
+}
+
+/* Runs g's prepared transfer to its end, its result in *cc. It polls the
+ * connection (without sleeping) for up to c->spin_us, then sleeps in
+ * curl_multi_poll, which wakes for curl's own timeouts too, so
+ * CURLOPT_TIMEOUT_MS bounds the whole as it bounds curl_easy_perform. The
+ * connection lives in g->multi's cache between requests. Returns 0, or
+ * multi_err's error when the transfer could not be run. */
+static int regc_perform(ecx_regclient *c, reg_conn *g, CURLcode *cc, char *why,
+                        size_t whylen)
 {
 	if (g->multi == NULL && (g->multi = curl_multi_init()) == NULL)
-		return CURLE_OUT_OF_MEMORY;
-	if (curl_multi_add_handle(g->multi, g->curl) != CURLM_OK)
-		return CURLE_FAILED_INIT;
+		return multi_err(CURLM_OUT_OF_MEMORY, why, whylen);
+	CURLMcode mc = curl_multi_add_handle(g->multi, g->curl);
+	if (mc != CURLM_OK)
+		return multi_err(mc, why, whylen);
 	uint64_t spin_end = ecx_now_ns() + (uint64_t)c->spin_us * 1000u;
-	CURLcode cc = CURLE_FAILED_INIT;
-	CURLMcode mc;
 	int running = 1;
 	for (;;) {
 		mc = curl_multi_perform(g->multi, &running);
 		if (mc != CURLM_OK || running == 0)
 			break;
+		/* Yielding lets a registry on this CPU answer. */
 		if (ecx_now_ns() < spin_end)
-			sched_yield(); /* a registry on this CPU gets to answer
-			                */
+			sched_yield();
 		else if ((mc = curl_multi_poll(g->multi, NULL, 0, 1000,
 		                               NULL)) != CURLM_OK)
 			break;
 	}
+	bool done = false;
 	CURLMsg *m;
 	int left;
 	while ((m = curl_multi_info_read(g->multi, &left)) != NULL)
-		if (m->msg == CURLMSG_DONE && m->easy_handle == g->curl)
-			cc = m->data.result;
-	if (mc == CURLM_OUT_OF_MEMORY)
-		cc = CURLE_OUT_OF_MEMORY;
+		if (m->msg == CURLMSG_DONE && m->easy_handle == g->curl) {
+			*cc = m->data.result;
+			done = true;
+		}
 	curl_multi_remove_handle(g->multi, g->curl);
-	return cc;
+	if (!done)
+		return multi_err(mc != CURLM_OK ? mc : CURLM_INTERNAL_ERROR,
+		                 why, whylen);
+	return 0;
 }
 
 /* One HTTP request on registry g's persistent connection. */
@@ -244,7 +259,10 @@ int regc_request(ecx_regclient *c, reg_conn *g, const char *method,
 	}
 	if (strcmp(method, "GET") != 0)
 		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-	CURLcode cc = regc_perform(c, g);
+	CURLcode cc = CURLE_OK;
+	int rc = regc_perform(c, g, &cc, why, whylen);
+	if (rc != 0)
+		return rc;
 	long nc = 0;
 	curl_easy_getinfo(h, CURLINFO_NUM_CONNECTS, &nc);
 	c->connects += nc;
@@ -342,7 +360,8 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 		rc = regc_http_err(status, &b, g->url, why, whylen);
 	if (rc == 0) {
 		rc = ecx_lookup_resp_decode(b.p, b.len, items, n, why, whylen);
-		if (rc != 0)
+		/* Out of memory here is not the registry's fault. */
+		if (rc != 0 && rc != ECX_ENOMEM)
 			rc = ecx_why(why, whylen, ECX_EPROTO,
 			             "registry %s answered a lookup ecx cannot "
 			             "read",

@@ -26,7 +26,8 @@ typedef struct ecx_regclient_opts {
 	int ttl_s;              /* entries put into Redis expire after it (0:
 	                           never); see ecx_regclient_refresh */
 	int spin_us; /* how long a request polls for its answer before
-	                sleeping: 0 for ECX_REGC_SPIN_US, negative for never */
+	                sleeping: 0 for ECX_REGC_SPIN_US, ECX_REGC_SPIN_NONE
+	                for never */
 } ecx_regclient_opts;
 
 /* The default poll before sleeping on an answer. Waking a sleeping thread
@@ -34,6 +35,9 @@ typedef struct ecx_regclient_opts {
  * and the wake-up is an interrupt through the hypervisor), more than a
  * registry takes to answer; docs/architecture.md has the figures. */
 #define ECX_REGC_SPIN_US 200
+#define ECX_REGC_SPIN_NONE (-1)
+/* The most a caller may ask (ECX_CLIENT_PARAM_SPIN): 100 ms. */
+#define ECX_REGC_SPIN_MAX 100000
 
 /* Creates a client. Nothing is connected until the first request; each
  * registry then keeps one persistent connection. ECX_EINVAL for a URL that

@@ -103,11 +103,15 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		p->ttl_s = (m & ECX_PRODUCER_PARAM_REGISTRY_TTL)
 		               ? pp->registry_ttl_s
 		               : 30;
+		/* The publisher sleeps on its answers: its requests are off
+		 * any load's path, and polling would take the core a pull's
+		 * copy may need (two cores here). */
 		ecx_regclient_opts ro = {.urls = remote,
 		                         .token = token,
 		                         .connect_timeout_ms = timeout,
 		                         .timeout_ms = timeout,
-		                         .ttl_s = p->ttl_s};
+		                         .ttl_s = p->ttl_s,
+		                         .spin_us = ECX_REGC_SPIN_NONE};
 		rc = ecx_regclient_create(&ro, &p->remote, why, whylen);
 		if (rc != 0)
 			goto fail;

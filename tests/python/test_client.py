@@ -127,8 +127,9 @@ def test_a_stopped_registry_costs_the_timeout_whatever_the_spin(registry,
     c.close()
 
 
-def test_a_negative_spin_is_refused():
+@pytest.mark.parametrize("spin_us", [-1, 100001])
+def test_a_spin_out_of_range_is_refused(spin_us):
     with pytest.raises(ecx.EcxError) as e:
-        ecx.Client("http://127.0.0.1:1", spin_us=-1)
+        ecx.Client("http://127.0.0.1:1", spin_us=spin_us)
     assert e.value.name == "EINVAL"
-    assert "spin" in str(e.value)
+    assert "spin is 0 to 100000 us" in str(e.value)

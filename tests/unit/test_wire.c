@@ -257,13 +257,14 @@ static void test_lookup(void **state)
 }
 
 /* A batch of 300 ids, every third missing, decoded into items asked in
- * another order (reversed, one id asked twice): each gets its own entry. */
+ * another order (reversed; a found id and a missing one asked twice): each
+ * gets its own entry. */
 static void test_lookup_batch(void **state)
 {
 	(void)state;
 	enum { N = 300 };
 	static char ids[N][16];
-	static ecx_lookup_item asked[N], back[N + 1];
+	static ecx_lookup_item asked[N], back[N + 2];
 	for (int i = 0; i < N; i++) {
 		snprintf(ids[i], sizeof(ids[i]), "id-%03d", i);
 		asked[i].id = ids[i];
@@ -277,20 +278,21 @@ static void test_lookup_batch(void **state)
 	assert_non_null(resp);
 	for (int i = 0; i < N; i++)
 		back[i].id = ids[N - 1 - i];
-	back[N].id = ids[7]; /* asked twice */
+	back[N].id = ids[7];     /* found, asked twice */
+	back[N + 1].id = ids[6]; /* missing, asked twice */
 	char why[160];
 	assert_int_equal(
-	    ecx_lookup_resp_decode(resp, strlen(resp), back, N + 1, why, 160),
+	    ecx_lookup_resp_decode(resp, strlen(resp), back, N + 2, why, 160),
 	    0);
-	for (int i = 0; i <= N; i++) {
-		int k = i < N ? N - 1 - i : 7;
+	for (int i = 0; i < N + 2; i++) {
+		int k = i < N ? N - 1 - i : i == N ? 7 : 6;
 		if (back[i].found != (k % 3 != 0))
 			fail_msg("%s: found %d", back[i].id, back[i].found);
 		if (back[i].found && back[i].entry.epoch != (uint64_t)k + 1)
 			fail_msg("%s: epoch %llu", back[i].id,
 			         (unsigned long long)back[i].entry.epoch);
 	}
-	ecx_lookup_items_clear(back, N + 1);
+	ecx_lookup_items_clear(back, N + 2);
 	free(resp);
 }
 
