@@ -128,6 +128,25 @@ static bool echo_start(int fd[2], pthread_t *t)
 enum { NIDS = 4096 };
 static char reg_ids[NIDS][80];
 
+/* n lookups of 256 ids through cl, the next ids in turn, each timed into
+ * *s; the block's seconds. A failure sets *rc (what: its detail) and
+ * ends the block. */
+static double batch_block(ecx_client *cl, ecx_item *its, int n, int *next,
+                          samples *s, const char *what, int *rc)
+{
+	uint64_t t0 = tool_now_ns();
+	for (int i = 0; i < n && *rc == EXIT_OK; i++) {
+		for (int k = 0; k < 256; k++)
+			its[k].id = reg_ids[(*next)++ % NIDS];
+		uint64_t a = tool_now_ns();
+		if (ecx_client_lookup(cl, its, 256) != 0)
+			*rc = tool_fail("bench", EXIT_FAIL, "%s: %s", what,
+			                ecx_last_error());
+		samples_add(s, tool_now_ns() - a);
+	}
+	return (double)(tool_now_ns() - t0) / 1e9;
+}
+
 int bench_registry(void)
 {
 	ecx_registry_params rp = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
@@ -270,32 +289,12 @@ int bench_registry(void)
 			    (double)(tool_now_ns() - t0) / 1e9;
 			*(pass == 0 ? &scu : &kcu) = thread_cpu_us() - cu;
 		}
-		t0 = tool_now_ns();
-		for (int i = 0; i < biters && rc == EXIT_OK; i++) {
-			for (int k = 0; k < 256; k++)
-				its[k].id = reg_ids[next++ % NIDS];
-			uint64_t a = tool_now_ns();
-			if (ecx_client_lookup(c, its, 256) != 0)
-				rc = tool_fail("bench", EXIT_FAIL, "lookup: %s",
-				               ecx_last_error());
-			samples_add(&bs, tool_now_ns() - a);
-		}
-		double bsec = (double)(tool_now_ns() - t0) / 1e9;
-		double rbsec = 0;
-		if (rcl != NULL) {
-			t0 = tool_now_ns();
-			for (int i = 0; i < biters && rc == EXIT_OK; i++) {
-				for (int k = 0; k < 256; k++)
-					its[k].id = reg_ids[next++ % NIDS];
-				uint64_t a = tool_now_ns();
-				if (ecx_client_lookup(rcl, its, 256) != 0)
-					rc = tool_fail("bench", EXIT_FAIL,
-					               "redis: %s",
-					               ecx_last_error());
-				samples_add(&rs, tool_now_ns() - a);
-			}
-			rbsec = (double)(tool_now_ns() - t0) / 1e9;
-		}
+		double bsec =
+		    batch_block(c, its, biters, &next, &bs, "lookup", &rc);
+		double rbsec = rcl != NULL
+		                   ? batch_block(rcl, its, biters, &next, &rs,
+		                                 "redis", &rc)
+		                   : 0;
 		if (rc == EXIT_OK) {
 			double f = (double)samples_pct(&fs, 50) / 1e3;
 			double k = (double)samples_pct(&ks, 50) / 1e3;

@@ -240,6 +240,16 @@ typedef struct bench_ctx {
 	int cur_ecx, cur_base; /* cold rotations */
 } bench_ctx;
 
+/* The pool index of a load's first item: 0 when warm; when cold, the
+ * rotation *cur, which moves on by the nb items taken. */
+static int load_first(int *cur, int nb, bool cold, int pool)
+{
+	int first = cold ? *cur : 0;
+	if (cold)
+		*cur = (*cur + nb) % pool;
+	return first;
+}
+
 /* One baseline load of nb items of size s: memcpy or raw TCP (received
  * the way rm says: IO_RECV or IO_POLL), from items `first`.. of the pool
  * into destinations prepared as ecx's are. */
@@ -248,9 +258,7 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 {
 	size_t sz = size_bytes(s);
 	int pool = sizes[s].pool;
-	int first = cold ? x->cur_base : 0;
-	if (cold)
-		x->cur_base = (x->cur_base + nb) % pool;
+	int first = load_first(&x->cur_base, nb, cold, pool);
 	char *dst[MAXBATCH];
 	for (int k = 0; k < nb; k++) {
 		if (cold && x->v == VIA_USER)
@@ -290,9 +298,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 {
 	size_t sz = size_bytes(s);
 	int pool = sizes[s].pool;
-	int first = cold ? x->cur_ecx : 0;
-	if (cold)
-		x->cur_ecx = (x->cur_ecx + nb) % pool;
+	int first = load_first(&x->cur_ecx, nb, cold, pool);
 	ecx_item it[MAXBATCH];
 	char ids[MAXBATCH][64];
 	memset(it, 0, sizeof(it));
