@@ -7,6 +7,7 @@
 
 #include "gen.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -121,24 +122,42 @@ done:
 	return st;
 }
 
-/* Stops process pid with SIGSTOP and returns once it is stopped (kill()
- * returns before the signal has taken effect). */
-static inline void tu_stop(pid_t pid)
+/* Whether every thread of process pid is stopped ('T' in its stat). */
+static inline bool tu_all_stopped(pid_t pid)
 {
-	kill(pid, SIGSTOP);
-	char path[64], buf[512];
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	for (int i = 0; i < 1000; i++) {
+	char path[320], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (d == NULL)
+		return false;
+	bool all = true;
+	struct dirent *e;
+	while (all && (e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid,
+		         e->d_name);
 		FILE *f = fopen(path, "r");
 		size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
 		if (f != NULL)
 			fclose(f);
 		buf[n] = '\0';
 		const char *p = strrchr(buf, ')');
-		if (p != NULL && p[1] == ' ' && p[2] == 'T')
-			return;
-		usleep(1000);
+		all = p != NULL && p[1] == ' ' && p[2] == 'T';
 	}
+	closedir(d);
+	return all;
+}
+
+/* Stops process pid with SIGSTOP and returns once every thread of it is
+ * stopped (at most 1 s). kill() returns before the signal has taken
+ * effect: one thread takes it and then stops the others, and until it
+ * runs the others may still answer what comes in. */
+static inline void tu_stop(pid_t pid)
+{
+	kill(pid, SIGSTOP);
+	for (int i = 0; i < 1000 && !tu_all_stopped(pid); i++)
+		usleep(1000);
 }
 
 /* The test binaries' folder (for the peer helper). */

@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -14,6 +15,26 @@ def ecx_bin():
         here = os.path.dirname(os.path.abspath(__file__))
         path = os.path.join(here, "..", "..", "build", "tools", "ecx")
     return os.path.abspath(path)
+
+
+def stop_process(pid, timeout=1.0):
+    """SIGSTOPs pid and returns once every thread of it is stopped. kill()
+    returns before the signal has taken effect: one thread takes it and
+    then stops the others, which until then may still answer requests."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, IndexError):
+                pass
+        if states and all(s == "T" for s in states):
+            return
+        time.sleep(0.001)
+    raise RuntimeError(f"process {pid} did not stop within {timeout} s")
 
 
 class Serve:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import ecx
+from conftest import stop_process
 
 
 def item(i, producer="tcp://127.0.0.1:1"):
@@ -114,7 +115,7 @@ def test_a_stopped_registry_costs_the_timeout_whatever_the_spin(registry,
     c = ecx.Client(r.url, timeout_ms=400, spin_us=spin_us)
     c.publish(item(2))
     assert c.lookup(["id-002"])[0].nbytes == item(2).nbytes
-    os.kill(r.proc.pid, signal.SIGSTOP)
+    stop_process(r.proc.pid)
     try:
         t0 = time.monotonic()
         with pytest.raises(ecx.EcxError) as e:

@@ -325,7 +325,7 @@ static void test_lease_stopped_producer(void **state)
 	assert_int_equal(ecx_consumer_lookup_lease(c, &it, 1, 1000), 0);
 	assert_int_equal(it.status, 0);
 	assert_int_equal(ecx_consumer_release(c, &it, 1), 0);
-	kill(p.ch.pid, SIGSTOP);
+	tu_stop(p.ch.pid);
 	uint64_t t0 = now_ms();
 	assert_int_equal(ecx_consumer_lookup_lease(c, &it, 1, 1000), 0);
 	uint64_t took = now_ms() - t0;
