@@ -310,7 +310,7 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 		items[i].nalt = 0;
 	}
 	/* The items by id, so that each id of the reply is found in log n
-	 * (comparing every pair, as before, is about 130k strcmp for a batch
+	 * (comparing every pair, as before, is about 100k strcmp for a batch
 	 * of 256). */
 	ecx_lookup_item **ord = malloc((n > 0 ? n : 1) * sizeof(*ord));
 	if (ord == NULL)
