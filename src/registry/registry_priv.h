@@ -1,0 +1,41 @@
+/* registry_priv.h - what routes.c and server.c share inside src/registry:
+ * the registry's structure, the bounds of its request-latency histogram,
+ * and the counters' increment. Nothing outside src/registry includes it. */
+#ifndef ECX_REGISTRY_PRIV_H
+#define ECX_REGISTRY_PRIV_H
+
+#include "registry/server.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Request latency histogram bounds, in microseconds. */
+static const uint64_t lat_bounds_us[] = {50,   100,  250,   500,  1000,
+                                         2500, 5000, 10000, 50000};
+#define NLAT (sizeof(lat_bounds_us) / sizeof(lat_bounds_us[0]))
+
+struct ecx_registry {
+	struct MHD_Daemon *mhd;
+	ecx_store *store;
+	uint16_t port;
+	char *token;
+	size_t token_len;
+	bool token_reads;
+	bool redis; /* the store is Redis: /healthz asks it */
+	uint64_t
+	    epoch; /* changes each start: producers republish on a change */
+	int entry_ttl_s; /* the lease of entries PUT without one (0: none) */
+	/* counters, updated with relaxed atomics */
+	uint64_t lookups, hits, misses, publishes, removals, requests;
+	uint64_t lat_count, lat_sum_us, lat_buckets[NLAT + 1];
+	/* the embedding producer's lines; set once, before they are read */
+	ecx_registry_metrics_fn metrics_fn;
+	void *metrics_arg;
+};
+
+static inline void count(uint64_t *c, uint64_t n)
+{
+	__atomic_add_fetch(c, n, __ATOMIC_RELAXED);
+}
+
+#endif /* ECX_REGISTRY_PRIV_H */
