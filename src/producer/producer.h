@@ -236,6 +236,12 @@ bool prod_conn_exists(ecx_producer *p, uint64_t id);
  * /metrics hook); returns what snprintf would. */
 size_t prod_metrics(void *arg, char *buf, size_t len);
 
+/* rkeys.c: the connection's cache of remote keys, and the mapping of
+ * shared-memory pages ahead of a write. Progress thread only. */
+rkey_ent *prod_rkey_get(conn *c, const ecx_region *g);
+void prod_rkey_prefault(rkey_ent *e, uint64_t addr, uint64_t n);
+void prod_rkeys_drop(conn *c);
+
 /* hello.c: answers one rendezvous request (an rdv handler). */
 char *prod_rdv_handle(void *arg, const ecx_zreq *r);
 

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #define MOD "producer"
@@ -215,96 +214,6 @@ static void flush_done(void *request, ucs_status_t st, void *user_data)
 	__atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
 }
 
-/* The connection's unpacked key for region g, unpacking it on a miss (and
- * dropping the least recently used entry no job holds). Progress thread
- * only. NULL when the key cannot be unpacked or every entry is held. */
-static rkey_ent *rkey_get(conn *c, const ecx_region *g)
-{
-	rkey_ent *victim = NULL;
-	for (int i = 0; i < RKEY_CACHE; i++) {
-		rkey_ent *e = &c->rk[i];
-		if (e->h != NULL && e->base == g->base && e->len == g->len &&
-		    e->klen == g->rkey_len &&
-		    memcmp(e->kbuf, g->rkey, g->rkey_len) == 0) {
-			e->refs++;
-			e->used = ecx_now_ns();
-			return e;
-		}
-		if (e->refs == 0 &&
-		    (victim == NULL || e->h == NULL ||
-		     (victim->h != NULL && e->used < victim->used)))
-			victim = e;
-	}
-	if (victim == NULL)
-		return NULL;
-	if (victim->h != NULL) {
-		ucp_rkey_destroy(victim->h);
-		free(victim->touched);
-		free(victim->kbuf);
-		memset(victim, 0, sizeof(*victim));
-	}
-	victim->kbuf = malloc(g->rkey_len);
-	if (victim->kbuf == NULL)
-		return NULL;
-	if (ucp_ep_rkey_unpack(c->ep, g->rkey, &victim->h) != UCS_OK) {
-		free(victim->kbuf);
-		memset(victim, 0, sizeof(*victim));
-		return NULL;
-	}
-	void *local;
-	if (ucp_rkey_ptr(victim->h, g->base, &local) == UCS_OK) {
-		victim->touched =
-		    calloc(g->len / PREFAULT_CHUNK + 2, sizeof(uint8_t));
-		if (victim->touched != NULL)
-			victim->local = local;
-	}
-	memcpy(victim->kbuf, g->rkey, g->rkey_len);
-	victim->klen = g->rkey_len;
-	victim->base = g->base;
-	victim->len = g->len;
-	victim->refs = 1;
-	victim->used = ecx_now_ns();
-	return victim;
-}
-
-/* Where the consumer's memory is mapped into this process (shared
- * memory), maps the pages of [addr, addr + n) that this process has not
- * touched yet, a 2 MiB chunk at a time: one madvise instead of a page fault
- * per page inside the write (page faults are slow on these machines). */
-static void rkey_prefault(rkey_ent *e, uint64_t addr, uint64_t n)
-{
-	if (e->local == NULL || n == 0)
-		return;
-	uint64_t first = (addr - e->base) / PREFAULT_CHUNK;
-	uint64_t last = (addr + n - 1 - e->base) / PREFAULT_CHUNK;
-	for (uint64_t k = first; k <= last; k++) {
-		if (e->touched[k])
-			continue;
-		uint64_t lo = k * PREFAULT_CHUNK;
-		uint64_t hi =
-		    lo + PREFAULT_CHUNK < e->len ? lo + PREFAULT_CHUNK : e->len;
-		uintptr_t a = (uintptr_t)(e->local + lo) / 4096 * 4096;
-		uintptr_t b = (uintptr_t)(e->local + hi);
-		if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
-			ecx_debug(MOD, "cannot prefault: %m");
-		e->touched[k] = 1;
-	}
-}
-
-static void rkeys_drop(conn *c)
-{
-	for (int i = 0; i < RKEY_CACHE; i++) {
-		if (c->rk[i].h != NULL)
-			ucp_rkey_destroy(c->rk[i].h);
-		free(c->rk[i].touched);
-		free(c->rk[i].kbuf);
-		memset(&c->rk[i], 0, sizeof(c->rk[i]));
-	}
-}
-
-/* Starts job j: checks, pins, unpacks keys, posts the writes and a flush.
- * Called from the progress thread without the lock. Returns false when the
- * job was answered and released at once. */
 /* Whether job j's pull is past its expiry, judged on the monotonic clock:
  * the expiry is in the wall clock this producer sent in the hello, turned
  * into monotonic time by the pair recorded then. */
@@ -332,6 +241,9 @@ static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 	       pb->addr == pa->addr + len;
 }
 
+/* Starts job j: checks, pins, unpacks keys, posts the writes and a flush.
+ * Called from the progress thread without the lock. Returns false when the
+ * job was answered and released at once. */
 static bool job_start(ecx_producer *p, job *j)
 {
 	char why[200];
@@ -425,7 +337,7 @@ static bool job_start(ecx_producer *p, job *j)
 	}
 	pthread_mutex_unlock(&p->lock);
 	for (size_t g = 0; g < j->pr.nregions; g++) {
-		j->rkeys[g] = rkey_get(j->c, &j->pr.regions[g]);
+		j->rkeys[g] = prod_rkey_get(j->c, &j->pr.regions[g]);
 		if (j->rkeys[g] != NULL)
 			continue;
 		/* Every cache entry is held by pulls in flight: this pull
@@ -467,7 +379,7 @@ static bool job_start(ecx_producer *p, job *j)
 		while (k < n && p->test_delay_ms == 0 &&
 		       run_continues(j, i, k, len))
 			len += j->items[k++]->desc.nbytes;
-		rkey_prefault(re, j->pr.items[i].addr, len);
+		prod_rkey_prefault(re, j->pr.items[i].addr, len);
 		ucp_request_param_t rp = {.op_attr_mask = 0};
 		ucs_status_ptr_t req =
 		    ucp_put_nbx(j->c->ep, (char *)p->base + it->off, len,
@@ -576,14 +488,14 @@ static void conns_reap(ecx_producer *p)
 			/* The keys go first: they refer to the endpoint. Jobs
 			 * holding them finish with the flush's error. */
 			if (close_it->jobs == 0)
-				rkeys_drop(close_it);
+				prod_rkeys_drop(close_it);
 			ecx_ucx_side_ep_close(p->ucx, close_it->side,
 			                      close_it->ep, close_it->transport,
 			                      100);
 			close_it->ep = NULL;
 			continue;
 		}
-		rkeys_drop(free_it);
+		prod_rkeys_drop(free_it);
 		/* Its worker goes last: its endpoints with it, and with them
 		 * UCX's hold on the consumer's shared memory. */
 		ecx_ucx_side_destroy(p->ucx, free_it->side);
@@ -694,7 +606,7 @@ void prod_serve_shutdown(ecx_producer *p)
 	while (p->conns != NULL) {
 		conn *c = p->conns;
 		p->conns = c->next;
-		rkeys_drop(c);
+		prod_rkeys_drop(c);
 		ecx_ucx_side_ep_close(p->ucx, c->side, c->ep, c->transport,
 		                      100);
 		ecx_ucx_side_destroy(p->ucx, c->side);
