@@ -438,7 +438,6 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		if (ecx_ucx_progress(c->ucx) == 0 && now > spin_until)
 			usleep(20);
 	}
-	ecx_ucx_waiting(c->ucx, false);
 	int first = 0;
 	uint64_t ok = 0, bad = 0, bytes = 0;
 	/* One pull per producer: at most npulls endpoints to close. */
@@ -497,6 +496,11 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	}
 	free(cutpc);
 	free(cut);
+	/* Only now may the progress thread progress the worker again: had it
+	 * run between the deadline and the cut above, it could have landed a
+	 * late put of a timed-out pull (TSan's timing showed it, in
+	 * test_slow_producer_tcp_caller). */
+	ecx_ucx_waiting(c->ucx, false);
 	/* Every item's status is final now (the pulls are gone): the
 	 * integrity check needs no lock. */
 	if (l->xxh != NULL)
