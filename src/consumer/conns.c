@@ -1,8 +1,8 @@
 /*
  * conns.c - the consumer's connections to producers: the hello over the
  * rendezvous client, then a UCX endpoint, kept per producer address and
- * epoch; the pull replies that arrive on them; and what a failed peer
- * fails.
+ * epoch, and what a failed peer fails. (What producers send back on them,
+ * replies and data, is replies.c.)
  */
 #include "consumer/consumer.h"
 
@@ -14,82 +14,7 @@
 
 #define MOD "consumer"
 
-/* ---- replies and failures ---- */
-
-pull *cons_pull_take(ecx_consumer *c, uint64_t req)
-{
-	for (pull **pp = &c->inflight; *pp != NULL; pp = &(*pp)->next) {
-		if ((*pp)->req == req) {
-			pull *p = *pp;
-			*pp = p->next;
-			p->next = NULL;
-			return p;
-		}
-	}
-	return NULL;
-}
-
-/* Ends pull p with err for every item it carries. Called with the lock. */
-void cons_pull_fail(pull *p, int err)
-{
-	for (size_t i = 0; i < p->n; i++)
-		p->load->items[p->idx[i]].status = err;
-	__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
-}
-
-ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
-                           void *data, size_t len,
-                           const ucp_am_recv_param_t *param)
-{
-	ecx_consumer *c = arg;
-	if (header_len != sizeof(ecx_am_hdr) ||
-	    (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
-		return UCS_OK;
-	ecx_am_hdr h;
-	memcpy(&h, header, sizeof(h));
-	ecx_pull_resp r;
-	char why[200];
-	int rc = ecx_pull_resp_decode(data, len, &r, why, sizeof(why));
-	pthread_mutex_lock(&c->lock);
-	pull *p = cons_pull_take(c, h.req);
-	if (p == NULL || p->zombie) {
-		/* Late: its load timed out already. The producer answers
-		 * after its last write of the pull, so a zombie's
-		 * quarantine ends here. */
-		if (p != NULL)
-			cons_zombie_end(c, p);
-		pthread_mutex_unlock(&c->lock);
-		if (rc == 0)
-			ecx_pull_resp_free(&r);
-		return UCS_OK;
-	}
-	if (rc != 0) {
-		ecx_warn(MOD, "unreadable reply from %s: %s", p->pc->address,
-		         why);
-		cons_pull_fail(p, ECX_EPROTO);
-	} else if (r.err != 0) {
-		ecx_warn(MOD, "pull refused by %s: %s", p->pc->address,
-		         r.detail);
-		cons_pull_fail(p, r.err);
-	} else if (r.nitems != p->n) {
-		cons_pull_fail(p, ECX_EPROTO);
-	} else {
-		p->pc->used_ms = ecx_now_ms();
-		ecx_load *l = p->load;
-		for (size_t i = 0; i < p->n; i++) {
-			l->items[p->idx[i]].status = r.status[i];
-			if (l->xxh != NULL && r.hash != NULL && r.has_hash[i]) {
-				l->xxh[p->idx[i]] = r.hash[i];
-				l->has_xxh[p->idx[i]] = 1;
-			}
-		}
-		__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
-	}
-	pthread_mutex_unlock(&c->lock);
-	if (rc == 0)
-		ecx_pull_resp_free(&r);
-	return UCS_OK;
-}
+/* ---- failures ---- */
 
 static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 {

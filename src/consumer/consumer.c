@@ -40,6 +40,15 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
 	c->integrity = HAS(INTEGRITY) && pp->integrity;
 	int rc = ECX_ENOMEM;
+	const char *data = getenv("ECX_TCP_DATA");
+	c->tcp_data_am =
+	    data == NULL || data[0] == '\0' || strcmp(data, "am") == 0;
+	if (!c->tcp_data_am && strcmp(data, "put") != 0) {
+		rc = ecx_why(why, whylen, ECX_EINVAL,
+		             "ECX_TCP_DATA=%s: use am (the default) or put",
+		             data);
+		goto fail;
+	}
 	if (HAS(TOKEN) && pp->token && pp->token[0] &&
 	    (c->token = strdup(pp->token)) == NULL)
 		goto fail_msg;
@@ -60,10 +69,13 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 		goto fail;
 	ecx_ucx_opts uo = {.transport = HAS(TRANSPORT) ? pp->transport : NULL,
 	                   .bind_host = HAS(BIND_HOST) ? pp->bind_host : NULL,
-	                   .nam = 1};
+	                   .nam = 2};
 	uo.am[0].id = ECX_AM_REPLY;
 	uo.am[0].cb = cons_am_reply;
 	uo.am[0].arg = c;
+	uo.am[1].id = ECX_AM_DATA;
+	uo.am[1].cb = cons_am_data;
+	uo.am[1].arg = c;
 	rc = ecx_ucx_create(&uo, &c->ucx, why, whylen);
 	if (rc != 0)
 		goto fail;

@@ -1,12 +1,13 @@
 /*
  * consumer.h - the consumer role's internal header: its state and what its
- * files share. The role is one object (ecx_consumer) in four files:
+ * files share. The role is one object (ecx_consumer) in six files:
  *   consumer.c  lifecycle (create, destroy), stats
- *   conns.c     connections to producers (hello, endpoint), replies,
- *               failures
+ *   conns.c     connections to producers (hello, endpoint), failures
+ *   replies.c   what producers send back: replies, and data over TCP
  *   memory.c    the receive arena and the registration cache of the
  *               caller's memory
  *   load.c      lookups and loads: one pull per producer, bounded waits
+ *   failover.c  other holders of an item that failed
  *
  * May include: every layer below (core, wire, mem, xfer, rdv, dir). Never:
  * producer/ or registry/ (a consumer reaches registries as a client).
@@ -107,6 +108,13 @@ typedef struct pull {
 	bool zombie;
 	uint64_t *quar; /* offsets of the arena allocations it quarantines */
 	size_t nquar;
+	/* Over TCP (data_am) the items' bytes come as active messages that
+	 * this side receives in place (replies.c): per item, whether they
+	 * landed; the receives still landing; and whether the reply came
+	 * before they were done (the last one then ends the pull). */
+	int *dstat;
+	unsigned recving;
+	bool answered;
 } pull;
 
 struct ecx_load {
@@ -137,6 +145,10 @@ struct ecx_consumer {
 	char *token;
 	int timeout_ms;
 	bool integrity; /* check loaded bytes against producers' xxh64 */
+	/* Over TCP, ask for the data as active messages received in place
+	 * (replies.c) rather than puts: ECX_TCP_DATA=am (the default) or
+	 * put. */
+	bool tcp_data_am;
 	ecx_ucx *ucx;
 	ecx_rdv_client *rdv;
 	ecx_rdv_leaser *leaser; /* lookups' leases */
@@ -159,15 +171,23 @@ struct ecx_consumer {
 	uint64_t st_quarantined; /* arena allocations held by zombies */
 };
 
-/* conns.c */
+/* replies.c */
 /* Takes the pull numbered req out of the in-flight list (NULL if it is not
  * there). Called with c->lock. */
 pull *cons_pull_take(ecx_consumer *c, uint64_t req);
-/* Fails every item of p that has no status yet. Called with c->lock. */
+/* Fails every item of p and ends it. Called with c->lock. */
 void cons_pull_fail(pull *p, int err);
+/* Marks every item of p (with p->dstat allocated) as not come yet. */
+void cons_pull_data_init(pull *p);
+/* The handlers of ECX_AM_REPLY and ECX_AM_DATA. */
 ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
                            void *data, size_t length,
                            const ucp_am_recv_param_t *param);
+ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
+                          void *data, size_t length,
+                          const ucp_am_recv_param_t *param);
+
+/* conns.c */
 /* Gives every pull of l a working connection (p->pc) to its producer and
  * calls ready for it at once; makes the missing ones: all hellos at once,
  * and goodbyes to replaced connections that still hold zombies (a

@@ -153,7 +153,12 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	 * able to quarantine its destinations, so one that could not is
 	 * never sent. */
 	p->quar = calloc(p->n + 1, sizeof(*p->quar));
-	if (it == NULL || p->regs == NULL || spans == NULL || p->quar == NULL) {
+	/* Over TCP the data comes as active messages (replies.c). */
+	bool am = p->pc->transport == ECX_TR_TCP && c->tcp_data_am;
+	if (am)
+		p->dstat = calloc(p->n + 1, sizeof(*p->dstat));
+	if (it == NULL || p->regs == NULL || spans == NULL || p->quar == NULL ||
+	    (am && p->dstat == NULL)) {
 		free(it);
 		free(spans);
 		pthread_mutex_lock(&c->lock);
@@ -213,6 +218,8 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		p->idx[ni++] = p->idx[k];
 	}
 	p->n = ni;
+	if (p->dstat != NULL)
+		cons_pull_data_init(p);
 	free(spans);
 	for (size_t g = 0; g < p->nregs; g++)
 		regs[g] = (ecx_region){p->regs[g]->base, p->regs[g]->len,
@@ -227,6 +234,7 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 			e += dl_ms - p->pc->hello_mono_ms;
 		r.expires_ms = e;
 	}
+	r.data_am = p->dstat != NULL;
 	r.regions = regs;
 	r.nregions = p->nregs;
 	r.items = it;
@@ -483,6 +491,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		free(p->regs);
 		free(p->quar);
 		free(p->idx);
+		free(p->dstat);
 		free(p);
 	}
 	pthread_mutex_unlock(&c->lock);

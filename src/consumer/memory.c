@@ -228,5 +228,6 @@ void cons_zombie_end(ecx_consumer *c, pull *p)
 	free(p->quar);
 	free(p->regs);
 	free(p->idx);
+	free(p->dstat);
 	free(p);
 }

@@ -83,6 +83,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
 	const char *delay = getenv("ECX_TEST_PULL_DELAY_MS");
 	p->test_delay_ms = delay != NULL ? (unsigned)atoi(delay) : 0;
+	p->test_put_only = getenv("ECX_TEST_PUT_ONLY") != NULL;
 	p->st.capacity = cap;
 	p->lease_max_ms = (uint64_t)lease_ms;
 	p->lease_cap = cap * (uint64_t)lease_pct / 100;

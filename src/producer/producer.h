@@ -101,6 +101,13 @@ typedef struct lease {
 #define MAX_LEASES 65536
 
 /* One pull, from its arrival to its reply. */
+/* One active-message send of a job's data (a pull with data_am). */
+typedef struct job_send {
+	struct job *j;
+	ecx_am_data_hdr h; /* UCX may read it until the send completes */
+	int status;        /* the send's, for its items */
+} job_send;
+
 typedef struct job {
 	struct job *next;
 	uint64_t conn_id, req;
@@ -114,10 +121,15 @@ typedef struct job {
 	rkey_ent **rkeys; /* per region, entries of the connection's cache */
 	rkey_ent *own;    /* per region, the job's own when the cache is full */
 	conn *c;
+	job_send *sends; /* data_am: one per send posted (freed with j) */
+	size_t nsends;
+	/* Completions still to come (atomic): the flush, or each send of the
+	 * data and the end of posting them. The last one marks j done. */
+	unsigned pending;
 	uint64_t deadline_ns;
 	bool flushing, done;
-	/* Given up with its flush still in UCX (a peer dead over shared
-	 * memory): its flush callback frees it, if it ever runs. */
+	/* Given up with its flush (or sends) still in UCX (a peer dead over
+	 * shared memory): the last callback frees it, if it ever runs. */
 	bool abandoned;
 	int flush_status;
 } job;
@@ -148,6 +160,9 @@ struct ecx_producer {
 	/* Tests only: ECX_TEST_PULL_DELAY_MS, a pause before each item of a
 	 * pull, for a producer that is slow rather than stopped. */
 	unsigned test_delay_ms;
+	/* Tests only: ECX_TEST_PUT_ONLY, a producer that puts whatever the
+	 * pull asks, as one older than data_am does. */
+	bool test_put_only;
 	bool redis;
 	/* The publisher (publish.c) alone uses `remote`. Its queue and state
 	 * are under pub_lock, never held across a registry call. */

@@ -20,6 +20,9 @@
  * much (run_continues): no more than one large item, so a pull that
  * expires still stops within about one item's write. */
 #define PUT_RUN_MAX ((uint64_t)8 << 20)
+/* Data sends (a pull with data_am) of at least this much go by rendezvous,
+ * so the consumer receives them in place; smaller ones eagerly. */
+#define AM_RNDV_MIN ((uint64_t)64 << 10)
 
 /* ---- connections ---- */
 
@@ -112,7 +115,8 @@ static void job_reply(job *j, int err, const char *detail)
 	                   .err = err,
 	                   .nitems = j->pr.nitems,
 	                   .status = j->status,
-	                   .hash = j->xxh};
+	                   .hash = j->xxh,
+	                   .data_am = j->pr.data_am};
 	if (detail != NULL)
 		ecx_strlcpy(r.detail, detail, sizeof(r.detail));
 	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
@@ -169,11 +173,17 @@ static void job_release_parts(ecx_producer *p, job *j)
 	j->c = NULL;
 }
 
+static void job_free(job *j)
+{
+	free(j->sends);
+	free(j);
+}
+
 /* Unpins what is still pinned and frees the job. Called with the lock. */
 static void job_release(ecx_producer *p, job *j)
 {
 	job_release_parts(p, j);
-	free(j);
+	job_free(j);
 }
 
 /* The jobs on closed connection c whose flush has not completed: UCX can
@@ -202,16 +212,34 @@ static void jobs_abandon(ecx_producer *p, conn *c)
 	}
 }
 
+/* One of the completions job j waits for has come (st: the flush's): the
+ * last marks j done, or frees it if it was abandoned meanwhile. */
+static void job_part_done(job *j, ucs_status_t st)
+{
+	if (st != UCS_OK && j->flush_status == 0)
+		j->flush_status = ecx_ucx_err(st);
+	if (__atomic_sub_fetch(&j->pending, 1, __ATOMIC_ACQ_REL) > 0)
+		return;
+	if (j->abandoned)
+		job_free(j);
+	else
+		__atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
+}
+
 static void flush_done(void *request, ucs_status_t st, void *user_data)
 {
-	job *j = user_data;
 	ucp_request_free(request);
-	if (j->abandoned) {
-		free(j);
-		return;
-	}
-	j->flush_status = st == UCS_OK ? 0 : ecx_ucx_err(st);
-	__atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
+	job_part_done(user_data, st);
+}
+
+/* A send of a job's data completed: its items get its status. */
+static void send_done(void *request, ucs_status_t st, void *user_data)
+{
+	job_send *s = user_data;
+	ucp_request_free(request);
+	if (st != UCS_OK)
+		s->status = ecx_ucx_err(st);
+	job_part_done(s->j, UCS_OK);
 }
 
 /* Whether job j's pull is past its expiry, judged on the monotonic clock:
@@ -241,6 +269,32 @@ static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 	       pb->addr == pa->addr + len;
 }
 
+/* Sends items i..k-1 of job j's pull (len bytes from src, neighbours in
+ * both memories) as one ECX_AM_DATA message; returns what ucp_am_send_nbx
+ * returned, after counting a send in flight as one of j's completions. */
+static ucs_status_ptr_t data_send(job *j, size_t i, size_t k, void *src,
+                                  uint64_t len)
+{
+	job_send *s = &j->sends[j->nsends++];
+	s->j = j;
+	s->h = (ecx_am_data_hdr){.conn = j->conn_id,
+	                         .req = j->req,
+	                         .first = (uint32_t)i,
+	                         .count = (uint32_t)(k - i)};
+	ucp_request_param_t rp = {
+	    .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                    UCP_OP_ATTR_FIELD_USER_DATA |
+	                    UCP_OP_ATTR_FIELD_FLAGS,
+	    .cb.send = send_done,
+	    .user_data = s,
+	    .flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0};
+	ucs_status_ptr_t req = ucp_am_send_nbx(j->c->ep, ECX_AM_DATA, &s->h,
+	                                       sizeof(s->h), src, len, &rp);
+	if (req != NULL && !UCS_PTR_IS_ERR(req))
+		__atomic_add_fetch(&j->pending, 1, __ATOMIC_ACQ_REL);
+	return req;
+}
+
 /* Starts job j: checks, pins, unpacks keys, posts the writes and a flush.
  * Called from the progress thread without the lock. Returns false when the
  * job was answered and released at once. */
@@ -248,6 +302,8 @@ static bool job_start(ecx_producer *p, job *j)
 {
 	char why[200];
 	int rc = ecx_pull_req_decode(j->msg, j->len, &j->pr, why, sizeof(why));
+	if (p->test_put_only)
+		j->pr.data_am = false;
 	pthread_mutex_lock(&p->lock);
 	j->c = conn_find(p, j->conn_id);
 	if (j->c != NULL) {
@@ -300,13 +356,17 @@ static bool job_start(ecx_producer *p, job *j)
 		return false;
 	}
 	size_t n = j->pr.nitems;
+	j->pending = 1; /* the flush, or the end of posting the sends */
 	j->items = calloc(n + 1, sizeof(*j->items));
 	j->status = calloc(n + 1, sizeof(*j->status));
 	j->rkeys = calloc(j->pr.nregions + 1, sizeof(*j->rkeys));
 	if (p->integrity)
 		j->xxh = calloc(n + 1, sizeof(*j->xxh));
+	if (j->pr.data_am)
+		j->sends = calloc(n + 1, sizeof(*j->sends));
 	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
-	    (p->integrity && j->xxh == NULL)) {
+	    (p->integrity && j->xxh == NULL) ||
+	    (j->pr.data_am && j->sends == NULL)) {
 		job_reply(j, ECX_ENOMEM, "out of memory");
 		pthread_mutex_lock(&p->lock);
 		job_release(p, j);
@@ -336,7 +396,8 @@ static bool job_start(ecx_producer *p, job *j)
 			j->xxh[i] = it->xxh;
 	}
 	pthread_mutex_unlock(&p->lock);
-	for (size_t g = 0; g < j->pr.nregions; g++) {
+	/* Data sent as active messages needs no remote key. */
+	for (size_t g = 0; g < j->pr.nregions && !j->pr.data_am; g++) {
 		j->rkeys[g] = prod_rkey_get(j->c, &j->pr.regions[g]);
 		if (j->rkeys[g] != NULL)
 			continue;
@@ -357,7 +418,7 @@ static bool job_start(ecx_producer *p, job *j)
 		}
 		rkey_ent *re = j->rkeys[j->pr.items[i].region];
 		ucp_rkey_h rk = re != NULL ? re->h : NULL;
-		if (rk == NULL) {
+		if (rk == NULL && !j->pr.data_am) {
 			j->status[i++] = ECX_EPROTO;
 			continue;
 		}
@@ -379,30 +440,38 @@ static bool job_start(ecx_producer *p, job *j)
 		while (k < n && p->test_delay_ms == 0 &&
 		       run_continues(j, i, k, len))
 			len += j->items[k++]->desc.nbytes;
-		prod_rkey_prefault(re, j->pr.items[i].addr, len);
-		ucp_request_param_t rp = {.op_attr_mask = 0};
-		ucs_status_ptr_t req =
-		    ucp_put_nbx(j->c->ep, (char *)p->base + it->off, len,
-		                j->pr.items[i].addr, rk, &rp);
+		void *src = (char *)p->base + it->off;
+		ucs_status_ptr_t req;
+		if (j->pr.data_am) {
+			req = data_send(j, i, k, src, len);
+		} else {
+			prod_rkey_prefault(re, j->pr.items[i].addr, len);
+			ucp_request_param_t rp = {.op_attr_mask = 0};
+			req = ucp_put_nbx(j->c->ep, src, len,
+			                  j->pr.items[i].addr, rk, &rp);
+			/* Completion: the flush below. */
+			if (!UCS_PTR_IS_ERR(req) && req != NULL)
+				ucp_request_free(req);
+		}
 		for (; i < k; i++)
 			if (UCS_PTR_IS_ERR(req))
 				j->status[i] = ecx_ucx_err(UCS_PTR_STATUS(req));
-		if (!UCS_PTR_IS_ERR(req) && req != NULL)
-			ucp_request_free(req); /* completion: the flush below */
 	}
 	j->deadline_ns = ecx_now_ns() + (uint64_t)p->timeout_ms * 1000000u;
+	j->flushing = true;
+	if (j->pr.data_am) {
+		/* Posting is over: the sends' completions are what is left
+		 * (they are the consumer's receipts, not a flush's). */
+		job_part_done(j, UCS_OK);
+		return true;
+	}
 	ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
 	                                          UCP_OP_ATTR_FIELD_USER_DATA,
 	                          .cb.send = flush_done,
 	                          .user_data = j};
-	j->flushing = true;
 	ucs_status_ptr_t req = ucp_ep_flush_nbx(j->c->ep, &fp);
-	if (req == NULL) {
-		j->done = true;
-	} else if (UCS_PTR_IS_ERR(req)) {
-		j->flush_status = ecx_ucx_err(UCS_PTR_STATUS(req));
-		j->done = true;
-	}
+	if (req == NULL || UCS_PTR_IS_ERR(req))
+		job_part_done(j, UCS_PTR_STATUS(req));
 	return true;
 }
 
@@ -410,6 +479,11 @@ static bool job_start(ecx_producer *p, job *j)
 static void job_finish(ecx_producer *p, job *j)
 {
 	uint64_t served = 0, bytes = 0, failed = 0;
+	for (size_t s = 0; s < j->nsends; s++)
+		for (uint32_t k = 0; k < j->sends[s].h.count; k++)
+			if (j->status[j->sends[s].h.first + k] == 0)
+				j->status[j->sends[s].h.first + k] =
+				    j->sends[s].status;
 	for (size_t i = 0; i < j->pr.nitems; i++) {
 		if (j->status[i] == 0 && j->flush_status != 0)
 			j->status[i] = j->flush_status;
@@ -594,9 +668,10 @@ void prod_serve_shutdown(ecx_producer *p)
 		p->active = j->next;
 		if (j->flushing &&
 		    !__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
-			/* Its flush may still call back, when its worker
-			 * goes below: flush_done frees it then (else it is
-			 * left, a few hundred bytes, at exit). */
+			/* Its flush (or sends) may still call back, when
+			 * its worker goes below: the last callback frees it
+			 * then (else it is left, a few hundred bytes, at
+			 * exit). */
 			j->abandoned = true;
 			job_release_parts(p, j);
 		} else {

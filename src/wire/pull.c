@@ -25,6 +25,8 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 	if (r->expires_ms != 0)
 		cJSON_AddItemToObject(o, "expires_ms",
 		                      ecx_json_u64(r->expires_ms));
+	if (r->data_am)
+		cJSON_AddStringToObject(o, "data", "am");
 	if (r->token[0] != '\0')
 		cJSON_AddStringToObject(o, "token", r->token);
 	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
@@ -105,6 +107,11 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 	    (rc = ecx_json_get_u64(o, "expires_ms", &r.expires_ms, why,
 	                           whylen)) != 0)
 		goto fail;
+	/* Any other "data" is a way this producer does not know: it puts,
+	 * which every consumer takes. */
+	const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "data");
+	r.data_am = cJSON_IsString(d) && d->valuestring != NULL &&
+	            strcmp(d->valuestring, "am") == 0;
 	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
 	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,
 	                           whylen)) != 0)
@@ -250,6 +257,8 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 		return json_print_free(o);
 	}
 	cJSON_AddBoolToObject(o, "ok", true);
+	if (r->data_am)
+		cJSON_AddStringToObject(o, "data", "am");
 	cJSON *items = cJSON_AddArrayToObject(o, "items");
 	if (items == NULL)
 		goto fail;
@@ -318,6 +327,9 @@ int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
 		*out = r;
 		return 0;
 	}
+	const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "data");
+	r.data_am = cJSON_IsString(d) && d->valuestring != NULL &&
+	            strcmp(d->valuestring, "am") == 0;
 	const cJSON *items = cJSON_GetObjectItemCaseSensitive(o, "items");
 	if (!cJSON_IsArray(items)) {
 		rc = ecx_why(why, whylen, ECX_EPROTO,

@@ -127,6 +127,12 @@ typedef struct ecx_pull_req {
 	 * this pull may be written: a pull that arrives later is refused, and
 	 * one that is being written stops. 0: none (older consumers). */
 	uint64_t expires_ms;
+	/* Sent as "data": "am": the consumer asks for the items' bytes as
+	 * active messages ECX_AM_DATA (below), which it receives in place,
+	 * instead of puts. Over TCP UCX (1.13) emulates puts with copies on
+	 * both sides; rendezvous active messages land in the destination
+	 * from the socket. Producers that do not know it put as before. */
+	bool data_am;
 	char token[ECX_TOKEN_MAX];
 	size_t nregions;
 	ecx_region *regions;
@@ -147,6 +153,9 @@ void ecx_pull_req_free(ecx_pull_req *r);
 typedef struct ecx_pull_resp {
 	uint64_t req;
 	int err;
+	/* "data": "am": the items' bytes went as ECX_AM_DATA messages, as the
+	 * pull asked. Absent (a producer that puts): they went as puts. */
+	bool data_am;
 	char detail[160];
 	size_t nitems;
 	int *status; /* ecx_err per item */
@@ -168,14 +177,24 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
 /* After the ZeroMQ hello (below) the consumer sends each pull as active
  * message ECX_AM_PULL with header ecx_am_hdr and an ecx_pull_req body; the
  * producer writes the items with UCX puts, flushes, and answers with
- * ECX_AM_REPLY, the same header and an ecx_pull_resp body. */
+ * ECX_AM_REPLY, the same header and an ecx_pull_resp body. A pull with
+ * data_am gets its items as ECX_AM_DATA messages instead of puts: header
+ * ecx_am_data_hdr, body the bytes of items first..first+count-1 (neighbours
+ * in both memories), sent by rendezvous from 64 KiB; the reply goes when
+ * every such send has completed. */
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
+#define ECX_AM_DATA 19
 
 typedef struct ecx_am_hdr {
 	uint64_t conn; /* the connection number the hello gave */
 	uint64_t req;  /* the consumer's request number */
 } ecx_am_hdr;
+
+typedef struct ecx_am_data_hdr {
+	uint64_t conn, req;    /* as ecx_am_hdr */
+	uint32_t first, count; /* the pull's items these bytes are */
+} ecx_am_data_hdr;
 
 /* Largest ZeroMQ message the producer accepts. */
 #define ECX_ZMQ_MAX_MSG (64 * 1024)

@@ -124,6 +124,11 @@ int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
 	return 0;
 }
 
+ucp_worker_h ecx_ucx_side_worker(const ecx_ucx_side *s)
+{
+	return s->worker;
+}
+
 void ecx_ucx_side_address(const ecx_ucx_side *s, const void **addr, size_t *len)
 {
 	*addr = s->addr;

@@ -131,6 +131,8 @@ typedef struct ecx_ucx_side ecx_ucx_side;
 #define ECX_UCX_SIDES_MAX 128
 int ecx_ucx_side_create(ecx_ucx *u, ecx_ucx_side **out, char *why,
                         size_t whylen);
+/* The side's worker (for ucp_am_recv_data_nbx on a message it got). */
+ucp_worker_h ecx_ucx_side_worker(const ecx_ucx_side *s);
 /* The side's packed worker address (valid until its destroy). */
 void ecx_ucx_side_address(const ecx_ucx_side *s, const void **addr,
                           size_t *len);

@@ -844,6 +844,36 @@ static void test_runs_tcp(void **state)
 	runs_of("tcp");
 }
 
+/* Over TCP the data comes as active messages received in place (the
+ * default, above); a consumer told ECX_TCP_DATA=put asks for puts, and
+ * one that asks for active messages from a producer that puts anyway (an
+ * older one) takes the puts: every size, and neighbours in one write. */
+static void test_tcp_data_ways(void **state)
+{
+	(void)state;
+	setenv("ECX_TCP_DATA", "put", 1);
+	roundtrip("tcp");
+	runs_of("tcp");
+	unsetenv("ECX_TCP_DATA");
+	setenv("ECX_TEST_PUT_ONLY", "1", 1);
+	roundtrip("tcp");
+	runs_of("tcp");
+	unsetenv("ECX_TEST_PUT_ONLY");
+	/* A value it does not know is refused, by name. */
+	setenv("ECX_TCP_DATA", "rdma", 1);
+	ecx_consumer_params cp = {.field_mask = ECX_CONSUMER_PARAM_REGISTRY |
+	                                        ECX_CONSUMER_PARAM_TRANSPORT,
+	                          .registry = "http://127.0.0.1:1",
+	                          .transport = "tcp"};
+	ecx_consumer *c = NULL;
+	char why[256] = "";
+	assert_int_equal(ecx_consumer_create(&cp, &c, why, sizeof(why)),
+	                 ECX_EINVAL);
+	assert_null(c);
+	assert_non_null(strstr(why, "ECX_TCP_DATA=rdma"));
+	unsetenv("ECX_TCP_DATA");
+}
+
 static void test_slow_producer_shm_arena(void **state)
 {
 	(void)state;
@@ -1575,6 +1605,7 @@ int main(void)
 	    cmocka_unit_test(test_reconnects_leave_nothing),
 	    cmocka_unit_test(test_runs_shm),
 	    cmocka_unit_test(test_runs_tcp),
+	    cmocka_unit_test(test_tcp_data_ways),
 	    cmocka_unit_test(test_timeout_dead_producers),
 	};
 	/* ECX_TEST_FILTER=test_token (a glob) runs only what matches. */

@@ -395,6 +395,21 @@ static void test_pull_roundtrip(void **state)
 	assert_int_equal(b.nitems, 2);
 	assert_memory_equal(&b.items[0], &items[0], sizeof(items[0]));
 	assert_memory_equal(&b.items[1], &items[1], sizeof(items[1]));
+	assert_false(b.data_am); /* not asked: puts */
+	ecx_pull_req_free(&b);
+	free(s);
+	/* Asking for the data as active messages survives the round trip;
+	 * a way the producer does not know reads as puts. */
+	r.data_am = true;
+	s = ecx_pull_req_encode(&r);
+	assert_non_null(strstr(s, "\"data\":\"am\""));
+	assert_int_equal(ecx_pull_req_decode(s, strlen(s), &b, why, 160), 0);
+	assert_true(b.data_am);
+	ecx_pull_req_free(&b);
+	char *at = strstr(s, "\"am\"");
+	memcpy(at, "\"xy\"", 4);
+	assert_int_equal(ecx_pull_req_decode(s, strlen(s), &b, why, 160), 0);
+	assert_false(b.data_am);
 	ecx_pull_req_free(&b);
 	free(s);
 
@@ -407,9 +422,17 @@ static void test_pull_roundtrip(void **state)
 	assert_int_equal(pb.req, 42);
 	assert_int_equal(pb.nitems, 3);
 	assert_memory_equal(pb.status, st, sizeof(st));
-	assert_null(pb.hash); /* a producer without integrity sends none */
+	assert_null(pb.hash);     /* a producer without integrity sends none */
+	assert_false(pb.data_am); /* nor says how the data went: puts */
 	ecx_pull_resp_free(&pb);
 	free(s);
+	p.data_am = true;
+	s = ecx_pull_resp_encode(&p);
+	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
+	assert_true(pb.data_am);
+	ecx_pull_resp_free(&pb);
+	free(s);
+	p.data_am = false;
 	/* Hashes travel on the items that succeeded, all 64 bits of them. */
 	uint64_t h[3] = {0xfedcba9876543210ull, 1, 2};
 	p.hash = h;

@@ -1,0 +1,271 @@
+/*
+ * replies.c - what producers send back on a connection: the reply that ends
+ * each pull (ECX_AM_REPLY), and, for a pull that asked for its data as
+ * active messages (over TCP), the data (ECX_AM_DATA), received in place
+ * into the items' destinations by rendezvous. Both run in a progress call
+ * of the worker (the waiting caller's or the progress thread's).
+ *
+ * A data_am pull ends when its reply has come and none of its receives is
+ * still landing; an item the reply calls done whose bytes did not all land
+ * fails. Data for a pull that is no longer waited for (its load timed out,
+ * or it is unknown) is refused, and the producer's send fails with it: no
+ * byte lands after a load has returned.
+ */
+#include "consumer/consumer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MOD "consumer"
+
+/* A data_am pull's dstat per item: its bytes have not come, are landing;
+ * else 0 (landed) or the receive's error. */
+#define DATA_NONE (-1)
+#define DATA_LANDING (-2)
+
+static pull *pull_find(ecx_consumer *c, uint64_t req)
+{
+	for (pull *p = c->inflight; p != NULL; p = p->next)
+		if (p->req == req)
+			return p;
+	return NULL;
+}
+
+pull *cons_pull_take(ecx_consumer *c, uint64_t req)
+{
+	for (pull **pp = &c->inflight; *pp != NULL; pp = &(*pp)->next) {
+		if ((*pp)->req == req) {
+			pull *p = *pp;
+			*pp = p->next;
+			p->next = NULL;
+			return p;
+		}
+	}
+	return NULL;
+}
+
+static void pull_fail_items(pull *p, int err)
+{
+	for (size_t i = 0; i < p->n; i++)
+		p->load->items[p->idx[i]].status = err;
+}
+
+/* Ends pull p with err for every item it carries. Called with the lock. */
+void cons_pull_fail(pull *p, int err)
+{
+	pull_fail_items(p, err);
+	__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
+}
+
+void cons_pull_data_init(pull *p)
+{
+	for (size_t i = 0; i < p->n; i++)
+		p->dstat[i] = DATA_NONE;
+}
+
+/* Ends p, answered and taken out of c->inflight. The producer answers
+ * after its last write of the pull (and a data_am pull ends only after its
+ * last receive), so a zombie's quarantine ends here. Called with the
+ * lock. */
+static void pull_end(ecx_consumer *c, pull *p)
+{
+	if (p->zombie) {
+		cons_zombie_end(c, p);
+		return;
+	}
+	for (size_t i = 0; p->dstat != NULL && i < p->n; i++) {
+		ecx_item *x = &p->load->items[p->idx[i]];
+		if (x->status == 0 && x->desc.nbytes > 0 && p->dstat[i] != 0)
+			/* Done, says the reply, but its bytes did not land. */
+			x->status = p->dstat[i] > 0 ? p->dstat[i] : ECX_EPROTO;
+	}
+	__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
+}
+
+/* Applies the producer's reply (rc: its decoding) to p's items; pull_end
+ * ends p. Called with the lock. */
+static void reply_apply(pull *p, int rc, const ecx_pull_resp *r,
+                        const char *why)
+{
+	if (rc != 0) {
+		ecx_warn(MOD, "unreadable reply from %s: %s", p->pc->address,
+		         why);
+		pull_fail_items(p, ECX_EPROTO);
+	} else if (r->err != 0) {
+		ecx_warn(MOD, "pull refused by %s: %s", p->pc->address,
+		         r->detail);
+		pull_fail_items(p, r->err);
+	} else if (r->nitems != p->n) {
+		pull_fail_items(p, ECX_EPROTO);
+	} else {
+		p->pc->used_ms = ecx_now_ms();
+		/* A producer that put the items (one older than data_am) has
+		 * flushed them before this reply: nothing more to wait for. */
+		if (!r->data_am && p->dstat != NULL)
+			for (size_t i = 0; i < p->n; i++)
+				p->dstat[i] = 0;
+		ecx_load *l = p->load;
+		for (size_t i = 0; i < p->n; i++) {
+			l->items[p->idx[i]].status = r->status[i];
+			if (l->xxh != NULL && r->hash != NULL &&
+			    r->has_hash[i]) {
+				l->xxh[p->idx[i]] = r->hash[i];
+				l->has_xxh[p->idx[i]] = 1;
+			}
+		}
+	}
+}
+
+ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
+                           void *data, size_t len,
+                           const ucp_am_recv_param_t *param)
+{
+	ecx_consumer *c = arg;
+	if (header_len != sizeof(ecx_am_hdr) ||
+	    (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+		return UCS_OK;
+	ecx_am_hdr h;
+	memcpy(&h, header, sizeof(h));
+	ecx_pull_resp r;
+	char why[200];
+	int rc = ecx_pull_resp_decode(data, len, &r, why, sizeof(why));
+	pthread_mutex_lock(&c->lock);
+	pull *p = pull_find(c, h.req);
+	if (p != NULL && !p->zombie)
+		reply_apply(p, rc, &r, why);
+	if (p != NULL && p->recving > 0) {
+		/* Receives of its data are still landing: the last ends
+		 * it. */
+		p->answered = true;
+	} else if (p != NULL) {
+		cons_pull_take(c, h.req);
+		pull_end(c, p);
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (rc == 0)
+		ecx_pull_resp_free(&r);
+	return UCS_OK;
+}
+
+/* ---- data as active messages ---- */
+
+/* A receive of items first..first+count-1 of pull req in flight. */
+typedef struct data_recv {
+	ecx_consumer *c;
+	uint64_t req;
+	uint32_t first, count;
+	size_t len;
+} data_recv;
+
+static void data_recv_done(void *request, ucs_status_t st, size_t length,
+                           void *user_data)
+{
+	data_recv *d = user_data;
+	ecx_consumer *c = d->c;
+	if (request != NULL)
+		ucp_request_free(request);
+	int s = st != UCS_OK       ? ecx_ucx_err(st)
+	        : length != d->len ? ECX_EPROTO
+	                           : 0;
+	pthread_mutex_lock(&c->lock);
+	pull *p = pull_find(c, d->req);
+	if (p != NULL) {
+		p->recving--;
+		for (uint32_t k = 0; k < d->count; k++)
+			p->dstat[d->first + k] = s;
+		if (p->answered && p->recving == 0) {
+			cons_pull_take(c, d->req);
+			pull_end(c, p);
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	free(d);
+}
+
+/* Where items first..first+count-1 of p go, when they lie one after
+ * another there, make len bytes and have not come yet; else NULL. Called
+ * with the lock. */
+static char *data_dst(const pull *p, uint32_t first, uint32_t count, size_t len)
+{
+	if (count == 0 || first >= p->n || count > p->n - first)
+		return NULL;
+	const ecx_load *l = p->load;
+	char *dst = l->items[p->idx[first]].dst;
+	uint64_t total = 0;
+	for (uint32_t k = 0; k < count; k++) {
+		const ecx_item *x = &l->items[p->idx[first + k]];
+		if ((char *)x->dst != dst + total || x->desc.nbytes == 0 ||
+		    p->dstat[first + k] != DATA_NONE)
+			return NULL;
+		total += x->desc.nbytes;
+	}
+	return total == len ? dst : NULL;
+}
+
+ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
+                          void *data, size_t len,
+                          const ucp_am_recv_param_t *param)
+{
+	ecx_consumer *c = arg;
+	bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+	/* What is refused: the sender's send fails with it (rendezvous), or
+	 * the bytes are dropped (eager, which cannot be refused). */
+	ucs_status_t refuse = rndv ? UCS_ERR_CANCELED : UCS_OK;
+	ecx_am_data_hdr h;
+	if (header_len != sizeof(h))
+		return refuse;
+	memcpy(&h, header, sizeof(h));
+	pthread_mutex_lock(&c->lock);
+	pull *p = pull_find(c, h.req);
+	char *dst = NULL;
+	if (p != NULL && !p->zombie && !p->done && p->dstat != NULL &&
+	    p->pc->id == h.conn)
+		dst = data_dst(p, h.first, h.count, len);
+	if (dst == NULL) {
+		pthread_mutex_unlock(&c->lock);
+		ecx_debug(MOD,
+		          "data for pull %llu refused (%zu bytes): not waited "
+		          "for, or not where its items go",
+		          (unsigned long long)h.req, len);
+		return refuse;
+	}
+	if (!rndv) {
+		/* Copied under the lock: a load that times out meanwhile
+		 * waits for it, and then refuses the rest. */
+		memcpy(dst, data, len);
+		for (uint32_t k = 0; k < h.count; k++)
+			p->dstat[h.first + k] = 0;
+		pthread_mutex_unlock(&c->lock);
+		return UCS_OK;
+	}
+	data_recv *d = malloc(sizeof(*d));
+	if (d == NULL) {
+		pthread_mutex_unlock(&c->lock);
+		return UCS_ERR_NO_MEMORY;
+	}
+	*d = (data_recv){.c = c,
+	                 .req = h.req,
+	                 .first = h.first,
+	                 .count = h.count,
+	                 .len = len};
+	for (uint32_t k = 0; k < h.count; k++)
+		p->dstat[h.first + k] = DATA_LANDING; /* a repeat is refused */
+	p->recving++;
+	ucp_worker_h w = p->pc->side != NULL ? ecx_ucx_side_worker(p->pc->side)
+	                                     : ecx_ucx_worker(c->ucx);
+	pthread_mutex_unlock(&c->lock);
+	/* A load that times out from here on cuts this TCP connection before
+	 * it returns, which takes this receive's transport with it: nothing
+	 * lands after. */
+	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                                          UCP_OP_ATTR_FIELD_USER_DATA,
+	                          .cb.recv_am = data_recv_done,
+	                          .user_data = d};
+	ucs_status_ptr_t r = ucp_am_recv_data_nbx(w, data, dst, len, &rp);
+	if (r == NULL)
+		data_recv_done(NULL, UCS_OK, len, d);
+	else if (UCS_PTR_IS_ERR(r))
+		data_recv_done(NULL, UCS_PTR_STATUS(r), 0, d);
+	return UCS_OK;
+}
