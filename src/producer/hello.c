@@ -79,15 +79,18 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 		return ecx_zresp_encode_error(ECX_ENOMEM, NULL);
 	}
 	memcpy(addr, r->worker, r->worker_len);
-	/* Over shared memory the connection gets a worker of its own, so
-	 * that closing it can let go of the consumer's segments (ucx.h). */
-	if (transport == ECX_TR_SHM &&
-	    ecx_ucx_side_create(p->ucx, &c->side, why, sizeof(why)) != 0)
+	/* The connection gets a worker of its own: closing it then lets go
+	 * of the consumer's shared-memory segments (ucx.h), and over TCP of
+	 * every socket to it at once (serve.c conn_goes_with_side). */
+	if (ecx_ucx_side_create(p->ucx, &c->side, why, sizeof(why)) != 0)
 		ecx_warn(MOD,
 		         "no worker of its own for a consumer connection (%s): "
-		         "it uses the producer's, which keeps the consumer's "
-		         "shared-memory queues until the producer stops",
-		         why);
+		         "it uses the producer's%s",
+		         why,
+		         transport == ECX_TR_SHM
+		             ? ", which keeps the consumer's shared-memory "
+		               "queues until the producer stops"
+		             : "");
 	/* The answer carries a copy of the worker's address: once c is on
 	 * the list, the progress thread may destroy its side. */
 	const void *waddr;

@@ -202,8 +202,8 @@ static void jobs_abandon(ecx_producer *p, conn *c)
 		}
 		*jp = j->next;
 		ecx_info(MOD,
-		         "pull %llu on closed connection %llu never "
-		         "flushed: given up",
+		         "pull %llu on closed connection %llu unfinished: "
+		         "given up",
 		         (unsigned long long)j->req, (unsigned long long)c->id);
 		p->st.pulls++;
 		p->st.items_failed += j->pr.nitems;
@@ -512,6 +512,17 @@ static void job_finish(ecx_producer *p, job *j)
 	pthread_mutex_unlock(&p->lock);
 }
 
+/* Whether closing connection c is destroying its worker, endpoint and all,
+ * with no close of the endpoint first: a TCP connection with a worker of
+ * its own. UCX 1.13 crashes (a NULL call in uct_tcp_iface_progress) when
+ * a TCP endpoint closed forced had a zero-copy send in flight (a data
+ * message to a consumer that stopped reading) and the socket later turns
+ * writable; a destroyed worker has no socket left to progress. */
+static bool conn_goes_with_side(const conn *c)
+{
+	return c->transport == ECX_TR_TCP && c->side != NULL;
+}
+
 /* Closes the endpoints of failed connections (which completes their jobs'
  * flushes with an error), and frees a closed connection once no job uses
  * it (its remote keys go with it: that unmaps the consumer's memory
@@ -541,8 +552,14 @@ static void conns_reap(ecx_producer *p)
 			if (!c->closed) {
 				c->closed = true;
 				c->closed_ns = now;
-				close_it = c;
-				break;
+				if (!conn_goes_with_side(c)) {
+					close_it = c;
+					break;
+				}
+				/* Its unfinished jobs are given up now, and
+				 * its worker goes below, in this same pass:
+				 * no progress in between. */
+				jobs_abandon(p, c);
 			}
 			if (c->jobs > 0 && now - c->closed_ns > 100000000u)
 				jobs_abandon(p, c);
@@ -682,8 +699,9 @@ void prod_serve_shutdown(ecx_producer *p)
 		conn *c = p->conns;
 		p->conns = c->next;
 		prod_rkeys_drop(c);
-		ecx_ucx_side_ep_close(p->ucx, c->side, c->ep, c->transport,
-		                      100);
+		if (!conn_goes_with_side(c))
+			ecx_ucx_side_ep_close(p->ucx, c->side, c->ep,
+			                      c->transport, 100);
 		ecx_ucx_side_destroy(p->ucx, c->side);
 		free(c->addr);
 		free(c);
