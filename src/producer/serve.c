@@ -512,12 +512,11 @@ static void job_finish(ecx_producer *p, job *j)
 	pthread_mutex_unlock(&p->lock);
 }
 
-/* Whether closing connection c is destroying its worker, endpoint and all,
- * with no close of the endpoint first: a TCP connection with a worker of
- * its own. UCX 1.13 crashes (a NULL call in uct_tcp_iface_progress) when
- * a TCP endpoint closed forced had a zero-copy send in flight (a data
- * message to a consumer that stopped reading) and the socket later turns
- * writable; a destroyed worker has no socket left to progress. */
+/* Whether closing connection c is destroying its worker right after its
+ * endpoint's forced close, with no progress in between
+ * (ecx_ucx_side_destroy_forced): a TCP connection with a worker of its
+ * own, which may have a zero-copy data send in flight to a consumer that
+ * stopped reading. */
 static bool conn_goes_with_side(const conn *c)
 {
 	return c->transport == ECX_TR_TCP && c->side != NULL;
@@ -589,7 +588,11 @@ static void conns_reap(ecx_producer *p)
 		prod_rkeys_drop(free_it);
 		/* Its worker goes last: its endpoints with it, and with them
 		 * UCX's hold on the consumer's shared memory. */
-		ecx_ucx_side_destroy(p->ucx, free_it->side);
+		if (conn_goes_with_side(free_it))
+			ecx_ucx_side_destroy_forced(p->ucx, free_it->side,
+			                            free_it->ep);
+		else
+			ecx_ucx_side_destroy(p->ucx, free_it->side);
 		pthread_mutex_lock(&p->lock);
 		p->nconns--;
 		pthread_mutex_unlock(&p->lock);
@@ -699,10 +702,13 @@ void prod_serve_shutdown(ecx_producer *p)
 		conn *c = p->conns;
 		p->conns = c->next;
 		prod_rkeys_drop(c);
-		if (!conn_goes_with_side(c))
+		if (conn_goes_with_side(c)) {
+			ecx_ucx_side_destroy_forced(p->ucx, c->side, c->ep);
+		} else {
 			ecx_ucx_side_ep_close(p->ucx, c->side, c->ep,
 			                      c->transport, 100);
-		ecx_ucx_side_destroy(p->ucx, c->side);
+			ecx_ucx_side_destroy(p->ucx, c->side);
+		}
 		free(c->addr);
 		free(c);
 	}

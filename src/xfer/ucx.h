@@ -120,9 +120,11 @@ void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
  * use it or its endpoints then: it is unlinked under the lock the progress
  * thread and ecx_ucx_progress hold while they progress sides), after the
  * caller has destroyed the remote keys it unpacked on them. The producer
- * makes one per shared-memory consumer connection, the consumer one per
- * producer connection where shared memory may be used: each end then lets
- * go of the other's segments when the connection goes. Each side holds
+ * makes one per consumer connection (over TCP, destroying it is how the
+ * connection closes: see producer/serve.c conn_goes_with_side), the
+ * consumer one per producer connection where shared memory may be used:
+ * each end then lets go of the other's segments when the connection goes.
+ * Each side holds
  * its own shared-memory FIFOs and receive buffers while it lives (measured:
  * 4 MiB resident, 2 MiB each for sysv and posix). */
 typedef struct ecx_ucx_side ecx_ucx_side;
@@ -145,6 +147,15 @@ int ecx_ucx_side_ep_create(ecx_ucx *u, ecx_ucx_side *side, const void *addr,
                            ucp_ep_h *ep, char *why, size_t whylen);
 void ecx_ucx_side_ep_close(ecx_ucx *u, ecx_ucx_side *side, ucp_ep_h ep,
                            unsigned transport, int timeout_ms);
+/* Closes ep (a TCP endpoint of side's worker, or NULL) forced, which
+ * fails its requests in flight, and destroys side at once, with no
+ * progress in between: UCX 1.13 crashes when a TCP endpoint closed forced
+ * with a zero-copy send in flight is progressed later (a NULL call in
+ * uct_tcp_iface_progress once the socket turns writable), and asserts
+ * (ucp_ep_destroy_base, proto_reqs) when a worker is destroyed under an
+ * endpoint whose requests are still in flight. Called from the one thread
+ * that progresses side. */
+void ecx_ucx_side_destroy_forced(ecx_ucx *u, ecx_ucx_side *side, ucp_ep_h ep);
 
 /* Waits for req (a status pointer from a *_nbx call) until deadline_ns on
  * the monotonic clock, progressing the worker. Returns 0, ECX_ETIMEDOUT
