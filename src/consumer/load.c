@@ -258,9 +258,10 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		pc->sending++;
 	p->pc->used_ms = ecx_now_ms();
 	pthread_mutex_unlock(&c->lock);
-	int err = ep != NULL
-	              ? ecx_ucx_am_send(ep, ECX_AM_PULL, pc->id, p->req, msg)
-	              : ECX_ECLOSED;
+	bool pending = false;
+	int err = ep != NULL ? ecx_ucx_am_send(ep, ECX_AM_PULL, pc->id, p->req,
+	                                       msg, &pending)
+	                     : ECX_ECLOSED;
 	if (ep == NULL)
 		free(msg);
 	pthread_mutex_lock(&c->lock);
@@ -280,7 +281,13 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		pc->users--;
 		pthread_mutex_unlock(&c->lock);
 	}
-	ecx_ucx_wake(c->ucx);
+	/* A send still in flight needs progress, which the caller may not
+	 * give (it need not wait): the progress thread does. One that went
+	 * at once needs none, and the answer wakes the thread by itself (its
+	 * event descriptor); waking it here anyway cost a context switch per
+	 * load, on two cores often on the core of the producer's copy. */
+	if (pending)
+		ecx_ucx_wake(c->ucx);
 }
 
 /* Pull p has its connection: number it and send it. */

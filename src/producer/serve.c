@@ -122,7 +122,7 @@ static void job_reply(job *j, int err, const char *detail)
 	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
 		return;
 	ecx_ucx_am_send(j->c->ep, ECX_AM_REPLY, j->conn_id, j->req,
-	                ecx_pull_resp_encode(&r));
+	                ecx_pull_resp_encode(&r), NULL);
 }
 
 /* Unpins the job's items. Called with the lock. */

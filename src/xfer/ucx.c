@@ -612,8 +612,10 @@ static void am_send_done(void *request, ucs_status_t st, void *user_data)
 }
 
 int ecx_ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t conn, uint64_t req,
-                    char *body)
+                    char *body, bool *pending)
 {
+	if (pending != NULL)
+		*pending = false;
 	am_out *o = body != NULL ? calloc(1, sizeof(*o)) : NULL;
 	if (o == NULL) {
 		free(body);
@@ -633,5 +635,7 @@ int ecx_ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t conn, uint64_t req,
 		am_out_free(o);
 		return r == NULL ? 0 : ecx_ucx_err(UCS_PTR_STATUS(r));
 	}
+	if (pending != NULL)
+		*pending = true;
 	return 0;
 }

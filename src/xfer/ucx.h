@@ -165,9 +165,10 @@ int ecx_ucx_wait(ecx_ucx *u, ucs_status_ptr_t req, uint64_t deadline_ns);
 /* Sends active message id on ep with header {conn, req} and body, a
  * malloc'd NUL-terminated string that the send owns from here on (freed
  * when UCX is done with it, or now on failure). Sent eagerly. Returns 0
- * when the send completed or was posted, else the ecx error. */
+ * when the send completed or was posted, else the ecx error; *pending
+ * (may be NULL) says whether it was posted and still needs progress. */
 int ecx_ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t conn, uint64_t req,
-                    char *body);
+                    char *body, bool *pending);
 
 /* Maps a UCX status to an ecx error. */
 int ecx_ucx_err(ucs_status_t st);
