@@ -13,6 +13,7 @@
  */
 #include "consumer/consumer.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +21,10 @@
 #define MOD "consumer"
 
 /* A data_am pull's dstat per item: its bytes have not come, are landing;
- * else 0 (landed) or the receive's error. */
-#define DATA_NONE (-1)
-#define DATA_LANDING (-2)
+ * else 0 (landed) or the receive's error (ecx errors are negative: these
+ * two are none of them). */
+#define DATA_NONE INT_MIN
+#define DATA_LANDING (INT_MIN + 1)
 
 static pull *pull_find(ecx_consumer *c, uint64_t req)
 {
@@ -78,7 +80,10 @@ static void pull_end(ecx_consumer *c, pull *p)
 		ecx_item *x = &p->load->items[p->idx[i]];
 		if (x->status == 0 && x->desc.nbytes > 0 && p->dstat[i] != 0)
 			/* Done, says the reply, but its bytes did not land. */
-			x->status = p->dstat[i] > 0 ? p->dstat[i] : ECX_EPROTO;
+			x->status = p->dstat[i] == DATA_NONE ||
+			                    p->dstat[i] == DATA_LANDING
+			                ? ECX_EPROTO
+			                : p->dstat[i];
 	}
 	__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
 }
@@ -263,9 +268,12 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 	                          .cb.recv_am = data_recv_done,
 	                          .user_data = d};
 	ucs_status_ptr_t r = ucp_am_recv_data_nbx(w, data, dst, len, &rp);
-	if (r == NULL)
+	if (r == NULL) {
 		data_recv_done(NULL, UCS_OK, len, d);
-	else if (UCS_PTR_IS_ERR(r))
+	} else if (UCS_PTR_IS_ERR(r)) {
+		/* The producer's send fails with it too: both sides agree. */
 		data_recv_done(NULL, UCS_PTR_STATUS(r), 0, d);
+		return UCS_PTR_STATUS(r);
+	}
 	return UCS_OK;
 }

@@ -100,7 +100,6 @@ typedef struct lease {
 #define LEASE_BUCKETS 4096
 #define MAX_LEASES 65536
 
-/* One pull, from its arrival to its reply. */
 /* One active-message send of a job's data (a pull with data_am). */
 typedef struct job_send {
 	struct job *j;
@@ -108,6 +107,7 @@ typedef struct job_send {
 	int status;        /* the send's, for its items */
 } job_send;
 
+/* One pull, from its arrival to its reply. */
 typedef struct job {
 	struct job *next;
 	uint64_t conn_id, req;

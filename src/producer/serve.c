@@ -1,8 +1,10 @@
 /*
  * serve.c - the pull service. A pull arrives as an active message on the
  * progress thread, is queued as a job, started (items pinned, remote keys
- * unpacked, one put per item), flushed, and answered once with a status per
- * item. Connections made by hellos are closed when they fail, when the
+ * unpacked, one put per run of neighbouring items, then a flush; or, for a
+ * pull over TCP that asks for it, one data send per run and no keys), and
+ * answered once with a status per item when the flush (or every send) has
+ * completed. Connections made by hellos are closed when they fail, when the
  * consumer says goodbye, or when they have been idle for p->idle_ms (a
  * consumer that died over shared memory shows no failure: idleness is how
  * it is noticed). Closing one unmaps the consumer's memory here.
@@ -34,6 +36,16 @@ static void conn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 	         (unsigned long long)c->id, ucs_status_string(st));
 	/* Runs in a progress call; on_progress closes the endpoint. */
 	__atomic_store_n(&c->failed, true, __ATOMIC_RELEASE);
+}
+
+/* Whether closing connection c is destroying its worker right after its
+ * endpoint's forced close, with no progress in between
+ * (ecx_ucx_side_destroy_forced): a TCP connection with a worker of its
+ * own, which may have a zero-copy data send in flight to a consumer that
+ * stopped reading. */
+static bool conn_goes_with_side(const conn *c)
+{
+	return c->transport == ECX_TR_TCP && c->side != NULL;
 }
 
 static conn *conn_find(ecx_producer *p, uint64_t id)
@@ -186,12 +198,14 @@ static void job_release(ecx_producer *p, job *j)
 	job_free(j);
 }
 
-/* The jobs on closed connection c whose flush has not completed: UCX can
- * keep a flush to a peer that died over shared memory waiting for room in
- * the dead peer's queue for good. Nobody is answered: the items are
- * unpinned and counted failed, the job lets go of c, and the job itself
- * is freed by its flush's callback if that ever runs. Called with the
- * lock, on the progress thread (where flush callbacks run). */
+/* The jobs on closed connection c whose flush (or sends) have not
+ * completed: UCX can keep a flush to a peer that died over shared memory
+ * waiting for room in the dead peer's queue for good, and a TCP
+ * connection is given up on at once, before its worker goes
+ * (conn_goes_with_side). Nobody is answered: the items are unpinned and
+ * counted failed, the job lets go of c, and the job itself is freed by
+ * its last callback if that ever runs. Called with the lock, on the
+ * progress thread (where those callbacks run). */
 static void jobs_abandon(ecx_producer *p, conn *c)
 {
 	for (job **jp = &p->active; *jp != NULL;) {
@@ -328,6 +342,11 @@ static bool job_start(ecx_producer *p, job *j)
 		pthread_mutex_unlock(&p->lock);
 		return false;
 	}
+	/* Data sends only where the connection closes without progress after
+	 * its endpoint's close (past ECX_UCX_SIDES_MAX workers a TCP
+	 * connection shares the producer's): elsewhere, puts. */
+	if (!conn_goes_with_side(j->c))
+		j->pr.data_am = false;
 	if (rc == 0 && p->token != NULL &&
 	    !ecx_ct_equal(j->pr.token, strlen(j->pr.token), p->token,
 	                  p->token_len)) {
@@ -475,7 +494,8 @@ static bool job_start(ecx_producer *p, job *j)
 	return true;
 }
 
-/* Finishes job j after its flush: statuses, stats, reply, unpin. */
+/* Finishes job j after its flush (or its sends): statuses, stats, reply,
+ * unpin. */
 static void job_finish(ecx_producer *p, job *j)
 {
 	uint64_t served = 0, bytes = 0, failed = 0;
@@ -510,16 +530,6 @@ static void job_finish(ecx_producer *p, job *j)
 	pthread_mutex_lock(&p->lock);
 	job_release(p, j);
 	pthread_mutex_unlock(&p->lock);
-}
-
-/* Whether closing connection c is destroying its worker right after its
- * endpoint's forced close, with no progress in between
- * (ecx_ucx_side_destroy_forced): a TCP connection with a worker of its
- * own, which may have a zero-copy data send in flight to a consumer that
- * stopped reading. */
-static bool conn_goes_with_side(const conn *c)
-{
-	return c->transport == ECX_TR_TCP && c->side != NULL;
 }
 
 /* Closes the endpoints of failed connections (which completes their jobs'
