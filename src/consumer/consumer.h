@@ -179,6 +179,8 @@ pull *cons_pull_take(ecx_consumer *c, uint64_t req);
 void cons_pull_fail(pull *p, int err);
 /* Marks every item of p (with p->dstat allocated) as not come yet. */
 void cons_pull_data_init(pull *p);
+/* ECX_AM_DATA messages taken in this process (atomic; for tests). */
+extern uint64_t cons_data_messages;
 /* The handlers of ECX_AM_REPLY and ECX_AM_DATA. */
 ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
                            void *data, size_t length,

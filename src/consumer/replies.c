@@ -26,6 +26,10 @@
 #define DATA_NONE INT_MIN
 #define DATA_LANDING (INT_MIN + 1)
 
+/* Data messages taken, by every consumer of this process (atomic): what
+ * tests read to tell which way a pull's data came. */
+uint64_t cons_data_messages;
+
 static pull *pull_find(ecx_consumer *c, uint64_t req)
 {
 	for (pull *p = c->inflight; p != NULL; p = p->next)
@@ -235,6 +239,7 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 		          (unsigned long long)h.req, len);
 		return refuse;
 	}
+	__atomic_add_fetch(&cons_data_messages, 1, __ATOMIC_RELAXED);
 	if (!rndv) {
 		/* Copied under the lock: a load that times out meanwhile
 		 * waits for it, and then refuses the rest. */

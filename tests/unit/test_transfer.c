@@ -848,17 +848,31 @@ static void test_runs_tcp(void **state)
  * default, above); a consumer told ECX_TCP_DATA=put asks for puts, and
  * one that asks for active messages from a producer that puts anyway (an
  * older one) takes the puts: every size, and neighbours in one write. */
+/* libecx's count of data messages its consumers took (replies.c). */
+extern uint64_t cons_data_messages;
+
+static uint64_t data_messages(void)
+{
+	return __atomic_load_n(&cons_data_messages, __ATOMIC_RELAXED);
+}
+
 static void test_tcp_data_ways(void **state)
 {
 	(void)state;
+	uint64_t n0 = data_messages();
+	roundtrip("tcp");
+	uint64_t n1 = data_messages();
+	assert_true(n1 > n0); /* the default: active messages */
 	setenv("ECX_TCP_DATA", "put", 1);
 	roundtrip("tcp");
 	runs_of("tcp");
 	unsetenv("ECX_TCP_DATA");
+	assert_true(data_messages() == n1); /* puts only */
 	setenv("ECX_TEST_PUT_ONLY", "1", 1);
 	roundtrip("tcp");
 	runs_of("tcp");
 	unsetenv("ECX_TEST_PUT_ONLY");
+	assert_true(data_messages() == n1); /* asked, but put */
 	/* A value it does not know is refused, by name. */
 	setenv("ECX_TCP_DATA", "rdma", 1);
 	ecx_consumer_params cp = {.field_mask = ECX_CONSUMER_PARAM_REGISTRY |
