@@ -22,8 +22,10 @@
  * much (run_continues): no more than one large item, so a pull that
  * expires still stops within about one item's write. */
 #define PUT_RUN_MAX ((uint64_t)8 << 20)
-/* Data sends (a pull with data_am) of at least this much go by rendezvous,
- * so the consumer receives them in place; smaller ones eagerly. */
+/* Data sends (a pull with data_am) of at least this much are forced to
+ * rendezvous, so the consumer receives them in place; UCX chooses for
+ * smaller ones (eager, mostly). Eager 2 MiB messages were slower across
+ * the veth (docs/deploy.md). */
 #define AM_RNDV_MIN ((uint64_t)64 << 10)
 
 /* ---- connections ---- */
