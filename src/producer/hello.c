@@ -81,7 +81,7 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	memcpy(addr, r->worker, r->worker_len);
 	/* The connection gets a worker of its own: closing it then lets go
 	 * of the consumer's shared-memory segments (ucx.h), and over TCP of
-	 * every socket to it at once (serve.c conn_goes_with_side). */
+	 * every socket to it at once (conns.c prod_conn_goes_with_side). */
 	if (ecx_ucx_side_create(p->ucx, &c->side, why, sizeof(why)) != 0)
 		ecx_warn(MOD,
 		         "no worker of its own for a consumer connection (%s): "

@@ -1,10 +1,12 @@
 /*
  * producer.h - the producer role's internal header: its state and what its
- * files share. The role is one object (ecx_producer) in five files:
+ * files share. The role is one object (ecx_producer) in eight files:
  *   producer.c  lifecycle (create, destroy), stats
  *   items.c     the item table, LRU list, pins, put and remove, eviction
  *   publish.c   publishing to the embedded or a remote registry
- *   serve.c     the pull service: connections, jobs, remote keys, replies
+ *   serve.c     the pull service: jobs, puts or data sends, replies
+ *   conns.c     consumer connections: failure, idle close, reaping
+ *   rkeys.c     a connection's remote keys and prefaulting
  *   hello.c     the rendezvous requests (hello, the reference's pull)
  *   lease.c     leases: pins a lookup takes until the pull, a release or
  *               the expiry
@@ -241,6 +243,22 @@ void prod_progress(void *arg);
  * connection. Called once, by destroy, before the worker goes. */
 void prod_serve_shutdown(ecx_producer *p);
 
+/* Gives up the unfinished jobs of closed connection c (unpins, counts
+ * failed, frees each at its last callback). Called with p->lock, on the
+ * progress thread. */
+void prod_jobs_abandon(ecx_producer *p, conn *c);
+
+/* conns.c */
+/* The endpoint error callback of a connection (arg: the conn). */
+void prod_conn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st);
+/* Whether closing c is its endpoint's forced close and its worker's destroy
+ * back to back (a TCP connection with a worker of its own). */
+bool prod_conn_goes_with_side(const conn *c);
+/* Connection id, or NULL. Called with p->lock. */
+conn *prod_conn_find(ecx_producer *p, uint64_t id);
+/* Closes failed and idle connections and frees closed ones no job uses.
+ * Progress thread only. */
+void prod_conns_reap(ecx_producer *p);
 /* Marks connection id failed (its endpoint is closed and it is freed by
  * the progress thread once no job uses it) and wakes the progress thread.
  * Returns whether the connection was there. Takes p->lock. */

@@ -7,7 +7,7 @@
  * completed. Connections made by hellos are closed when they fail, when the
  * consumer says goodbye, or when they have been idle for p->idle_ms (a
  * consumer that died over shared memory shows no failure: idleness is how
- * it is noticed). Closing one unmaps the consumer's memory here.
+ * it is noticed): conns.c. Closing one unmaps the consumer's memory here.
  */
 #include "producer/producer.h"
 
@@ -27,56 +27,6 @@
  * smaller ones (eager, mostly). Eager 2 MiB messages were slower across
  * the veth (docs/deploy.md). */
 #define AM_RNDV_MIN ((uint64_t)64 << 10)
-
-/* ---- connections ---- */
-
-static void conn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
-{
-	(void)ep;
-	conn *c = arg;
-	ecx_info(MOD, "consumer connection %llu failed: %s",
-	         (unsigned long long)c->id, ucs_status_string(st));
-	/* Runs in a progress call; on_progress closes the endpoint. */
-	__atomic_store_n(&c->failed, true, __ATOMIC_RELEASE);
-}
-
-/* Whether closing connection c is destroying its worker right after its
- * endpoint's forced close, with no progress in between
- * (ecx_ucx_side_destroy_forced): a TCP connection with a worker of its
- * own, which may have a zero-copy data send in flight to a consumer that
- * stopped reading. */
-static bool conn_goes_with_side(const conn *c)
-{
-	return c->transport == ECX_TR_TCP && c->side != NULL;
-}
-
-static conn *conn_find(ecx_producer *p, uint64_t id)
-{
-	for (conn *c = p->conns; c != NULL; c = c->next)
-		if (c->id == id)
-			return c;
-	return NULL;
-}
-
-bool prod_conn_drop(ecx_producer *p, uint64_t id)
-{
-	pthread_mutex_lock(&p->lock);
-	conn *c = conn_find(p, id);
-	if (c != NULL)
-		__atomic_store_n(&c->failed, true, __ATOMIC_RELEASE);
-	pthread_mutex_unlock(&p->lock);
-	if (c != NULL)
-		ecx_ucx_wake(p->ucx);
-	return c != NULL;
-}
-
-bool prod_conn_exists(ecx_producer *p, uint64_t id)
-{
-	pthread_mutex_lock(&p->lock);
-	bool there = conn_find(p, id) != NULL;
-	pthread_mutex_unlock(&p->lock);
-	return there;
-}
 
 /* ---- pulls ---- */
 
@@ -204,11 +154,11 @@ static void job_release(ecx_producer *p, job *j)
  * completed: UCX can keep a flush to a peer that died over shared memory
  * waiting for room in the dead peer's queue for good, and a TCP
  * connection is given up on at once, before its worker goes
- * (conn_goes_with_side). Nobody is answered: the items are unpinned and
+ * (prod_conn_goes_with_side). Nobody is answered: the items are unpinned and
  * counted failed, the job lets go of c, and the job itself is freed by
  * its last callback if that ever runs. Called with the lock, on the
  * progress thread (where those callbacks run). */
-static void jobs_abandon(ecx_producer *p, conn *c)
+void prod_jobs_abandon(ecx_producer *p, conn *c)
 {
 	for (job **jp = &p->active; *jp != NULL;) {
 		job *j = *jp;
@@ -321,7 +271,7 @@ static bool job_start(ecx_producer *p, job *j)
 	if (p->test_put_only)
 		j->pr.data_am = false;
 	pthread_mutex_lock(&p->lock);
-	j->c = conn_find(p, j->conn_id);
+	j->c = prod_conn_find(p, j->conn_id);
 	if (j->c != NULL) {
 		j->c->jobs++;
 		j->c->used_ns = ecx_now_ns();
@@ -331,8 +281,8 @@ static bool job_start(ecx_producer *p, job *j)
 		char ewhy[200];
 		if (ecx_ucx_side_ep_create(p->ucx, j->c->side, j->c->addr,
 		                           j->c->addr_len, j->c->transport,
-		                           conn_on_error, j->c, &j->c->ep, ewhy,
-		                           sizeof(ewhy)) != 0) {
+		                           prod_conn_on_error, j->c, &j->c->ep,
+		                           ewhy, sizeof(ewhy)) != 0) {
 			ecx_warn(MOD, "connection %llu: %s",
 			         (unsigned long long)j->c->id, ewhy);
 			j->c->failed = true;
@@ -347,7 +297,7 @@ static bool job_start(ecx_producer *p, job *j)
 	/* Data sends only where the connection closes without progress after
 	 * its endpoint's close (past ECX_UCX_SIDES_MAX workers a TCP
 	 * connection shares the producer's): elsewhere, puts. */
-	if (!conn_goes_with_side(j->c))
+	if (!prod_conn_goes_with_side(j->c))
 		j->pr.data_am = false;
 	if (rc == 0 && p->token != NULL &&
 	    !ecx_ct_equal(j->pr.token, strlen(j->pr.token), p->token,
@@ -534,87 +484,6 @@ static void job_finish(ecx_producer *p, job *j)
 	pthread_mutex_unlock(&p->lock);
 }
 
-/* Closes the endpoints of failed connections (which completes their jobs'
- * flushes with an error), and frees a closed connection once no job uses
- * it (its remote keys go with it: that unmaps the consumer's memory
- * here). A connection with no job for p->idle_ms is closed the same
- * way. */
-static void conns_reap(ecx_producer *p)
-{
-	uint64_t idle_ns = (uint64_t)p->idle_ms * 1000000u;
-	for (;;) {
-		conn *close_it = NULL, *free_it = NULL;
-		pthread_mutex_lock(&p->lock);
-		uint64_t now = ecx_now_ns();
-		for (conn **cp = &p->conns; *cp != NULL; cp = &(*cp)->next) {
-			conn *c = *cp;
-			if (!c->closed && c->jobs == 0 &&
-			    now - c->used_ns > idle_ns &&
-			    !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) {
-				ecx_info(MOD,
-				         "consumer connection %llu idle for "
-				         "%d ms: closing it",
-				         (unsigned long long)c->id, p->idle_ms);
-				__atomic_store_n(&c->failed, true,
-				                 __ATOMIC_RELEASE);
-			}
-			if (!__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
-				continue;
-			if (!c->closed) {
-				c->closed = true;
-				c->closed_ns = now;
-				if (!conn_goes_with_side(c)) {
-					close_it = c;
-					break;
-				}
-				/* Its unfinished jobs are given up now, and
-				 * its worker goes below, in this same pass:
-				 * no progress in between. */
-				jobs_abandon(p, c);
-			}
-			if (c->jobs > 0 && now - c->closed_ns > 100000000u)
-				jobs_abandon(p, c);
-			if (c->jobs == 0) {
-				/* Counted until its memory is let go of
-				 * (below): a count of 0 means nothing of the
-				 * consumer is held here. */
-				*cp = c->next;
-				free_it = c;
-				break;
-			}
-		}
-		pthread_mutex_unlock(&p->lock);
-		if (close_it == NULL && free_it == NULL)
-			return;
-		if (close_it != NULL) {
-			/* The keys go first: they refer to the endpoint. Jobs
-			 * holding them finish with the flush's error. */
-			if (close_it->jobs == 0)
-				prod_rkeys_drop(close_it);
-			ecx_ucx_side_ep_close(p->ucx, close_it->side,
-			                      close_it->ep, close_it->transport,
-			                      100);
-			close_it->ep = NULL;
-			continue;
-		}
-		prod_rkeys_drop(free_it);
-		/* Its worker goes last: its endpoints with it, and with them
-		 * UCX's hold on the consumer's shared memory. */
-		if (conn_goes_with_side(free_it))
-			ecx_ucx_side_destroy_forced(p->ucx, free_it->side,
-			                            free_it->ep);
-		else
-			ecx_ucx_side_destroy(p->ucx, free_it->side);
-		pthread_mutex_lock(&p->lock);
-		p->nconns--;
-		pthread_mutex_unlock(&p->lock);
-		ecx_debug(MOD, "closed connection %llu",
-		          (unsigned long long)free_it->id);
-		free(free_it->addr);
-		free(free_it);
-	}
-}
-
 /* The progress thread's hook: starts queued jobs, finishes flushed ones,
  * fails jobs past their deadline, and reaps failed connections. */
 void prod_progress(void *arg)
@@ -669,7 +538,7 @@ void prod_progress(void *arg)
 			break;
 		job_finish(p, fin);
 	}
-	conns_reap(p);
+	prod_conns_reap(p);
 }
 
 void prod_serve_shutdown(ecx_producer *p)
@@ -714,7 +583,7 @@ void prod_serve_shutdown(ecx_producer *p)
 		conn *c = p->conns;
 		p->conns = c->next;
 		prod_rkeys_drop(c);
-		if (conn_goes_with_side(c)) {
+		if (prod_conn_goes_with_side(c)) {
 			ecx_ucx_side_destroy_forced(p->ucx, c->side, c->ep);
 		} else {
 			ecx_ucx_side_ep_close(p->ucx, c->side, c->ep,

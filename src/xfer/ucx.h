@@ -121,7 +121,7 @@ void ecx_ucx_ep_close(ecx_ucx *u, ucp_ep_h ep, unsigned transport,
  * thread and ecx_ucx_progress hold while they progress sides), after the
  * caller has destroyed the remote keys it unpacked on them. The producer
  * makes one per consumer connection (over TCP, destroying it is how the
- * connection closes: see producer/serve.c conn_goes_with_side), the
+ * connection closes: see producer/conns.c prod_conn_goes_with_side), the
  * consumer one per producer connection where shared memory may be used:
  * each end then lets go of the other's segments when the connection goes.
  * Each side holds
