@@ -47,13 +47,18 @@ asan:
 		CMAKE_FLAGS="-DECX_SANITIZE=ON $(CMAKE_FLAGS)"
 
 # UCX and libzmq are not built with TSan: tests/tsan.supp says what that
-# hides. Producer and consumer processes both run instrumented.
+# hides. Producer and consumer processes both run instrumented. A crash
+# that no handler reports (a stack overflow says only "Segmentation
+# fault") prints the backtraces of its core files (scripts/backtraces.sh);
+# TSan disables core files unless told.
 tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DECX_TSAN=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build-tsan -j $(JOBS) --target test_transfer ecx-test-peer
-	cd build-tsan/tests && TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp \
-		ECX_TEST_BIN=$$PWD ./test_transfer
+	cd build-tsan/tests && rm -f core core.[0-9]* && { ulimit -c unlimited || :; } && \
+		{ TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp disable_coredump=0" \
+		ECX_TEST_BIN=$$PWD ./test_transfer || \
+		{ rc=$$?; $(CURDIR)/scripts/backtraces.sh $$PWD; exit $$rc; }; }
 
 valgrind: deps build
 	cd $(BUILD)/tests && ECX_TEST_BIN=$$PWD ECX_TEST_TIME_SCALE=10 valgrind --error-exitcode=9 \
