@@ -27,6 +27,13 @@
  * smaller ones (eager, mostly). Eager 2 MiB messages were slower across
  * the veth (docs/deploy.md). */
 #define AM_RNDV_MIN ((uint64_t)64 << 10)
+/* Neighbouring items go in one data send of at most this much (an item
+ * larger than it goes alone). Across the veth, a 2 MiB load sent as one
+ * message took 1.7-1.9 ms, as four of 512 KiB in flight at once 0.8-1.4 ms
+ * (64 KiB x32: 0.69-0.72x raw TCP became 1.01-1.68x). 512 KiB is UCX's
+ * rendezvous fragment (UCX_RNDV_FRAG_SIZE); why one larger message is
+ * slower was not found (docs/deploy.md). */
+#define AM_RUN_MAX ((uint64_t)512 << 10)
 
 /* ---- pulls ---- */
 
@@ -229,10 +236,10 @@ static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 {
 	const item *a = j->items[i], *b = j->items[k];
 	const ecx_pull_item *pa = &j->pr.items[i], *pb = &j->pr.items[k];
+	uint64_t max = j->pr.data_am ? AM_RUN_MAX : PUT_RUN_MAX;
 	return b != NULL && b->desc.nbytes > 0 && j->status[k] == 0 &&
-	       len + b->desc.nbytes <= PUT_RUN_MAX &&
-	       pb->region == pa->region && b->off == a->off + len &&
-	       pb->addr == pa->addr + len;
+	       len + b->desc.nbytes <= max && pb->region == pa->region &&
+	       b->off == a->off + len && pb->addr == pa->addr + len;
 }
 
 /* Sends items i..k-1 of job j's pull (len bytes from src, neighbours in

@@ -888,6 +888,41 @@ static void test_tcp_data_ways(void **state)
 	unsetenv("ECX_TCP_DATA");
 }
 
+/* Over TCP, neighbours share a data message up to 512 KiB (serve.c
+ * AM_RUN_MAX): 24 x 64 KiB in order come as 3 messages, and 3 x 1 MiB in
+ * order as 3 (each alone), every byte where it belongs. */
+static void test_tcp_data_runs(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	enum { S = 24, L = 3 };
+	char ids[S + L][16];
+	for (int i = 0; i < S + L; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "%s%d", i < S ? "s" : "l", i);
+		producer_put(&p, ids[i], "uint8", i < S ? "65536" : "1048576",
+		             "ok");
+	}
+	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	ecx_item it[S + L];
+	memset(it, 0, sizeof(it));
+	int slot[S];
+	for (int i = 0; i < S + L; i++) {
+		it[i].id = ids[i];
+		if (i < S)
+			slot[i] = i;
+	}
+	assert_int_equal(ecx_consumer_lookup(c, it, S + L), 0);
+	uint64_t n0 = data_messages();
+	batch_into(c, it, S, 65536, slot, S);
+	assert_true(data_messages() - n0 == 3);
+	n0 = data_messages();
+	batch_into(c, it + S, L, 1048576, slot, L);
+	assert_true(data_messages() - n0 == 3);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
 static void test_slow_producer_shm_arena(void **state)
 {
 	(void)state;
@@ -1620,6 +1655,7 @@ int main(void)
 	    cmocka_unit_test(test_runs_shm),
 	    cmocka_unit_test(test_runs_tcp),
 	    cmocka_unit_test(test_tcp_data_ways),
+	    cmocka_unit_test(test_tcp_data_runs),
 	    cmocka_unit_test(test_timeout_dead_producers),
 	};
 	/* ECX_TEST_FILTER=test_token (a glob) runs only what matches. */
