@@ -28,11 +28,10 @@
  * the veth (docs/deploy.md). */
 #define AM_RNDV_MIN ((uint64_t)64 << 10)
 /* Neighbouring items go in one data send of at most this much (an item
- * larger than it goes alone). Across the veth, a 2 MiB load sent as one
- * message took 1.7-1.9 ms, as four of 512 KiB in flight at once 0.8-1.4 ms
- * (64 KiB x32: 0.69-0.72x raw TCP became 1.01-1.68x). 512 KiB is UCX's
- * rendezvous fragment (UCX_RNDV_FRAG_SIZE); why one larger message is
- * slower was not found (docs/deploy.md). */
+ * larger than it goes alone): across the veth one 2 MiB message was much
+ * slower than four of 512 KiB in flight at once (docs/deploy.md, "How
+ * 64 KiB x32 got past 0.7x"). 512 KiB was measured, not derived; no other
+ * size was tried, and why one larger message is slower was not found. */
 #define AM_RUN_MAX ((uint64_t)512 << 10)
 
 /* ---- pulls ---- */
@@ -229,9 +228,10 @@ static bool pull_expired(const job *j)
 	       c->hello_mono_ms + (j->pr.expires_ms - c->hello_wall_ms);
 }
 
-/* Whether item k of j's pull may join the put that starts at item i and
- * has len bytes so far: right after it in this arena and in the same
- * region of the consumer's memory, right after it there too. */
+/* Whether item k of j's pull may join the put (or data send) that starts
+ * at item i and has len bytes so far: right after it in this arena and in
+ * the same region of the consumer's memory, right after it there too, and
+ * within PUT_RUN_MAX (AM_RUN_MAX for a data send). */
 static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 {
 	const item *a = j->items[i], *b = j->items[k];
@@ -410,8 +410,8 @@ static bool job_start(ecx_producer *p, job *j)
 		}
 		/* The items that follow it in both memories (a batch put in
 		 * order, loaded into memory allocated in order) go in the
-		 * same put, up to PUT_RUN_MAX bytes: one operation instead of
-		 * many small ones. */
+		 * same put or data send (run_continues): one operation
+		 * instead of many small ones. */
 		uint64_t len = it->desc.nbytes;
 		size_t k = i + 1;
 		/* (Not with the test-only delay, which is per item.) */

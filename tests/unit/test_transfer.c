@@ -751,12 +751,13 @@ static void test_many_timeouts_one_producer(void **state)
 }
 
 /* Items adjacent in the producer's arena and in the destination go in one
- * put (up to 8 MiB): a batch of eight 64 KiB items loaded into one buffer
- * in order (one put), in reverse order (eight), with a gap after the
- * fourth (two), ids reversed into destinations in order (adjacent there
- * only: eight), and 1 MiB items in order (one put of 8 MiB, then the
- * rest): every item lands whole where it was asked to, and no byte around
- * or between them is written. */
+ * put (up to 8 MiB; over TCP one data message, up to 512 KiB:
+ * test_tcp_data_runs): a batch of eight 64 KiB items loaded into one
+ * buffer in order (one write), in reverse order (eight), with a gap after
+ * the fourth (two), ids reversed into destinations in order (adjacent
+ * there only: eight), and 1 MiB items in order (a put of 8 MiB and one of
+ * the rest; ten data messages): every item lands whole where it was asked
+ * to, and no byte around or between them is written. */
 static void batch_into(ecx_consumer *c, ecx_item *it, int n, size_t sz,
                        const int *slot, int nslots)
 {
@@ -915,10 +916,10 @@ static void test_tcp_data_runs(void **state)
 	assert_int_equal(ecx_consumer_lookup(c, it, S + L), 0);
 	uint64_t n0 = data_messages();
 	batch_into(c, it, S, 65536, slot, S);
-	assert_true(data_messages() - n0 == 3);
+	assert_int_equal(data_messages() - n0, 3);
 	n0 = data_messages();
 	batch_into(c, it + S, L, 1048576, slot, L);
-	assert_true(data_messages() - n0 == 3);
+	assert_int_equal(data_messages() - n0, 3);
 	ecx_consumer_destroy(c);
 	producer_stop(&p);
 }
