@@ -392,7 +392,7 @@ static int consume_files(const char *dir, size_t batch, bool verify, bool fresh,
 			               "no memory for %zu bytes", precap);
 			goto out;
 		}
-		memset(pre, 0, precap);
+		tool_prefault(pre, precap);
 	}
 	for (size_t i = 0; i < n; i += batch) {
 		size_t m = n - i < batch ? n - i : batch;

@@ -113,6 +113,12 @@ const char *tool_bytes(uint64_t n, char *buf, size_t len);
 /* Monotonic time in nanoseconds. */
 uint64_t tool_now_ns(void);
 
+/* Writes every page of [p, p+n), so that none faults later. Not
+ * memset(p, 0, n) after malloc: GCC folds that pair into calloc, which
+ * leaves fresh pages untouched (reads of them then map the shared zero
+ * page: a baseline copying from it reads no memory at all). */
+void tool_prefault(void *p, size_t n);
+
 /* Copies at most n-1 bytes of src and terminates; returns strlen(src). */
 size_t tool_strlcpy(char *dst, const char *src, size_t n);
 

@@ -15,6 +15,16 @@ uint64_t tool_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+void tool_prefault(void *p, size_t n)
+{
+	/* Volatile stores: the compiler may neither drop nor fold them. */
+	volatile char *c = p;
+	for (size_t i = 0; i < n; i += 4096)
+		c[i] = 1;
+	if (n > 0)
+		c[n - 1] = 1;
+}
+
 size_t tool_strlcpy(char *dst, const char *src, size_t n)
 {
 	size_t len = strlen(src);
