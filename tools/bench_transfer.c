@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,21 @@ static int block_iters(size_t bytes)
 }
 
 /* ---- the producer and the raw TCP source, in child processes ---- */
+
+/* ecx's producer polls its worker for 200 us after its last work before
+ * it sleeps (src/producer/producer.c, spin_ns), so a pull that follows
+ * at once finds it awake; the raw TCP source waits for its next request
+ * the same way, or each baseline load would start by waking it. */
+#define SOURCE_SPIN_NS 200000u
+
+/* Polls fd, without sleeping, until it is readable or spin_ns passed. */
+static void spin_readable(int fd, uint64_t spin_ns)
+{
+	uint64_t end = tool_now_ns() + spin_ns;
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	while (poll(&p, 1, 0) == 0 && tool_now_ns() < end)
+		;
+}
 
 /* The producer side of the transfer benchmark: each size's pool of items,
  * then serves until SIGTERM. */
@@ -229,7 +245,8 @@ int bench_tcp_source(void)
 	uint64_t have = 0;
 	uint32_t n = 0;
 	tcp_req q;
-	while (full_io(c, &q, sizeof(q), IO_RECV)) {
+	while (spin_readable(c, SOURCE_SPIN_NS),
+	       full_io(c, &q, sizeof(q), IO_RECV)) {
 		if (q.bytes != have) {
 			free(pool);
 			n = 0;
@@ -271,6 +288,7 @@ typedef struct bench_ctx {
 	int tcp;                   /* connection to the raw TCP source */
 	char *bsrc, *bdst;         /* baseline pools of the current size */
 	void *wdst[MAXBATCH];      /* warm destinations (ecx) */
+	void **cdst;               /* cold destinations (ecx, arena): a ring */
 	ecx_item witems[MAXBATCH]; /* warm items, looked up once a row */
 	bool wlooked;
 	int cur_ecx, cur_base; /* cold rotations */
@@ -362,7 +380,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 		else if (x->v == VIA_USER)
 			it[k].dst = fresh_map(sz);
 		else
-			it[k].dst = ecx_consumer_alloc(x->c, sz);
+			it[k].dst = x->cdst[(first + k) % pool];
 		if (it[k].dst == NULL) {
 			tool_fail("bench", EXIT_FAIL, "no memory for %s",
 			          ids[k]);
@@ -386,13 +404,9 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 			          it[k].id);
 			ok = false;
 		}
-	if (cold)
-		for (int k = 0; k < nb; k++) {
-			if (x->v == VIA_USER)
-				munmap(it[k].dst, sz);
-			else
-				ecx_consumer_free(x->c, it[k].dst);
-		}
+	if (cold && x->v == VIA_USER)
+		for (int k = 0; k < nb; k++)
+			munmap(it[k].dst, sz);
 	return ok;
 }
 
@@ -421,11 +435,41 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 			ok =
 			    tool_fail("bench", EXIT_FAIL, "out of memory") == 0;
 	}
+	/* Cold rows into the receive arena take their destinations from a
+	 * ring of allocations as large as the pool, in the order the
+	 * baseline takes its own (bdst): each is used again only after at
+	 * least 32 MiB of loads, so neither side writes to cached memory.
+	 * (An allocation made and freed per load would come back at the
+	 * same place every time, and stay in the cache.) */
+	int pool = sizes[s].pool;
+	if (cold && x->v != VIA_USER) {
+		x->cdst = calloc((size_t)pool, sizeof(*x->cdst));
+		ok = x->cdst != NULL;
+		for (int k = 0; k < pool && ok; k++)
+			ok = (x->cdst[k] = ecx_consumer_alloc(
+			          x->c, size_bytes(s))) != NULL;
+		if (!ok)
+			tool_fail("bench", EXIT_FAIL,
+			          "no room in the receive arena for %d cold "
+			          "destinations",
+			          pool);
+		/* Then one untimed pass over the ring. A producer maps a
+		 * consumer's arena part by part, at the first pull into each
+		 * part (producer/rkeys.c, prod_rkey_prefault): a cost once
+		 * per connection, not the cache misses a cold row measures
+		 * (without this pass 7 MiB x1 cold read 2.6 GB/s here, about
+		 * 2.4 ms more per load). */
+		for (int k = 0; k < pool / nb && ok; k++)
+			ok = ecx_load_one(x, s, nb, true, false, &ns);
+	}
 	/* One of each, untimed, so first-time costs of the row (a first
 	 * registration of warm destinations) fall outside. */
 	for (int m = 0; m < nbase && ok; m++)
 		ok = base_load(x, s, nb, cold, m ? IO_POLL : IO_RECV, &ns);
 	ok = ok && ecx_load_one(x, s, nb, cold, true, &ns);
+	/* Every byte is checked in untimed loads, this one and one after the
+	 * repetitions: checking between timed loads would let the
+	 * producer's progress thread go to sleep before each. */
 	for (int r = 0; r < R && ok; r++) {
 		samples b[2] = {{0}}, e = {0};
 		double bgb = 0;
@@ -438,7 +482,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 			}
 		}
 		for (int i = 0; i < iters && ok; i++) {
-			ok = ecx_load_one(x, s, nb, cold, r == R - 1, &ns);
+			ok = ecx_load_one(x, s, nb, cold, false, &ns);
 			samples_add(&e, ns);
 			samples_add(&lat, ns);
 		}
@@ -460,6 +504,12 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		samples_free(&b[1]);
 		samples_free(&e);
 	}
+	ok = ok && ecx_load_one(x, s, nb, cold, true, &ns);
+	for (int k = 0; k < pool && x->cdst != NULL; k++)
+		if (x->cdst[k] != NULL)
+			ecx_consumer_free(x->c, x->cdst[k]);
+	free(x->cdst);
+	x->cdst = NULL;
 	for (int k = 0; k < nb && !cold; k++) {
 		if (x->v == VIA_USER)
 			free(x->wdst[k]);
@@ -532,7 +582,8 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 
 /* The price of integrity: warm loads of nb items of size s into the
  * receive arena by a consumer that checks each item's xxh64 (hashed) beside
- * the same loads by one that does not (x->c), alternating blocks. */
+ * the same loads by one that does not (x->c), alternating blocks, each
+ * first in turn. */
 static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
 {
 	size_t sz = size_bytes(s), bytes = sz * (size_t)nb;
@@ -561,7 +612,8 @@ static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
 	}
 	for (int r = 0; r < R && ok; r++) {
 		double g[2];
-		for (int w = 0; w < 2 && ok; w++) {
+		for (int j = 0; j < 2 && ok; j++) {
+			int w = (j + r) % 2; /* in turn first */
 			samples sm = {0};
 			for (int i = 0; i < iters && ok; i++) {
 				uint64_t t0 = tool_now_ns();
@@ -800,8 +852,9 @@ int bench_transfer(void)
 		    "(%s), the faster of a blocking and a polling receiver "
 		    "in each repetition\n"
 		    "  warm: the same ids into the same destinations; cold: "
-		    "ids unused for 32+ MiB of loads, fresh destinations "
-		    "(shm*: never-touched memory), baselines alike\n"
+		    "ids unused for 32+ MiB of loads, into destinations "
+		    "unused as long (shm*: never-touched memory), baselines "
+		    "alike\n"
 		    "  hash: warm loads into the receive arena by a consumer "
 		    "checking each item's xxh64 (integrity on); base: the "
 		    "same loads by one that does not, alternating\n",
