@@ -249,6 +249,7 @@ int bench_tcp_source(void)
 	       full_io(c, &q, sizeof(q), IO_RECV)) {
 		if (q.bytes != have) {
 			free(pool);
+			pool = NULL;
 			n = 0;
 			int ps = -1;
 			for (int s = 0; s < NSIZES; s++)
@@ -304,11 +305,35 @@ static int load_first(int *cur, int nb, bool cold, int pool)
 	return first;
 }
 
+/* Poison written over a destination before a load whose bytes are checked,
+ * untimed: a load that wrote nothing there must not pass on bytes an
+ * earlier load left. */
+#define POISON 0x5a
+
+/* Whether the nb destinations hold items first.. of size s's pool, as the
+ * producer made them; else fails naming who (what) wrote them. */
+static bool check_items(const char *what, int s, int first, int nb,
+                        void *const *dst)
+{
+	for (int k = 0; k < nb; k++) {
+		char id[64];
+		snprintf(id, sizeof(id), "%s-%d", sizes[s].name,
+		         (first + k) % sizes[s].pool);
+		if (!gen_check(id, dst[k], size_bytes(s))) {
+			tool_fail("bench", EXIT_FAIL, "%s: %s: bytes differ",
+			          what, id);
+			return false;
+		}
+	}
+	return true;
+}
+
 /* One baseline load of nb items of size s: memcpy or raw TCP (received
  * the way rm says: IO_RECV or IO_POLL), from items `first`.. of the pool
- * into destinations prepared as ecx's are. */
+ * into destinations prepared as ecx's are. verify: poison them first and
+ * check every byte after (untimed). */
 static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
-                      uint64_t *ns)
+                      bool verify, uint64_t *ns)
 {
 	size_t sz = size_bytes(s);
 	int pool = sizes[s].pool;
@@ -321,6 +346,8 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 			dst[k] = x->bdst + (size_t)((first + k) % pool) * sz;
 		if (dst[k] == NULL)
 			return false;
+		if (verify)
+			memset(dst[k], POISON, sz);
 	}
 	bool ok = true;
 	uint64_t t0 = tool_now_ns();
@@ -339,6 +366,10 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 			       x->bsrc + (size_t)((first + k) % pool) * sz, sz);
 	}
 	*ns = tool_now_ns() - t0;
+	if (ok && verify)
+		ok = check_items(x->v == VIA_TCP ? "raw TCP baseline"
+		                                 : "memcpy baseline",
+		                 s, first, nb, (void *const *)dst);
 	if (cold && x->v == VIA_USER)
 		for (int k = 0; k < nb; k++)
 			munmap(dst[k], sz);
@@ -346,7 +377,8 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 }
 
 /* One ecx load of nb items of size s. Lookups and allocations are not
- * timed; the load is. verify: check every byte. */
+ * timed; the load is. verify: poison the destinations first and check
+ * every byte after (untimed). */
 static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
                          uint64_t *ns)
 {
@@ -386,6 +418,8 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 			          ids[k]);
 			nb = k;
 			ok = false;
+		} else if (verify && !(cold && x->v == VIA_USER)) {
+			memset(it[k].dst, POISON, sz); /* fresh maps are 0 */
 		}
 	}
 	if (ok) {
@@ -444,11 +478,13 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	int pool = sizes[s].pool;
 	if (cold && x->v != VIA_USER) {
 		x->cdst = calloc((size_t)pool, sizeof(*x->cdst));
-		ok = x->cdst != NULL;
+		if (x->cdst == NULL)
+			ok =
+			    tool_fail("bench", EXIT_FAIL, "out of memory") == 0;
 		for (int k = 0; k < pool && ok; k++)
 			ok = (x->cdst[k] = ecx_consumer_alloc(
 			          x->c, size_bytes(s))) != NULL;
-		if (!ok)
+		if (!ok && x->cdst != NULL)
 			tool_fail("bench", EXIT_FAIL,
 			          "no room in the receive arena for %d cold "
 			          "destinations",
@@ -458,14 +494,16 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		 * part (producer/rkeys.c, prod_rkey_prefault): a cost once
 		 * per connection, not the cache misses a cold row measures
 		 * (without this pass 7 MiB x1 cold read 2.6 GB/s here, about
-		 * 2.4 ms more per load). */
+		 * 2.4 ms more per load). Every pool is a multiple of every
+		 * batch, so pool / nb loads cover the ring. */
 		for (int k = 0; k < pool / nb && ok; k++)
 			ok = ecx_load_one(x, s, nb, true, false, &ns);
 	}
 	/* One of each, untimed, so first-time costs of the row (a first
 	 * registration of warm destinations) fall outside. */
 	for (int m = 0; m < nbase && ok; m++)
-		ok = base_load(x, s, nb, cold, m ? IO_POLL : IO_RECV, &ns);
+		ok =
+		    base_load(x, s, nb, cold, m ? IO_POLL : IO_RECV, true, &ns);
 	ok = ok && ecx_load_one(x, s, nb, cold, true, &ns);
 	/* Every byte is checked in untimed loads, this one and one after the
 	 * repetitions: checking between timed loads would let the
@@ -477,7 +515,8 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 			int m = (j + r) % nbase; /* 0: IO_RECV, 1: IO_POLL */
 			for (int i = 0; i < iters && ok; i++) {
 				ok = base_load(x, s, nb, cold,
-				               m ? IO_POLL : IO_RECV, &ns);
+				               m ? IO_POLL : IO_RECV, false,
+				               &ns);
 				samples_add(&b[m], ns);
 			}
 		}

@@ -70,7 +70,7 @@ static const char help[] =
     "            does not, on the median of a group's rows and the best\n"
     "            repetition's latency: shm 7 MiB >= 0.4x memcpy, 64 KiB\n"
     "            p50 < 400 us, registry p50 < 250 us and batched >= 5x,\n"
-    "            tcp >= 0.45x raw TCP\n"
+    "            tcp >= 0.5x raw TCP\n"
     "  --json    one JSON object per result line\n"
     "  --redis URL  registry: also batched lookups against this Redis\n"
     "            (redis://HOST:PORT; bench/redis_vs_http.sh starts one)\n"
@@ -129,10 +129,15 @@ static const targets target_full = {0.5, 100, 150, 10, 0.9};
  * 'bench all --quick --check' beside two looping 'cmake --build
  * --clean-first -j2' (load average 4.5-5.9): shm 7 MiB group medians
  * 0.63-0.77 (typical 0.70; single rows down to 0.04), tcp 0.78-0.94
- * (typical 0.87). Floors: shm 0.4 and tcp 0.45, 1.6-1.7x below the worst
- * and above half the typical; the other three did not move (registry
- * p50 53-117 us, batched 11.5-164x, 64 KiB best p50 13-247 us). */
-static const targets target_quick = {0.4, 400, 250, 5, 0.45};
+ * (typical 0.87); the other three did not move (registry p50 53-117 us,
+ * batched 11.5-164x, 64 KiB best p50 13-247 us). Then the raw TCP sender
+ * began to poll for its next request as the producer does, and bytes were
+ * no longer checked between timed loads: 4 more such runs read shm
+ * 0.62-0.88 (typical 0.7) and tcp 0.86-1.09 (typical 0.95). Floors: shm
+ * 0.4 and tcp 0.5, 1.6-1.7x below the worst and above half the typical.
+ * One of those 4 runs missed the 64 KiB floor (best repetition's p50
+ * 1250 us, four compile jobs on two cores); CI runs the bench alone. */
+static const targets target_quick = {0.4, 400, 250, 5, 0.5};
 
 const targets *tgt(void)
 {

@@ -392,9 +392,9 @@ int cmd_demo(int argc, char **argv)
 			       num(fileres[m], "batch_p99_ms"),
 			       (size_t)num(fileres[m], "verified"), count);
 		}
-		printf("\nInto pre-faulted memory ecx loads the workload %.1fx "
+		printf("\nInto pre-faulted memory ecx loads the workload %.2fx "
 		       "as fast as the file baseline (total load time %.3f s "
-		       "vs %.3f s); into fresh memory %.1fx (%.3f s vs %.3f "
+		       "vs %.3f s); into fresh memory %.2fx (%.3f s vs %.3f "
 		       "s).\n",
 		       ratio[0], num(loaded[0], "seconds"),
 		       num(fileres[0], "seconds"), ratio[1],
