@@ -769,10 +769,11 @@ class Consumer:
         With lease_ms (0: the default, 30 s), each item found is also
         leased: its producer pins it for that long (or its own maximum), so
         the load that follows cannot miss it to eviction ("a hit will
-        load"; one round trip per producer). An item whose lease is refused
-        (the producer's lease share is taken, it no longer holds the item,
-        it does not answer) is None, as a miss. Item.lease holds the lease;
-        a load of the item ends it, release() ends it sooner."""
+        load"; taken in the lookup itself by a producer's embedded
+        registry, else one round trip per producer). An item whose lease is
+        refused (the producer's lease share is taken, it no longer holds
+        the item, it does not answer) is None, as a miss. Item.lease holds
+        the lease; a load of the item ends it, release() ends it sooner."""
         ids = [ids] if isinstance(ids, str) else list(ids)
         if not ids:
             return Found([], [])
@@ -1105,8 +1106,9 @@ class Client:
         are asked of the next): a Found list with an Item for each id found
         and None for each missing. When a registry could not be asked it
         raises EcxError whose .found holds what the others answered.
-        lease_ms: as Consumer.lookup (the client then also talks to the
-        producers' ZeroMQ sockets): each Item found is leased, and a
+        lease_ms: as Consumer.lookup (where the registry is not the
+        producer's own, the client also talks to the producers' ZeroMQ
+        sockets): each Item found is leased, and a
         Consumer in any process that loads it ends the lease."""
         ids = [ids] if isinstance(ids, str) else list(ids)
         if not ids:
