@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Leases under eviction pressure through ECXConnector's synchronous flow,
 as an older vLLM drives it (tests/python/vllm_stub_old: no
-update_state_after_free, no request_finished).
+update_state_after_free, no request_finished); FLOW=today runs today's
+flow instead (tests/python/vllm_stub: ensure_cache_available, background
+pulls, the workers' reports LAG_MS late), for comparison.
 
 A producer connector in another process saves a new 1 MiB item every
 2 ms into a 32 MiB arena (so an item lives about 60 ms, less what leases
@@ -15,7 +17,7 @@ has_cache_item beside an unleased one (lease_ms 0) asked for the same id
 right after, in the same steps.
 
     PYTHONPATH=python ECX_LIBRARY=build/libecx.so bench/lease_pressure.py
-    SECONDS=15 AGE_MS=10 LAG_MS=20 WAIT=3 LEASE_MS=30000 (environment)
+    SECONDS=15 AGE_MS=10 LAG_MS=20 WAIT=3 LEASE_MS=30000 FLOW=sync
 
 With LEASE_MS=0 the loads are unprotected: failed loads show the window
 the leases close."""
@@ -30,7 +32,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STUB = os.path.join(HERE, "..", "tests", "python", "vllm_stub_old")
+FLOW = os.environ.get("FLOW", "sync")
+STUB = os.path.join(HERE, "..", "tests", "python",
+                    "vllm_stub" if FLOW == "today" else "vllm_stub_old")
 sys.path.insert(0, STUB)
 from vllm.config import ECTransferConfig, VllmConfig  # noqa: E402
 from vllm.distributed.ec_transfer.ec_connector.base import (  # noqa: E402
@@ -92,14 +96,15 @@ class Request:
         return 512
 
 
-def config(url, lease_ms):
+def config(url, lease_ms, async_load=False):
     return VllmConfig(ec_transfer_config=ECTransferConfig(
         ec_connector="ECXConnector", ec_role="ec_consumer",
         ec_buffer_device="cpu",
         ec_connector_extra_config={"remote_registry_url": url,
                                    "recv_capacity_bytes": "64MiB",
                                    "timeout_ms": 2000,
-                                   "lease_ms": lease_ms}))
+                                   "lease_ms": lease_ms,
+                                   "async_load": async_load}))
 
 
 def main():
@@ -113,7 +118,7 @@ def main():
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env)
     try:
-        run(prod, tmp.name)
+        (run_today if FLOW == "today" else run)(prod, tmp.name)
     finally:
         if prod.poll() is None:
             prod.stdin.close()
@@ -210,6 +215,88 @@ def run(prod, progress):
     print(f"lookup (has_cache_item, first of its step), medians of "
           f"{len(t_leased)}: leased {lc * 1e3:.3f} ms, unleased "
           f"{pc * 1e3:.3f} ms, leased/unleased {lc / pc:.2f}x")
+
+
+def run_today(prod, progress):
+    """Today's flow: a request is looked up once (leased) when first
+    offered, deferred until every rank holds its item, then scheduled and
+    handed over; the worker runs each step's metadata LAG_MS late, so its
+    pulls start and its reports arrive that late. A request the connector
+    cannot serve comes out of take_unavailable_requests (a failed load)."""
+    from vllm.v1.outputs import ECConnectorOutput
+    line = prod.stdout.readline()
+    while line and not line.startswith("ready"):
+        line = prod.stdout.readline()
+    url = "http://127.0.0.1:%d" % int(line.split()[1])
+    f = open(progress, "rb")
+    last = mmap.mmap(f.fileno(), 8, access=mmap.ACCESS_READ)
+    sched = ECXConnector(config(url, LEASE_MS, True),
+                         ECConnectorRole.SCHEDULER)
+    worker = ECXConnector(config(url, LEASE_MS, True),
+                          ECConnectorRole.WORKER)
+    age = int(AGE_MS / 1000 / SAVE_S)
+    while struct.unpack("q", last[:8])[0] < age + 5:
+        time.sleep(0.01)
+    waiting, due, done = [], [], []
+    n = scheduled = unavailable = local = 0
+    cache = {}
+    t_start = time.monotonic()
+    next_step = t_start
+    while time.monotonic() - t_start < SECONDS:
+        k = struct.unpack("q", last[:8])[0] - age
+        waiting.append(Request("t%d" % n, "lp-%d" % k))
+        n += 1
+        gone = sched.take_unavailable_requests()
+        unavailable += len(gone)
+        still = []
+        for req in waiting:
+            if req.request_id in gone:
+                continue
+            if not sched.ensure_cache_available(req, 0):
+                still.append(req)
+                continue
+            if sched.has_cache_item(req.mm_features[0].identifier):
+                sched.update_state_after_alloc(req, 0)
+                scheduled += 1
+                done.append(req)
+            else:
+                local += 1  # not found: encoded here
+        waiting = [r for r in still if r.request_id not in gone]
+        meta = pickle.loads(pickle.dumps(sched.build_connector_meta(None)))
+        due.append((time.monotonic() + LAG_MS / 1000, meta, done))
+        done = []
+        while due and due[0][0] <= time.monotonic():
+            _, meta, finished = due.pop(0)
+            worker.bind_connector_metadata(meta)
+            worker.start_load_caches(cache)
+            wm = pickle.loads(pickle.dumps(
+                worker.build_connector_worker_meta()))
+            worker.clear_connector_metadata()
+            sched.update_connector_output(
+                ECConnectorOutput(ec_connector_worker_meta=wm))
+            for req in finished:  # handed over: the request ends
+                cache.pop(req.mm_features[0].identifier, None)
+                sched.update_state_after_free(req, 0)
+                sched.request_finished(req)
+        next_step += STEP_S
+        pause = next_step - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            next_step = time.monotonic()
+    st = sched.stats()
+    for c in (worker, sched):
+        c.shutdown()
+    prod.stdin.close()
+    saved = prod.stdout.readline().split()
+    print(f"today's flow, {SECONDS:g} s, a 1 MiB item saved every "
+          f"{SAVE_S * 1e3:g} ms into a 32 MiB arena "
+          f"({saved[1] if len(saved) > 1 else '?'} saved); a request a step "
+          f"for an item {AGE_MS:g} ms old, worker reports {LAG_MS:g} ms "
+          f"late; lease_ms {LEASE_MS}")
+    print(f"requests {n}  lookups {st.get('lookups', 0)}  scheduled as "
+          f"loads {scheduled}  encoded locally (misses) {local}  failed "
+          f"(unavailable) {unavailable}  still waiting {len(waiting)}")
 
 
 if __name__ == "__main__":
