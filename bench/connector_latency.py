@@ -19,8 +19,11 @@ the same bytes (the least a load into a fresh tensor can cost).
 
 Then the save path: save_caches of a CPU tensor on a producer worker (a
 new id each time, so each is a real put: reserve, one copy into the
-arena, publish to the embedded registry) beside a torch copy of the same
-bytes into a destination touched before, as the arena is: one memcpy."""
+arena, publish to the embedded registry) beside two torch copies of the
+same bytes, both into memory touched before, as the arena is: one into the
+same destination each round (cache-hot: the least any copy costs), one
+into the next of a ring of destinations larger than the last-level cache
+(cold, as the arena's fresh or evicted places are)."""
 import os
 import pickle
 import statistics
@@ -48,6 +51,8 @@ from ecx.vllm import ECXConnector  # noqa: E402
 SIZES = {"64KiB": (32, 1024), "1MiB": (512, 1024), "7MiB": (1024, 3584)}
 BATCH = 8
 ROUNDS = int(os.environ.get("ROUNDS", "30"))
+# The cold copy's ring: more than a last-level cache holds.
+RING_BYTES = int(os.environ.get("RING_MIB", "96")) << 20
 
 PRODUCER = """
 import sys, torch
@@ -216,16 +221,24 @@ def save_rows():
                                    "bind_host": "127.0.0.1",
                                    "capacity_bytes": 512 << 20}))
     w = ECXConnector(cfg, ECConnectorRole.WORKER)
-    print(f"\nsave_caches of a CPU tensor (new id each round), beside one "
-          f"torch copy of it into memory touched before; {ROUNDS} rounds, "
-          f"alternating, medians")
+    print(f"\nsave_caches of a CPU tensor (new id each round), beside a "
+          f"torch copy of it into memory touched before: the same "
+          f"destination each round (hot) and a ring of destinations of "
+          f"{RING_BYTES >> 20} MiB (cold); {ROUNDS} rounds, alternating, "
+          f"medians")
     print(f"{'item':>6} | {'save_caches us':>14} {'GB/s':>6} | "
-          f"{'copy us':>8} {'GB/s':>6} | {'copy/save':>9}")
+          f"{'hot copy us':>11} {'save/hot':>8} | {'cold copy us':>12} "
+          f"{'save/cold':>9}")
     for name, shape in SIZES.items():
         src = torch.randn(shape).to(torch.bfloat16)
         dst = torch.empty_like(src)
         dst.fill_(0)  # touched, like the arena
-        save, copy = [], []
+        nbytes = src.numel() * 2
+        ring = [torch.empty_like(src)
+                for _ in range(max(2, RING_BYTES // nbytes))]
+        for x in ring:
+            x.fill_(0)
+        save, copy, cold = [], [], []
         for r in range(ROUNDS + 2):
             h = f"save-{name}-{r}"
             t0 = time.perf_counter()
@@ -233,15 +246,18 @@ def save_rows():
             t1 = time.perf_counter()
             dst.copy_(src)
             t2 = time.perf_counter()
+            ring[r % len(ring)].copy_(src)
+            t3 = time.perf_counter()
             if r >= 2:
                 save.append(t1 - t0)
                 copy.append(t2 - t1)
+                cold.append(t3 - t2)
         med = statistics.median
-        nbytes = src.numel() * 2
         print(f"{name:>6} | {med(save) * 1e6:>14.1f} "
               f"{nbytes / med(save) / 1e9:>6.2f} | "
-              f"{med(copy) * 1e6:>8.1f} {nbytes / med(copy) / 1e9:>6.2f} | "
-              f"{med(copy) / med(save):>9.2f}")
+              f"{med(copy) * 1e6:>11.1f} {med(save) / med(copy):>8.2f} | "
+              f"{med(cold) * 1e6:>12.1f} {med(save) / med(cold):>9.2f}")
+        del ring
     w.shutdown()
 
 

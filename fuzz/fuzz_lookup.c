@@ -13,11 +13,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		const char **ids = malloc((l.n + 1) * sizeof(*ids));
 		for (size_t i = 0; i < l.n; i++)
 			ids[i] = l.ids[i];
-		char *s = ecx_lookup_req_encode(ids, l.n);
+		char *s = ecx_lookup_req_encode_lease(ids, l.n, l.lease_ms);
 		ecx_idlist back;
 		if (s == NULL ||
 		    ecx_lookup_req_decode(s, strlen(s), &back, why, 160) != 0 ||
-		    back.n != l.n)
+		    back.n != l.n || back.lease_ms != l.lease_ms)
 			abort();
 		free(back.ids);
 		free(s);

@@ -315,6 +315,14 @@ ECX_API int ecx_producer_create(const ecx_producer_params *params,
 ECX_API int ecx_producer_put(ecx_producer *p, const char *id,
                              const ecx_tensor_desc *desc, const void *src);
 
+/* ecx_producer_put_stored is ecx_producer_put that also says what it did:
+ * on success *stored is 1 when it copied src in and published id, 0 when
+ * id was already held with the same descriptor (nothing copied). Blocks
+ * and fails as put; *stored is set only on success. */
+ECX_API int ecx_producer_put_stored(ecx_producer *p, const char *id,
+                                    const ecx_tensor_desc *desc,
+                                    const void *src, int *stored);
+
 /* ecx_producer_reserve is put in two steps, for callers that write the
  * bytes themselves (a GPU copy straight into the arena, no staging copy):
  * it takes room for id as put does and sets *dst to it; the caller writes

@@ -153,6 +153,9 @@ _producer_create = _fn("ecx_producer_create", ctypes.c_int,
                        ctypes.POINTER(_P), ctypes.c_char_p, ctypes.c_size_t)
 _producer_put = _fn("ecx_producer_put", ctypes.c_int, _P, ctypes.c_char_p,
                     ctypes.POINTER(_Desc), ctypes.c_void_p)
+_producer_put_stored = _fn("ecx_producer_put_stored", ctypes.c_int, _P,
+                           ctypes.c_char_p, ctypes.POINTER(_Desc),
+                           ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
 _producer_remove = _fn("ecx_producer_remove", ctypes.c_int, _P,
                        ctypes.c_char_p)
 _producer_reserve = _fn("ecx_producer_reserve", ctypes.c_int, _P,
@@ -587,11 +590,14 @@ class Producer:
         replace an item, remove(id) first. The same id with another dtype or
         shape raises EcxError EINVAL.
 
-        A torch tensor, on the CPU or a GPU, is copied once, straight into
-        its place in the arena (reserve, copy_, commit); the first CUDA one
-        page-locks the arena (cudaHostRegister) so that copy is a DMA.
+        A tensor is copied once, straight into its place in the arena: a
+        contiguous CPU tensor or array by libecx (one call; large items with
+        stores that bypass the cache), any other torch tensor by copy_
+        between reserve and commit; the first CUDA one page-locks the arena
+        (cudaHostRegister) so that copy is a DMA.
         """
-        if type(tensor).__module__.startswith("torch"):
+        if type(tensor).__module__.startswith("torch") and (
+                tensor.device.type != "cpu" or not tensor.is_contiguous()):
             if _is_cuda(tensor):
                 self.pin_for_cuda()
             name = str(tensor.dtype).split(".")[-1]
@@ -607,20 +613,13 @@ class Producer:
             return True
         name, shape, nbytes, ptr, keep = _describe(tensor)
         d = _desc(name, shape)
-        h = self._handle()
-        # reserve says whether the id was already held (dst NULL).
-        dst = ctypes.c_void_p()
-        rc = _producer_reserve(h, _b(id), ctypes.byref(d), ctypes.byref(dst))
-        if rc != 0:
-            raise _error(rc)
-        if not dst.value:
-            return False
-        ctypes.memmove(dst.value, ptr, nbytes)
+        stored = ctypes.c_int()
+        rc = _producer_put_stored(self._handle(), _b(id), ctypes.byref(d),
+                                  ptr, ctypes.byref(stored))
         del keep
-        rc = _producer_commit(h, _b(id))
         if rc != 0:
             raise _error(rc)
-        return True
+        return bool(stored.value)
 
     def reserve(self, id, dtype, shape):
         """Takes room for id and returns a torch tensor over it, in the
@@ -770,10 +769,11 @@ class Consumer:
         With lease_ms (0: the default, 30 s), each item found is also
         leased: its producer pins it for that long (or its own maximum), so
         the load that follows cannot miss it to eviction ("a hit will
-        load"; one round trip per producer). An item whose lease is refused
-        (the producer's lease share is taken, it no longer holds the item,
-        it does not answer) is None, as a miss. Item.lease holds the lease;
-        a load of the item ends it, release() ends it sooner."""
+        load"; taken in the lookup itself by a producer's embedded
+        registry, else one round trip per producer). An item whose lease is
+        refused (the producer's lease share is taken, it no longer holds
+        the item, it does not answer) is None, as a miss. Item.lease holds
+        the lease; a load of the item ends it, release() ends it sooner."""
         ids = [ids] if isinstance(ids, str) else list(ids)
         if not ids:
             return Found([], [])
@@ -1106,8 +1106,9 @@ class Client:
         are asked of the next): a Found list with an Item for each id found
         and None for each missing. When a registry could not be asked it
         raises EcxError whose .found holds what the others answered.
-        lease_ms: as Consumer.lookup (the client then also talks to the
-        producers' ZeroMQ sockets): each Item found is leased, and a
+        lease_ms: as Consumer.lookup (where the registry is not the
+        producer's own, the client also talks to the producers' ZeroMQ
+        sockets): each Item found is leased, and a
         Consumer in any process that loads it ends the lease."""
         ids = [ids] if isinstance(ids, str) else list(ids)
         if not ids:

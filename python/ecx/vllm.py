@@ -185,7 +185,9 @@ class _Config:
 @dataclass
 class ECXLoadSpec:
     """One item for a worker to load (pickled from scheduler to worker).
-    attempt tells a fresh pull of an id from an older one."""
+    attempt tells a fresh pull of an id from an older one. leases: in the
+    synchronous flow, the item's leases, one per tensor-parallel rank: a
+    rank's pull names its own, which ends it."""
     mm_hash: str
     num_token: int
     nbytes: int
@@ -194,10 +196,14 @@ class ECXLoadSpec:
     producer_zmq: str
     epoch: int = 0
     attempt: int = 0
+    leases: tuple = ()
 
-    def item(self) -> ecx.Item:
+    def item(self, rank=None) -> ecx.Item:
+        """The item to load; with rank, naming that rank's lease."""
+        lease = self.leases[rank % len(self.leases)] \
+            if rank is not None and self.leases else 0
         return ecx.Item(self.mm_hash, self.dtype, self.shape, self.nbytes,
-                        self.producer_zmq, self.epoch)
+                        self.producer_zmq, self.epoch, lease)
 
     @classmethod
     def of(cls, found: ecx.Item, attempt=0, num_token=0) -> "ECXLoadSpec":
@@ -358,8 +364,12 @@ class ECXConnector(ECConnectorBase):
         self._unavailable: set = set()
         self._attempts = 0
         self._unlease: list = []  # leased ecx.Items to release
-        self._sync_leases: dict = {}  # synchronous flow: id -> ecx.Item
-        self._req_leases: dict = {}  # synchronous flow: request -> Items
+        # Synchronous flow: the step's leased hits (id -> an ecx.Item per
+        # rank), and the leases handed to workers by request (request ->
+        # [time handed, Items]), released if the request is freed first.
+        self._sync_leases: dict = {}
+        self._req_leases: dict = {}
+        self._tp = _tp_size(vllm_config)
         # Worker.
         self._producer: Optional[ecx.Producer] = None
         self._consumer: Optional[ecx.Consumer] = None
@@ -615,7 +625,10 @@ class ECXConnector(ECConnectorBase):
         # room; a GPU buffer device gets a copy.
         cons = self._ensure_consumer()
         outs = [self._new_tensor(cons, s) for s in specs]
-        errors = cons.load_into([(s.item(), t) for s, t in zip(specs, outs)])
+        # Each pull names this rank's lease, and so ends it.
+        items = [s.item(self._rank % self._tp) for s in specs]
+        errors = cons.load_into(list(zip(items, outs)))
+        self._release_failed(cons, items, errors)
         failed = [(s.mm_hash, e) for s, e in zip(specs, errors)
                   if e is not None]
         for s, t, e in zip(specs, outs, errors):
@@ -629,6 +642,19 @@ class ECXConnector(ECConnectorBase):
                 f"ECXConnector: {len(failed)} of {len(specs)} encoder "
                 f"outputs could not be loaded: " +
                 "; ".join(f"{h}: {e}" for h, e in failed[:4]))
+
+    @staticmethod
+    def _release_failed(cons, items, errors) -> None:
+        """Ends the leases of the loads that failed (the pulls of the
+        others ended theirs)."""
+        left = [it for it, e in zip(items, errors)
+                if e is not None and it.lease]
+        if left:
+            try:
+                cons.release(left)
+            except ecx.EcxError as e:
+                logger.warning("ECXConnector: releasing %d leases failed "
+                               "(they expire): %s", len(left), e)
 
     def build_connector_worker_meta(self):
         if not self.is_consumer or not self._async or \
@@ -656,22 +682,30 @@ class ECXConnector(ECConnectorBase):
             # Local state only: True for what every rank holds.
             it = self._items.get(identifier)
             return it is not None and it.state == _READY
-        found = self._lookup([identifier])[0]
-        if found is None:
+        if identifier in self._pending_specs:
+            return True  # found in this step already: its leases hold
+        # With leases, one per rank (the same id asked once per rank, in
+        # one round trip): each rank's pull ends its own, so a lease ends
+        # when its load is done, whichever hooks this vLLM calls.
+        n = self._tp if self._cfg.lease_ms > 0 else 1
+        found = self._lookup([identifier] * n, count=1)
+        if any(f is None for f in found):
+            self._unlease.extend(f for f in found
+                                 if f is not None and f.lease)
             return False
-        self._pending_specs[identifier] = ECXLoadSpec.of(found)
-        if found.lease:
-            old = self._sync_leases.get(identifier)
-            if old is not None and old is not found:
-                self._unlease.append(old)
-            self._sync_leases[identifier] = found
+        spec = ECXLoadSpec.of(found[0])
+        if found[0].lease:
+            spec.leases = tuple(f.lease for f in found)
+            self._sync_leases[identifier] = list(found)
+        self._pending_specs[identifier] = spec
         return True
 
-    def _lookup(self, ids):
+    def _lookup(self, ids, count=None):
         """One batched lookup; what could not be asked counts as missing
         (the request then encodes it locally). With lease_ms, what it finds
-        is leased, and what could not be leased is missing too."""
-        self._stats.add("lookups", len(ids))
+        is leased, and what could not be leased is missing too. count: the
+        lookups it counts as (default len(ids))."""
+        self._stats.add("lookups", len(ids) if count is None else count)
         try:
             if self._cfg.lease_ms > 0:
                 found = self._client.lookup(ids,
@@ -843,12 +877,20 @@ class ECXConnector(ECConnectorBase):
             leased = self._sync_leases.pop(mm_hash, None)
             if leased is not None:
                 self._req_leases.setdefault(
-                    getattr(request, "request_id", None), []).append(leased)
+                    getattr(request, "request_id", None),
+                    [time.monotonic(), []])[1].extend(leased)
+
+    def _free_sync_leases(self, request) -> None:
+        """Releases the leases of request's loads (a no-op at the producer
+        for those its pulls ended already)."""
+        held = self._req_leases.pop(getattr(request, "request_id", None),
+                                    None)
+        if held is not None:
+            self._unlease.extend(held[1])
 
     def update_state_after_free(self, request, index: int):
         if not self._async:
-            self._unlease.extend(self._req_leases.pop(
-                getattr(request, "request_id", None), ()))
+            self._free_sync_leases(request)
             return
         h = request.mm_features[index].identifier
         st = self._reqs.get(request.request_id)
@@ -874,8 +916,18 @@ class ECXConnector(ECConnectorBase):
         # leases of hits no request took end now.
         self._pending_specs.clear()
         self._loads.clear()
-        self._unlease.extend(self._sync_leases.values())
+        for found in self._sync_leases.values():
+            self._unlease.extend(found)
         self._sync_leases.clear()
+        # Leases handed to workers end at their pulls, or expire: those
+        # older than lease_ms are forgotten (an older vLLM frees no
+        # request through the connector).
+        old = time.monotonic() - self._cfg.lease_ms / 1000
+        while self._req_leases:
+            rid = next(iter(self._req_leases))
+            if self._req_leases[rid][0] > old:
+                break
+            del self._req_leases[rid]
         self._flush_unlease()
         return meta
 
@@ -908,8 +960,8 @@ class ECXConnector(ECConnectorBase):
         st = self._reqs.pop(request.request_id, None)
         if st is not None:
             self._drop(request.request_id, st.items)
-        self._unlease.extend(self._req_leases.pop(
-            getattr(request, "request_id", None), ()))
+        if not self._async:
+            self._free_sync_leases(request)
         return False, None
 
     def get_ec_connector_stats(self):
@@ -941,8 +993,9 @@ class ECXConnector(ECConnectorBase):
         if self._client is not None:
             for it in self._items.values():
                 self._unlease_item(it)
-            self._unlease.extend(self._sync_leases.values())
-            for items in self._req_leases.values():
+            for items in self._sync_leases.values():
+                self._unlease.extend(items)
+            for _, items in self._req_leases.values():
                 self._unlease.extend(items)
             self._sync_leases.clear()
             self._req_leases.clear()
@@ -966,6 +1019,11 @@ def _pull(cons, pairs):
     load = cons.load_start(pairs)
     load.wait()
     return load
+
+
+def _tp_size(vllm_config) -> int:
+    pc = getattr(vllm_config, "parallel_config", None)
+    return max(1, int(getattr(pc, "tensor_parallel_size", 1) or 1))
 
 
 def _rank(vllm_config) -> int:

@@ -20,7 +20,18 @@
 
 /* ---- lookups ---- */
 
+static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
+                           uint64_t lease_ms);
+
 int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
+{
+	return consumer_lookup(c, items, n, 0);
+}
+
+/* A lookup; with lease_ms, one that asks the registries for leases too
+ * (items[].lease: what they granted, else 0). */
+static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
+                           uint64_t lease_ms)
 {
 	char why[256];
 	if (n == 0)
@@ -31,10 +42,15 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 	for (size_t i = 0; i < n; i++)
 		li[i].id = items[i].id;
 	pthread_mutex_lock(&c->reg_lock);
-	int rc = ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
+	int rc = lease_ms != 0
+	             ? ecx_regclient_lookup_lease(c->rc, li, n, lease_ms, why,
+	                                          sizeof(why))
+	             : ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
 	pthread_mutex_unlock(&c->reg_lock);
 	for (size_t i = 0; i < n; i++) {
 		items[i].status = li[i].found ? 0 : ECX_ENOTFOUND;
+		if (lease_ms != 0)
+			items[i].lease = li[i].found ? li[i].entry.lease : 0;
 		if (li[i].found) {
 			items[i].desc = li[i].entry.desc;
 			ecx_strlcpy(items[i].producer, li[i].entry.producer_zmq,
@@ -57,12 +73,12 @@ int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
 {
 	if (lease_ms < 0)
 		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
-	int rc = ecx_consumer_lookup(c, items, n);
-	/* What the registries found is leased even when one of them failed:
-	 * the rest of the lookup stands. */
-	ecx_rdv_lease(c->leaser, items, n,
-	              lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT,
-	              c->token, c->timeout_ms, NULL);
+	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;
+	/* A producer's embedded registry leases its items in the lookup;
+	 * what the registries found is leased at its producer otherwise,
+	 * even when one of them failed: the rest of the lookup stands. */
+	int rc = consumer_lookup(c, items, n, ms);
+	ecx_rdv_lease(c->leaser, items, n, ms, c->token, c->timeout_ms, NULL);
 	return rc;
 }
 

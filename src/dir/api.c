@@ -97,17 +97,21 @@ void ecx_client_destroy(ecx_client *c)
 	free(c);
 }
 
+static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
+                         uint64_t lease_ms);
+
 int ecx_client_lookup_lease(ecx_client *c, ecx_item *items, size_t n,
                             int lease_ms)
 {
 	if (lease_ms < 0)
 		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
-	int rc = ecx_client_lookup(c, items, n);
+	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;
+	/* A producer's embedded registry leases its items in the lookup;
+	 * the rest are leased at their producers. */
+	int rc = client_lookup(c, items, n, ms);
 	if (rc == ECX_EID || rc == ECX_EINVAL)
 		return rc;
-	ecx_rdv_lease(c->leaser, items, n,
-	              lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT,
-	              c->token, c->timeout_ms, NULL);
+	ecx_rdv_lease(c->leaser, items, n, ms, c->token, c->timeout_ms, NULL);
 	return rc;
 }
 
@@ -123,6 +127,14 @@ int ecx_client_release(ecx_client *c, ecx_item *items, size_t n)
 
 int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
 {
+	return client_lookup(c, items, n, 0);
+}
+
+/* A lookup; with lease_ms, one that asks the registries for leases too
+ * (items[].lease: what they granted, else 0). */
+static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
+                         uint64_t lease_ms)
+{
 	if (c == NULL || (items == NULL && n > 0))
 		return ecx_set_error(ECX_EINVAL, "no client or no items");
 	if (n == 0)
@@ -133,11 +145,17 @@ int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
 	for (size_t i = 0; i < n; i++)
 		li[i].id = items[i].id != NULL ? items[i].id : "";
 	char why[256] = "";
-	int rc = ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
+	int rc = lease_ms != 0
+	             ? ecx_regclient_lookup_lease(c->rc, li, n, lease_ms, why,
+	                                          sizeof(why))
+	             : ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
 	/* An id that breaks the rules fails the call before any request. */
 	if (rc != ECX_EID) {
 		for (size_t i = 0; i < n; i++) {
 			items[i].status = li[i].found ? 0 : ECX_ENOTFOUND;
+			if (lease_ms != 0)
+				items[i].lease =
+				    li[i].found ? li[i].entry.lease : 0;
 			if (!li[i].found)
 				continue;
 			items[i].desc = li[i].entry.desc;

@@ -312,10 +312,14 @@ int regc_http_err(long status, const buf *b, const char *url, char *why,
 }
 
 static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
-                          char *why, size_t whylen)
+                          uint64_t lease_ms, char *why, size_t whylen)
 {
-	char path[ECX_ID_MAX + 16];
-	snprintf(path, sizeof(path), "/ec/info/%s", it->id);
+	char path[ECX_ID_MAX + 48];
+	if (lease_ms != 0)
+		snprintf(path, sizeof(path), "/ec/info/%s?ecx_lease_ms=%llu",
+		         it->id, (unsigned long long)lease_ms);
+	else
+		snprintf(path, sizeof(path), "/ec/info/%s", it->id);
 	buf b = {0};
 	long status = 0;
 	int rc =
@@ -339,15 +343,15 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 }
 
 static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
-                           ecx_lookup_item *items, size_t n, char *why,
-                           size_t whylen)
+                           ecx_lookup_item *items, size_t n, uint64_t lease_ms,
+                           char *why, size_t whylen)
 {
 	const char **ids = malloc(n * sizeof(*ids));
 	if (ids == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++)
 		ids[i] = items[i].id;
-	char *body = ecx_lookup_req_encode(ids, n);
+	char *body = ecx_lookup_req_encode_lease(ids, n, lease_ms);
 	free(ids);
 	if (body == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
@@ -372,22 +376,30 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 }
 
 static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
-                  bool all_holders, char *why, size_t whylen);
+                  bool all_holders, uint64_t lease_ms, char *why,
+                  size_t whylen);
 
 int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
                          char *why, size_t whylen)
 {
-	return lookup(c, items, n, false, why, whylen);
+	return lookup(c, items, n, false, 0, why, whylen);
 }
 
 int ecx_regclient_lookup_holders(ecx_regclient *c, ecx_lookup_item *items,
                                  size_t n, char *why, size_t whylen)
 {
-	return lookup(c, items, n, true, why, whylen);
+	return lookup(c, items, n, true, 0, why, whylen);
+}
+
+int ecx_regclient_lookup_lease(ecx_regclient *c, ecx_lookup_item *items,
+                               size_t n, uint64_t lease_ms, char *why,
+                               size_t whylen)
+{
+	return lookup(c, items, n, false, lease_ms, why, whylen);
 }
 
 static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
-                  bool all_holders, char *why, size_t whylen)
+                  bool all_holders, uint64_t lease_ms, char *why, size_t whylen)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (ecx_id_check(items[i].id, why, whylen) != 0)
@@ -429,11 +441,12 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 			continue;
 		}
 		asked++;
-		int rc = g->redis != NULL ? g->redis->ops->mget(g->redis, miss,
-		                                                m, why, whylen)
-		         : m == 1 && !all_holders
-		             ? reg_lookup_one(c, g, miss, why, whylen)
-		             : reg_lookup_many(c, g, miss, m, why, whylen);
+		int rc =
+		    g->redis != NULL
+		        ? g->redis->ops->mget(g->redis, miss, m, why, whylen)
+		    : m == 1 && !all_holders
+		        ? reg_lookup_one(c, g, miss, lease_ms, why, whylen)
+		        : reg_lookup_many(c, g, miss, m, lease_ms, why, whylen);
 		if (rc == 0 && g->redis != NULL && all_holders)
 			rc = ecx_store_redis_holders(g->redis, miss, m, why,
 			                             whylen);
@@ -443,9 +456,14 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 			last = rc;
 			continue;
 		}
-		for (size_t k = 0; k < m; k++)
+		for (size_t k = 0; k < m; k++) {
+			/* Only a leased lookup's answer over HTTP carries a
+			 * lease. */
+			if (g->redis != NULL || lease_ms == 0)
+				miss[k].entry.lease = 0;
 			if (miss[k].found)
 				items[where[k]] = miss[k];
+		}
 	}
 	free(miss);
 	free(where);

@@ -64,6 +64,15 @@ int ecx_regclient_lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 int ecx_regclient_lookup_holders(ecx_regclient *c, ecx_lookup_item *items,
                                  size_t n, char *why, size_t whylen);
 
+/* ecx_regclient_lookup that also asks for leases of lease_ms: a producer's
+ * embedded registry leases the items of that producer it finds
+ * (items[].entry.lease, not 0) and answers a miss for each it cannot
+ * lease; other registries (standalone, Redis, the reference's) lease
+ * nothing, which leaves entry.lease 0. */
+int ecx_regclient_lookup_lease(ecx_regclient *c, ecx_lookup_item *items,
+                               size_t n, uint64_t lease_ms, char *why,
+                               size_t whylen);
+
 /* PUT and DELETE against the first registry in the list (a producer
  * publishes to one). producer_zmq, when not NULL, makes the delete conditional
  * on the entry being that producer's. */

@@ -9,8 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define MOD "producer"
+
+/* Puts of at least this many bytes write the arena with non-temporal
+ * stores: the destination is cold (fresh or evicted space), and the bytes
+ * are read next by a pull, not by this thread, so they go to memory
+ * without first reading each line in and without evicting the cache's
+ * working set. Smaller items are memcpy'd. */
+#define STREAM_MIN ((uint64_t)256 << 10)
 
 /* ---- items ---- */
 
@@ -304,18 +314,74 @@ void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity)
 	return p->base;
 }
 
-int ecx_producer_put(ecx_producer *p, const char *id,
-                     const ecx_tensor_desc *desc, const void *src)
+/* dst <- n bytes of src, with non-temporal stores where the CPU has them;
+ * they are ordered before the caller's next store (the commit). */
+static void copy_into_arena(void *dst, const void *src, uint64_t n)
+{
+#if defined(__SSE2__)
+	if (n >= STREAM_MIN) {
+		char *d = dst;
+		const char *s = src;
+		size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+		memcpy(d, s, head);
+		d += head;
+		s += head;
+		n -= head;
+		for (; n >= 64; n -= 64, d += 64, s += 64) {
+			const __m128i *q = (const __m128i *)(const void *)s;
+			__m128i a = _mm_loadu_si128(q);
+			__m128i b = _mm_loadu_si128(q + 1);
+			__m128i c = _mm_loadu_si128(q + 2);
+			__m128i e = _mm_loadu_si128(q + 3);
+			__m128i *o = (__m128i *)(void *)d;
+			_mm_stream_si128(o, a);
+			_mm_stream_si128(o + 1, b);
+			_mm_stream_si128(o + 2, c);
+			_mm_stream_si128(o + 3, e);
+		}
+		memcpy(d, s, n);
+		_mm_sfence();
+		return;
+	}
+#endif
+	memcpy(dst, src, n);
+}
+
+static int put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
+               const void *src, int *stored)
 {
 	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
 		return ecx_set_error(ECX_EINVAL, "put: missing argument");
 	void *dst = NULL;
 	int rc = reserve(p, "put", id, desc, &dst);
-	if (rc != 0 || dst == NULL)
+	if (rc != 0)
 		return rc;
+	if (dst == NULL) {
+		if (stored != NULL)
+			*stored = 0;
+		return 0;
+	}
 	if (desc->nbytes > 0)
-		memcpy(dst, src, desc->nbytes);
-	return ecx_producer_commit(p, id);
+		copy_into_arena(dst, src, desc->nbytes);
+	rc = ecx_producer_commit(p, id);
+	if (rc == 0 && stored != NULL)
+		*stored = 1;
+	return rc;
+}
+
+int ecx_producer_put(ecx_producer *p, const char *id,
+                     const ecx_tensor_desc *desc, const void *src)
+{
+	return put(p, id, desc, src, NULL);
+}
+
+int ecx_producer_put_stored(ecx_producer *p, const char *id,
+                            const ecx_tensor_desc *desc, const void *src,
+                            int *stored)
+{
+	if (stored == NULL)
+		return ecx_set_error(ECX_EINVAL, "put: missing argument");
+	return put(p, id, desc, src, stored);
 }
 
 int ecx_producer_remove(ecx_producer *p, const char *id)

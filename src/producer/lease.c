@@ -9,6 +9,7 @@
 #include "producer/producer.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define MOD "producer"
 
@@ -144,6 +145,40 @@ static int lease_take(ecx_producer *p, const char *id, uint64_t ms,
 	prod_lru_push(p, it);
 	*num = l->num;
 	return 0;
+}
+
+void prod_lease_lookup(void *arg, ecx_lookup_item *items, size_t n, uint64_t ms)
+{
+	ecx_producer *p = arg;
+	if (ms > p->lease_max_ms)
+		ms = p->lease_max_ms;
+	uint64_t granted = 0, refused = 0;
+	pthread_mutex_lock(&p->lock);
+	if (p->closing) {
+		pthread_mutex_unlock(&p->lock);
+		return;
+	}
+	prod_leases_expire(p);
+	for (size_t i = 0; i < n; i++) {
+		ecx_lookup_item *x = &items[i];
+		/* Another producer's entry is leased at that producer. */
+		if (!x->found || x->entry.epoch != p->epoch ||
+		    strcmp(x->entry.producer_zmq, p->address) != 0)
+			continue;
+		uint64_t num = 0;
+		int rc = lease_take(p, x->id, ms, &num);
+		if (rc == 0) {
+			x->entry.lease = num;
+			granted++;
+			continue;
+		}
+		/* Refused (or no longer held): a miss, as at the rendezvous. */
+		x->found = false;
+		refused += rc != ECX_ENOTFOUND;
+	}
+	p->st.leases_granted += granted;
+	p->st.leases_refused += refused;
+	pthread_mutex_unlock(&p->lock);
 }
 
 char *prod_lease_answer(ecx_producer *p, const ecx_zreq *r)

@@ -167,8 +167,10 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	rc = prod_publisher_start(p, why, whylen);
 	if (rc != 0)
 		goto fail;
-	if (p->registry != NULL)
+	if (p->registry != NULL) {
 		ecx_registry_set_metrics(p->registry, prod_metrics, p);
+		ecx_registry_set_leaser(p->registry, prod_lease_lookup, p);
+	}
 	ecx_info(MOD, "serving at %s, arena %llu bytes, registry %s",
 	         p->address, (unsigned long long)cap,
 	         remote != NULL ? remote : "embedded");
@@ -249,6 +251,9 @@ void ecx_producer_destroy(ecx_producer *p)
 {
 	if (p == NULL)
 		return;
+	pthread_mutex_lock(&p->lock);
+	p->closing = true;
+	pthread_mutex_unlock(&p->lock);
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;
 	/* Unpublish everything this producer published. */

@@ -190,6 +190,7 @@ struct ecx_producer {
 	lease *lhead, *ltail;             /* by expiry, soonest first */
 	uint64_t lease_max_ms, lease_cap; /* cap: bytes leased at most */
 	uint64_t lease_rng;
+	bool closing; /* destroy has begun: the registry takes no lease */
 	/* rendezvous */
 	ecx_rdv_server *rdv;
 	ecx_producer_stats st;
@@ -213,6 +214,10 @@ void prod_leases_drop_item(ecx_producer *p, item *it);
 void prod_leases_clear(ecx_producer *p);
 /* lease.c: the rendezvous's "lease" and "release" answers. Take the lock. */
 char *prod_lease_answer(ecx_producer *p, const ecx_zreq *r);
+/* lease.c: the embedded registry's leases in lookups (an
+ * ecx_registry_lease_fn; arg is the producer). Takes the lock. */
+void prod_lease_lookup(void *arg, ecx_lookup_item *items, size_t n,
+                       uint64_t ms);
 char *prod_release_answer(ecx_producer *p, const ecx_zreq *r);
 
 /* publish.c. Called without p->lock. prod_publish returns once id is in

@@ -331,7 +331,7 @@ static void reqs_rounds(ecx_rdv_leaser *l, req *rq, size_t nr,
 
 static bool found_item(const ecx_item *x)
 {
-	return x->status == 0 && x->producer[0] != '\0';
+	return x->status == 0 && x->producer[0] != '\0' && x->lease == 0;
 }
 
 void ecx_rdv_lease(ecx_rdv_leaser *l, ecx_item *items, size_t n,
@@ -339,8 +339,6 @@ void ecx_rdv_lease(ecx_rdv_leaser *l, ecx_item *items, size_t n,
                    uint64_t *refused)
 {
 	uint64_t deadline = ecx_now_ns() + (uint64_t)timeout_ms * 1000000u;
-	for (size_t i = 0; i < n; i++)
-		items[i].lease = 0;
 	req *rq;
 	size_t nr = reqs_make(items, n, found_item, &rq);
 	if (rq == NULL) {

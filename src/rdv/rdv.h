@@ -98,11 +98,12 @@ ecx_rdv_leaser *ecx_rdv_leaser_create(void);
 /* Closes its sockets. Accepts NULL. */
 void ecx_rdv_leaser_destroy(ecx_rdv_leaser *l);
 
-/* Asks each item's producer (items with status 0) for a lease of lease_ms
- * on it. Sets lease (and epoch, to the answering producer's) where granted;
- * where not (refused, gone, no answer by timeout_ms from the call), sets
- * status to ECX_ENOTFOUND and lease to 0. Counts into *refused those it
- * turned into misses. Never fails as a whole. */
+/* Asks each item's producer (items with status 0 and lease 0: one that
+ * holds a lease already, taken by its registry's lookup, is left as it
+ * is) for a lease of lease_ms on it. Sets lease (and epoch, to the
+ * answering producer's) where granted; where not (refused, gone, no answer
+ * by timeout_ms from the call), sets status to ECX_ENOTFOUND. Counts into
+ * *refused those it turned into misses. Never fails as a whole. */
 void ecx_rdv_lease(ecx_rdv_leaser *l, ecx_item *items, size_t n,
                    uint64_t lease_ms, const char *token, int timeout_ms,
                    uint64_t *refused);

@@ -31,6 +31,10 @@ struct ecx_registry {
 	/* the embedding producer's lines; set once, before they are read */
 	ecx_registry_metrics_fn metrics_fn;
 	void *metrics_arg;
+	/* the embedding producer's leases in lookups; set once, before
+	 * serving */
+	ecx_registry_lease_fn lease_fn;
+	void *lease_arg;
 };
 
 static inline void count(uint64_t *c, uint64_t n)

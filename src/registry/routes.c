@@ -78,20 +78,83 @@ static bool authorized(ecx_registry *r, const ecx_reg_http *q)
 	return ecx_ct_equal(h, strlen(h), r->token, r->token_len);
 }
 
-static int route_info_get(ecx_registry *r, ecx_reg_answer *a, const char *id)
+void ecx_registry_set_leaser(ecx_registry *r, ecx_registry_lease_fn fn,
+                             void *arg)
+{
+	r->lease_arg = arg;
+	__atomic_store_n(&r->lease_fn, fn, __ATOMIC_RELEASE);
+}
+
+/* The lease a lookup asks for: 0 for none, or when there is no one here
+ * to take it, or the caller lacks the token. */
+static uint64_t lease_asked(ecx_registry *r, const ecx_reg_http *q, uint64_t ms)
+{
+	if (ms == 0 || __atomic_load_n(&r->lease_fn, __ATOMIC_ACQUIRE) == NULL)
+		return 0;
+	return authorized(r, q) ? ms : 0;
+}
+
+static int item_id_cmp(const void *a, const void *b)
+{
+	const ecx_lookup_item *x = *(const ecx_lookup_item *const *)a;
+	const ecx_lookup_item *y = *(const ecx_lookup_item *const *)b;
+	return strcmp(x->id, y->id);
+}
+
+/* Leases what the lookup found, where the embedding producer holds it. An
+ * id asked more than once is left to the client, which leases it at its
+ * producer once per time asked (the answer carries one entry per id). */
+static void lease_found(ecx_registry *r, ecx_lookup_item *items, size_t n,
+                        uint64_t ms)
+{
+	if (ms == 0)
+		return;
+	if (n == 1) {
+		r->lease_fn(r->lease_arg, items, 1, ms);
+		return;
+	}
+	ecx_lookup_item **ord = malloc(n * sizeof(*ord));
+	if (ord == NULL)
+		return; /* the client leases them at their producers */
+	for (size_t i = 0; i < n; i++)
+		ord[i] = &items[i];
+	qsort(ord, n, sizeof(*ord), item_id_cmp);
+	for (size_t i = 0; i < n;) {
+		size_t j = i + 1;
+		while (j < n && strcmp(ord[j]->id, ord[i]->id) == 0)
+			j++;
+		if (j == i + 1)
+			r->lease_fn(r->lease_arg, ord[i], 1, ms);
+		i = j;
+	}
+	free(ord);
+}
+
+static int route_info_get(ecx_registry *r, ecx_reg_answer *a, const char *id,
+                          const ecx_reg_http *q)
 {
 	char why[200];
-	ecx_entry e;
+	ecx_lookup_item it = {.id = id};
 	count(&r->lookups, 1);
-	int rc = r->store->ops->get(r->store, id, &e, why, sizeof(why));
-	if (rc == ECX_ENOTFOUND) {
+	int rc = r->store->ops->get(r->store, id, &it.entry, why, sizeof(why));
+	if (rc != 0 && rc != ECX_ENOTFOUND)
+		return answer_error(a, status_of(rc), why);
+	it.found = rc == 0;
+	uint64_t ms = 0;
+	if (it.found && q->arg_lease_ms != NULL) {
+		char *end = NULL;
+		errno = 0;
+		unsigned long long v = strtoull(q->arg_lease_ms, &end, 10);
+		if (errno == 0 && end != q->arg_lease_ms && *end == '\0')
+			ms = lease_asked(r, q, v);
+	}
+	lease_found(r, &it, 1, ms);
+	if (!it.found) {
 		count(&r->misses, 1);
 		return answer_error(a, MHD_HTTP_NOT_FOUND, "unknown mm_hash");
 	}
-	if (rc != 0)
-		return answer_error(a, status_of(rc), why);
 	count(&r->hits, 1);
-	return answer_json(a, MHD_HTTP_OK, ecx_entry_encode(&e));
+	return answer_json(a, MHD_HTTP_OK, ecx_entry_encode(&it.entry));
 }
 
 static int route_info_put(ecx_registry *r, ecx_reg_answer *a, const char *id,
@@ -103,6 +166,7 @@ static int route_info_put(ecx_registry *r, ecx_reg_answer *a, const char *id,
 	if (rc == 0 && e.ttl_s == 0)
 		e.ttl_s = (uint32_t)r->entry_ttl_s;
 	e.age_ms = 0;
+	e.lease = 0; /* a lease is an answer's, never stored */
 	if (rc == 0)
 		rc = r->store->ops->put(r->store, id, &e, why, sizeof(why));
 	if (rc != 0)
@@ -185,6 +249,8 @@ static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
 	if (rc == 0)
 		rc = ecx_store_redis_holders(r->store, items, l.n, why,
 		                             sizeof(why));
+	if (rc == 0)
+		lease_found(r, items, l.n, lease_asked(r, q, l.lease_ms));
 	if (rc != 0) {
 		answer_error(a, status_of(rc), why);
 	} else {
@@ -362,7 +428,7 @@ static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 		if (ecx_id_check(id, why, sizeof(why)) != 0)
 			return answer_error(a, MHD_HTTP_BAD_REQUEST, why);
 		if (get)
-			return route_info_get(r, a, id);
+			return route_info_get(r, a, id, q);
 		if (put)
 			return route_info_put(r, a, id, q);
 		return route_info_delete(r, a, id, q);

@@ -63,6 +63,8 @@ static enum MHD_Result reg_handle(void *cls, struct MHD_Connection *c,
 	        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit"),
 	    .arg_producer = MHD_lookup_connection_value(
 	        c, MHD_GET_ARGUMENT_KIND, "producer_zmq"),
+	    .arg_lease_ms = MHD_lookup_connection_value(
+	        c, MHD_GET_ARGUMENT_KIND, "ecx_lease_ms"),
 	    .authorization = MHD_lookup_connection_value(
 	        c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
 	    .body = q->body,

@@ -29,11 +29,25 @@ typedef size_t (*ecx_registry_metrics_fn)(void *arg, char *buf, size_t len);
 void ecx_registry_set_metrics(ecx_registry *r, ecx_registry_metrics_fn fn,
                               void *arg);
 
+/* A lookup that asks for leases ("ecx_lease_ms" in POST /ec/lookup's body,
+ * or the query of GET /ec/info/{id}) is answered with the embedding
+ * producer's leases: after the store found items[0..n), fn leases for ms
+ * those of them its producer holds (setting entry.lease) and makes a miss
+ * (found false) each of them whose lease it refuses; the others it leaves
+ * as they are (the client leases those at their producers). It runs on
+ * the server's threads, until ecx_registry_destroy, only for callers
+ * with the registry's token where it has one. Set before serving. */
+typedef void (*ecx_registry_lease_fn)(void *arg, ecx_lookup_item *items,
+                                      size_t n, uint64_t ms);
+void ecx_registry_set_leaser(ecx_registry *r, ecx_registry_lease_fn fn,
+                             void *arg);
+
 /* One HTTP request as the router sees it, apart from libmicrohttpd (so
  * the fuzzer drives the router directly). */
 typedef struct ecx_reg_http {
 	const char *method, *url;
 	const char *arg_after, *arg_limit, *arg_producer; /* query, or NULL */
+	const char *arg_lease_ms;                         /* query, or NULL */
 	const char *authorization;                        /* header, or NULL */
 	const char *body;
 	size_t len;

@@ -27,6 +27,8 @@ cJSON *ecx_entry_to_json(const ecx_entry *e)
 		cJSON_AddItemToObject(o, "ecx_ttl_s", ecx_json_u64(e->ttl_s));
 	if (e->age_ms != 0)
 		cJSON_AddItemToObject(o, "ecx_age_ms", ecx_json_u64(e->age_ms));
+	if (e->lease != 0)
+		cJSON_AddItemToObject(o, "ecx_lease", ecx_json_u64(e->lease));
 	/* cJSON reports allocation failures only through missing children. */
 	if (cJSON_GetArraySize(o) < 4 ||
 	    cJSON_GetArraySize(shape) != (int)e->desc.ndim)
@@ -127,6 +129,11 @@ int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
 		if (rc != 0)
 			return rc;
 	}
+	if (cJSON_GetObjectItemCaseSensitive(o, "ecx_lease") != NULL) {
+		rc = ecx_json_get_u64(o, "ecx_lease", &e.lease, why, whylen);
+		if (rc != 0)
+			return rc;
+	}
 	*out = e;
 	return 0;
 }
@@ -153,9 +160,20 @@ void ecx_lookup_items_clear(ecx_lookup_item *items, size_t n)
 
 char *ecx_lookup_req_encode(const char *const *ids, size_t n)
 {
+	return ecx_lookup_req_encode_lease(ids, n, 0);
+}
+
+char *ecx_lookup_req_encode_lease(const char *const *ids, size_t n,
+                                  uint64_t lease_ms)
+{
 	cJSON *o = cJSON_CreateObject();
 	cJSON *arr = cJSON_AddArrayToObject(o, "ids");
 	if (arr == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	if (lease_ms != 0 &&
+	    !cJSON_AddItemToObject(o, "ecx_lease_ms", ecx_json_u64(lease_ms))) {
 		cJSON_Delete(o);
 		return NULL;
 	}
@@ -177,7 +195,13 @@ int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,
 	if (o == NULL)
 		return len > ECX_WIRE_MAX ? ECX_ETOOBIG : ECX_EPROTO;
 	int rc = 0;
-	ecx_idlist l = {0, NULL};
+	ecx_idlist l = {0, NULL, 0};
+	if (cJSON_GetObjectItemCaseSensitive(o, "ecx_lease_ms") != NULL) {
+		rc = ecx_json_get_u64(o, "ecx_lease_ms", &l.lease_ms, why,
+		                      whylen);
+		if (rc != 0)
+			goto out;
+	}
 	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "ids");
 	if (arr == NULL) {
 		rc = ecx_why(why, whylen, ECX_EPROTO, "missing field \"ids\"");

@@ -46,6 +46,9 @@ typedef struct ecx_entry {
 	/* In a registry's answers ("ecx_age_ms"): how long ago the holder
 	 * renewed it (0 when absent). */
 	uint64_t age_ms;
+	/* In a leased lookup's answer from a producer's embedded registry
+	 * ("ecx_lease"; 0 when absent): the lease it took on the item. */
+	uint64_t lease;
 } ecx_entry;
 
 /* Holders of one id a registry keeps: each producer's entry, live ones
@@ -67,9 +70,14 @@ int ecx_entry_decode(const char *buf, size_t len, ecx_entry *out, char *why,
 typedef struct ecx_idlist {
 	size_t n;
 	char (*ids)[ECX_ID_MAX + 1];
+	uint64_t lease_ms; /* a lookup's "ecx_lease_ms" (0: none asked) */
 } ecx_idlist;
 
 char *ecx_lookup_req_encode(const char *const *ids, size_t n);
+/* The same with "ecx_lease_ms": M when lease_ms is not 0: a producer's
+ * embedded registry then leases the items of that producer it finds. */
+char *ecx_lookup_req_encode_lease(const char *const *ids, size_t n,
+                                  uint64_t lease_ms);
 /* On success *out holds a malloc'd list (free out->ids). Duplicate ids are
  * kept; at most ECX_LOOKUP_MAX_IDS. */
 int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,

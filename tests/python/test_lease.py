@@ -169,3 +169,71 @@ def test_a_hit_loads_under_eviction_pressure(producer):
     assert loaded[5000] > 20 and misses[5000] == 0
     st = p.stats()
     assert st["leases"] == 0 or st["leases_used"] > 0
+
+
+def _http(method, u, body=None, token=None):
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(u, method=method,
+                                 data=None if body is None else
+                                 json.dumps(body).encode())
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_the_embedded_registry_leases_in_the_lookup(producer):
+    """A producer's embedded registry takes the lease in the lookup itself
+    (docs/protocol.md, "a hit will load"): the answer carries "ecx_lease",
+    the producer holds the lease, and a load naming it ends it; an id
+    asked twice in one batch is left to the rendezvous (a lease per time
+    asked); a refused lease is a miss; a caller without the token gets
+    none; an entry PUT with a lease does not keep it."""
+    p = producer(token="tok", lease_share_pct=50)
+    for i in range(3):
+        p.put(f"g{i}", blob(i, 4096))
+    base = url(p)
+    st, e = _http("GET", f"{base}/ec/info/g0?ecx_lease_ms=5000", token="tok")
+    assert st == 200 and e["ecx_lease"] > 0, e
+    assert p.stats()["leases"] == 1
+    st, e = _http("GET", f"{base}/ec/info/g0", token="tok")
+    assert st == 200 and "ecx_lease" not in e  # a plain lookup takes none
+    st, e = _http("GET", f"{base}/ec/info/g1?ecx_lease_ms=5000")
+    assert st == 200 and "ecx_lease" not in e  # no token: no lease
+    st, r = _http("POST", f"{base}/ec/lookup",
+                  {"ids": ["g1", "g2", "g2", "nope"], "ecx_lease_ms": 5000},
+                  token="tok")
+    assert st == 200, r
+    assert r["found"]["g1"]["ecx_lease"] > 0
+    assert "ecx_lease" not in r["found"]["g2"]  # asked twice
+    assert r["missing"] == ["nope"]
+    assert p.stats()["leases"] == 2
+    # Through the binding: one lease per time asked, from either path.
+    with ecx.Consumer(base, token="tok", timeout_ms=3000) as c:
+        found = c.lookup(["g2", "g2"], lease_ms=5000)
+        assert found[0].lease and found[1].lease
+        assert found[0].lease != found[1].lease
+        one = c.lookup(["g2"], lease_ms=5000)[0]
+        assert one.lease
+        assert p.stats()["leases"] == 5
+        got = c.load([one])
+        assert torch.equal(got[0], blob(2, 4096)) and one.lease == 0
+        assert p.stats()["leases_used"] == 1
+    # A lease the producer refuses (its share is taken) is a miss.
+    q = producer(lease_share_pct=0)
+    q.put("z", blob(0, 4096))
+    st, e = _http("GET", f"{url(q)}/ec/info/z?ecx_lease_ms=5000")
+    assert st == 404
+    assert q.stats()["leases_refused"] == 1
+    # A lease is an answer's, never stored.
+    entry = _http("GET", f"{base}/ec/info/g0", token="tok")[1]
+    entry["ecx_lease"] = 12345
+    st, _ = _http("PUT", f"{base}/ec/info/forged", entry, token="tok")
+    assert st == 200
+    assert "ecx_lease" not in _http("GET", f"{base}/ec/info/forged",
+                                    token="tok")[1]

@@ -183,9 +183,11 @@ def test_has_cache_item_is_cheap_and_persistent(producer):
     assert sched.has_cache_item(h)
     t0 = time.monotonic()
     for _ in range(200):
+        sched.build_connector_meta(None)  # a new step asks again
         assert sched.has_cache_item(h)
+        assert sched.has_cache_item(h)  # the same step: no second lookup
         assert not sched.has_cache_item("f" * 64)
-    per_call = (time.monotonic() - t0) / 400
+    per_call = (time.monotonic() - t0) / 600
     assert per_call < 0.01  # a bound, not a benchmark: see bench/
     # One persistent registry connection, reused.
     assert sched._client.connections == 1

@@ -170,8 +170,29 @@ static void test_lookup(void **state)
 	                 0);
 	assert_int_equal(l.n, 3);
 	assert_string_equal(l.ids[1], "lora:abc");
+	assert_int_equal(l.lease_ms, 0);
 	free(l.ids);
 	free(req);
+	/* A leased lookup carries its lease time; an entry its lease. */
+	req = ecx_lookup_req_encode_lease(ids, 3, 30000);
+	assert_non_null(strstr(req, "\"ecx_lease_ms\":30000"));
+	assert_int_equal(ecx_lookup_req_decode(req, strlen(req), &l, why, 160),
+	                 0);
+	assert_int_equal(l.lease_ms, 30000);
+	free(l.ids);
+	free(req);
+	const char *badms = "{\"ids\":[\"a\"],\"ecx_lease_ms\":-1}";
+	assert_int_not_equal(
+	    ecx_lookup_req_decode(badms, strlen(badms), &l, why, 160), 0);
+	ecx_entry le = sample_entry(), leb;
+	char *ej = ecx_entry_encode(&le);
+	assert_null(strstr(ej, "ecx_lease"));
+	free(ej);
+	le.lease = 9007199254740991ull;
+	ej = ecx_entry_encode(&le);
+	assert_int_equal(ecx_entry_decode(ej, strlen(ej), &leb, why, 160), 0);
+	assert_true(leb.lease == le.lease);
+	free(ej);
 
 	ecx_lookup_item items[3] = {
 	    {.id = ID64}, {.id = "lora:abc"}, {.id = "x"}};
