@@ -322,7 +322,10 @@ def _cuda_unregister(pinned):
     """Undoes _cuda_register before the memory is unmapped (ecx.cuda.unpin:
     waits for the device, unregisters only what was ours, nothing at
     interpreter exit)."""
-    from . import cuda
+    try:
+        from . import cuda
+    except ImportError:
+        return  # the interpreter is exiting
     cuda.unpin(pinned)
 
 

@@ -285,6 +285,10 @@ class TorchCuda:
         """True for a tensor on a CUDA device."""
         return getattr(tensor, "is_cuda", False)
 
+    def pinned_host(self):
+        """Whether host tensors can be made page-locked (pin_memory)."""
+        return True
+
     def new_stream(self, device):
         return self._torch.cuda.Stream(device)
 

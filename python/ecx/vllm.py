@@ -537,8 +537,12 @@ class ECXConnector(ECConnectorBase):
 
     def _new_tensor(self, cons, spec):
         t = cons.arena_tensor(spec.item())
+        # Past the arena, a GPU's copies still come from page-locked
+        # memory (torch's own, which it keeps until they are read): one
+        # from pageable memory would wait for the copy stream in the step.
         return t if t is not None else torch.empty(
-            tuple(spec.shape), dtype=getattr(torch, spec.dtype))
+            tuple(spec.shape), dtype=getattr(torch, spec.dtype),
+            pin_memory=self._copies is not None and self._api.pinned_host())
 
     def _process_metadata(self, meta) -> None:
         """Releases and starts of a step, once per metadata object."""

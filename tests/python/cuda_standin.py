@@ -78,6 +78,9 @@ class StandInCuda:
     def owns(self, tensor):
         return getattr(tensor, "_standin", False)
 
+    def pinned_host(self):
+        return False  # torch here has no CUDA to page-lock with
+
     def new_stream(self, device):
         s = Stream(self, f"side-{len(self.streams)}")
         self.streams.append(s)

@@ -433,20 +433,54 @@ def test_cuda_without_a_device_fails_the_start(registry, monkeypatch):
         ECXConnector(gpu_config(reg.url), ECConnectorRole.WORKER)
 
 
+GPU_DIR = os.path.join(HERE, "..", "gpu")
+
+
+def run_check(**env):
+    return subprocess.run(["bash", os.path.join(GPU_DIR, "check.sh")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
 def test_the_check_skips_cleanly_without_a_gpu():
     """tests/gpu/check.sh exits 77 (a skip) where no GPU is, and its
     Python compiles."""
-    root = os.path.join(HERE, "..", "gpu")
     if os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi"):
         pytest.skip("a GPU is here: gpu.check runs for real")
-    r = subprocess.run(["bash", os.path.join(root, "check.sh")],
-                       capture_output=True, text=True, timeout=60)
+    r = run_check()
     assert r.returncode == 77, r.stdout + r.stderr
-    assert "skipped" in r.stdout
-    for f in os.listdir(root):
+    assert r.stdout.startswith("skipped: no GPU here")
+    for f in os.listdir(GPU_DIR):
         if f.endswith(".py"):
             subprocess.run([sys.executable, "-m", "py_compile",
-                            os.path.join(root, f)], check=True)
+                            os.path.join(GPU_DIR, f)], check=True)
+
+
+def test_the_check_fails_where_a_gpu_is_but_torch_cannot_use_it():
+    """A GPU here (ECX_GPU_PRESENT=1 stands for one) with no interpreter,
+    no torch, an old torch, or a torch without CUDA is a failure with a
+    message that says what to do, never a skip."""
+    r = run_check(ECX_GPU_PRESENT="1", ECX_PYTHON="/nonexistent/python")
+    assert r.returncode == 1 and "not an interpreter" in r.stdout
+    sys.path.insert(0, GPU_DIR)
+    try:
+        import check
+    finally:
+        sys.path.remove(GPU_DIR)
+    if check.torch_problem(torch) is not None:  # else it would run for real
+        r = run_check(ECX_GPU_PRESENT="1", ECX_PYTHON=sys.executable)
+        assert r.returncode == 1, r.stdout
+        assert r.stdout == f"FAIL: {check.torch_problem(torch)}\n"
+    old = types.SimpleNamespace(__version__="2.0.1",
+                                bfloat16=types.SimpleNamespace())
+    assert "older than 2.1" in check.torch_problem(old)
+    cpu = types.SimpleNamespace(
+        __version__="2.4.0+cpu", bfloat16=types.SimpleNamespace(itemsize=2),
+        float8_e4m3fn=object(), version=types.SimpleNamespace(cuda=None),
+        cuda=types.SimpleNamespace(is_available=lambda: False))
+    assert "cannot use it" in check.torch_problem(cpu)
+    cpu.cuda.is_available = lambda: True
+    assert check.torch_problem(cpu) is None
 
 
 def test_threads_left():
