@@ -669,7 +669,8 @@ class Producer:
         the arena is page-locked (by this call, or already, e.g. by UCX:
         then it is never unregistered here); False without CUDA, or when
         the driver refuses (logged with its code), or raises
-        ecx.cuda.CudaError for that when required."""
+        ecx.cuda.CudaError for that (OSError where libcuda does not
+        load) when required."""
         if self._cuda_pinned:
             return True
         if self._cuda_pinned is False and not required:
@@ -967,8 +968,8 @@ class Consumer:
         (t.to("cuda", non_blocking=True)). True when it is page-locked (by
         this call, or already, e.g. by UCX: then never unregistered here);
         False without CUDA or an arena, or when the driver refuses (logged
-        with its code), or raises ecx.cuda.CudaError for that when
-        required."""
+        with its code), or raises ecx.cuda.CudaError for that (OSError
+        where libcuda does not load) when required."""
         if self._cuda_pinned:
             return True
         if self._cuda_pinned is False and not required:

@@ -81,8 +81,8 @@ class Driver:
     (path: the library to open; tests give a stand-in built from C).
     Every call runs with a context current: the thread's own, or else
     the primary context of device `ordinal`, pushed for the call. Raises
-    OSError when the library cannot be opened, CudaError when cuInit
-    fails."""
+    OSError when the library cannot be opened (or lacks a function),
+    CudaError when cuInit fails."""
 
     def __init__(self, path=LIBCUDA):
         self.path = path
@@ -91,7 +91,9 @@ class Driver:
         for name, args in _FUNCTIONS.items():
             f = getattr(lib, name, None)
             if f is None and name.endswith("_v2"):
-                f = getattr(lib, name[:-3])
+                f = getattr(lib, name[:-3], None)
+            if f is None:
+                raise OSError(f"{path} has no {name}: not a CUDA driver")
             f.restype = ctypes.c_int
             f.argtypes = args
             self._f[name.split("_v2")[0]] = f

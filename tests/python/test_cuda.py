@@ -151,6 +151,22 @@ def test_unpin_does_nothing_while_the_interpreter_exits(fake, monkeypatch):
     assert fake.log == "R"
 
 
+def test_a_library_that_is_no_driver_is_refused(monkeypatch, caplog):
+    with pytest.raises(OSError, match="no cuInit"):
+        ecx.cuda.Driver(ecx.LIBRARY_PATH)  # libecx: no CUDA functions
+
+    def broken():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+    monkeypatch.setattr(ecx.cuda, "driver", broken)
+    prod = ecx.Producer(capacity_bytes=4 * MiB, bind_host="127.0.0.1",
+                        registry_port=0)
+    assert not prod.pin_for_cuda()  # logged, not raised
+    assert "did not load" in caplog.text
+    with pytest.raises(OSError):
+        prod.pin_for_cuda(required=True)
+    prod.close()
+
+
 def test_the_binding_pins_its_arenas(fake, caplog):
     prod = ecx.Producer(capacity_bytes=4 * MiB, bind_host="127.0.0.1",
                         registry_port=0)
