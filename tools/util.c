@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 bool tool_log_defaulted;
 
@@ -19,7 +20,9 @@ void tool_prefault(void *p, size_t n)
 {
 	/* Volatile stores: the compiler may neither drop nor fold them. */
 	volatile char *c = p;
-	for (size_t i = 0; i < n; i += 4096)
+	long ps = sysconf(_SC_PAGESIZE);
+	size_t page = ps > 0 ? (size_t)ps : 4096u;
+	for (size_t i = 0; i < n; i += page)
 		c[i] = 1;
 	if (n > 0)
 		c[n - 1] = 1;

@@ -307,23 +307,29 @@ def _is_cuda(t):
     return type(t).__module__.startswith("torch") and t.device.type == "cuda"
 
 
-def _cuda_register(base, size):
-    """Page-locks [base, base + size) for CUDA copies; False without CUDA
-    (or when the driver refuses: copies then stage through the driver)."""
+def _cuda_register(base, size, what, required):
+    """Page-locks [base, base + size) for CUDA copies with the driver API
+    (ecx.cuda.pin): an ecx.cuda.Pin, or None without CUDA. A refusal is
+    logged with its code and returns None, or raises ecx.cuda.CudaError
+    when required; it leaves no CUDA error set for later calls."""
+    from . import cuda
     try:
-        import torch
-        if not torch.cuda.is_available():
-            return False
-        cudart = torch.cuda.cudart()
-        res = cudart.cudaHostRegister(base, size, 0)
-        return res == cudart.cudaError.success
-    except (ImportError, AttributeError, RuntimeError):
-        return False
+        return cuda.pin(base, size, what)
+    except (OSError, cuda.CudaError):
+        if required:
+            raise
+        return None
 
 
-def _cuda_unregister(base):
-    import torch
-    torch.cuda.cudart().cudaHostUnregister(base)
+def _cuda_unregister(pinned):
+    """Undoes _cuda_register before the memory is unmapped (ecx.cuda.unpin:
+    waits for the device, unregisters only what was ours, nothing at
+    interpreter exit)."""
+    try:
+        from . import cuda
+    except ImportError:
+        return  # the interpreter is exiting
+    cuda.unpin(pinned)
 
 
 def _copy_into(dst, src):
@@ -572,7 +578,7 @@ class Producer:
         p.field_mask = m
         self._keep = p
         self._h = None
-        self._cuda_pinned = None  # (address, size) once page-locked
+        self._cuda_pinned = None  # an ecx.cuda.Pin; False: refused
         h = _P()
         why = ctypes.create_string_buffer(256)
         rc = _producer_create(ctypes.byref(p), ctypes.byref(h), why, 256)
@@ -594,7 +600,7 @@ class Producer:
         contiguous CPU tensor or array by libecx (one call; large items with
         stores that bypass the cache), any other torch tensor by copy_
         between reserve and commit; the first CUDA one page-locks the arena
-        (cudaHostRegister) so that copy is a DMA.
+        (cuMemHostRegister) so that copy is a DMA.
         """
         if type(tensor).__module__.startswith("torch") and (
                 tensor.device.type != "cpu" or not tensor.is_contiguous()):
@@ -655,16 +661,23 @@ class Producer:
         if rc != 0:
             raise _error(rc)
 
-    def pin_for_cuda(self):
-        """Page-locks the arena for CUDA (cudaHostRegister), once; False
-        when CUDA is not available. put does it at its first CUDA tensor."""
+    def pin_for_cuda(self, required=False):
+        """Page-locks the arena for CUDA (cuMemHostRegister, PORTABLE,
+        through the driver API), once; put does it at its first CUDA
+        tensor, which for GiBs takes seconds: call it up front. True when
+        the arena is page-locked (by this call, or already, e.g. by UCX:
+        then it is never unregistered here); False without CUDA, or when
+        the driver refuses (logged with its code), or raises
+        ecx.cuda.CudaError for that (OSError where libcuda does not
+        load) when required."""
         if self._cuda_pinned:
             return True
+        if self._cuda_pinned is False and not required:
+            return False  # tried before (and logged)
         base, size = self.arena()
-        if not _cuda_register(base, size):
-            return False
-        self._cuda_pinned = (base, size)
-        return True
+        pinned = _cuda_register(base, size, "producer's arena", required)
+        self._cuda_pinned = pinned if pinned is not None else False
+        return pinned is not None
 
     def arena(self):
         """(address, size) of the arena."""
@@ -702,7 +715,7 @@ class Producer:
         """Unpublishes everything and stops serving."""
         if getattr(self, "_h", None) is not None:
             if self._cuda_pinned:
-                _cuda_unregister(self._cuda_pinned[0])
+                _cuda_unregister(self._cuda_pinned)
                 self._cuda_pinned = None
             _producer_destroy(self._h)
             self._h = None
@@ -752,7 +765,7 @@ class Consumer:
         self._live = 0          # arena tensors alive
         self._closing = False
         self._h = None
-        self._cuda_pinned = None  # (address, size) once page-locked
+        self._cuda_pinned = None  # an ecx.cuda.Pin; False: refused
         self._loads = weakref.WeakSet()  # loads in flight
         h = _P()
         why = ctypes.create_string_buffer(256)
@@ -937,7 +950,7 @@ class Consumer:
 
     def _destroy(self):
         if self._cuda_pinned:
-            _cuda_unregister(self._cuda_pinned[0])
+            _cuda_unregister(self._cuda_pinned)
             self._cuda_pinned = None
         _consumer_destroy(self._h)
         self._h = None
@@ -948,18 +961,25 @@ class Consumer:
         base = _consumer_arena(self._handle(), ctypes.byref(cap))
         return base, cap.value
 
-    def pin_for_cuda(self):
-        """Page-locks the receive arena for CUDA (cudaHostRegister), once,
-        so copies from arena tensors to a GPU are DMAs that can run on a
-        side stream (t.to("cuda", non_blocking=True)); False when CUDA is
-        not available or there is no arena."""
+    def pin_for_cuda(self, required=False):
+        """Page-locks the receive arena for CUDA (cuMemHostRegister,
+        PORTABLE, through the driver API), once, so copies from arena
+        tensors to a GPU are DMAs that can run on a side stream
+        (t.to("cuda", non_blocking=True)). True when it is page-locked (by
+        this call, or already, e.g. by UCX: then never unregistered here);
+        False without CUDA or an arena, or when the driver refuses (logged
+        with its code), or raises ecx.cuda.CudaError for that (OSError
+        where libcuda does not load) when required."""
         if self._cuda_pinned:
             return True
+        if self._cuda_pinned is False and not required:
+            return False  # tried before (and logged)
         base, size = self.arena()
-        if not base or not _cuda_register(base, size):
+        if not base:
             return False
-        self._cuda_pinned = (base, size)
-        return True
+        pinned = _cuda_register(base, size, "receive arena", required)
+        self._cuda_pinned = pinned if pinned is not None else False
+        return pinned is not None
 
     __del__ = close
 

@@ -41,6 +41,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorBase, ECConnectorMetadata, ECConnectorRole)
 
 import ecx
+import ecx.cuda
 
 try:  # today's vLLM
     from vllm.distributed.ec_transfer.ec_connector.base import (
@@ -380,7 +381,13 @@ class ECXConnector(ECConnectorBase):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._failed_new: dict = {}
         self._seen_meta = None
-        self._side = None  # CUDA stream of copies to the device
+        # Device copies (ecx.cuda): the device interface, where vLLM's
+        # tensors live, copies to it (consumer) and saves from it
+        # (producer); set at the worker's start.
+        self._api = None
+        self._buffer_device = None
+        self._copies: Optional[ecx.cuda.ToDevice] = None
+        self._saves: Optional[ecx.cuda.Saves] = None
         if role == ECConnectorRole.SCHEDULER and self.is_consumer:
             # No data plane: a persistent connection per registry.
             c = self._cfg
@@ -393,6 +400,7 @@ class ECXConnector(ECConnectorBase):
                 self._ensure_consumer()
             if self.is_producer and self._rank == 0:
                 self._ensure_producer()
+            self._start_device(vllm_config)
 
     # ---- worker side ----
 
@@ -438,40 +446,113 @@ class ECXConnector(ECConnectorBase):
         # place in the producer's (page-locked) arena.
         tensor = encoder_cache[mm_hash]
         try:
-            self._ensure_producer().put(mm_hash, tensor)
-        except ecx.EcxError as e:
-            # An item that cannot be kept is one consumers encode again;
-            # it must not fail the encoder's request.
-            logger.warning("ECXConnector: not saving %s: %s", mm_hash, e)
+            self._save(mm_hash, tensor)
+        except Exception as e:  # noqa: BLE001 - logged, never raised
+            # An item that cannot be kept (arena full, a dtype ecx does not
+            # carry, a CUDA error) is one consumers encode again; it must
+            # not fail the encoder's request.
+            logger.warning("ECXConnector: not saving %s: %s: %s", mm_hash,
+                           type(e).__name__, e)
 
-    def _device(self):
-        device = torch.device(self._ec_cfg.ec_buffer_device or "cuda")
-        if device.type == "cuda" and not torch.cuda.is_available():
+    def _start_device(self, vllm_config) -> None:
+        """Where this worker's tensors live, and its arenas page-locked for
+        them, decided now: a bad setting or a failed pin ends the start,
+        not a step (page-locking GiBs takes seconds, logged)."""
+        model = _model_device_type(vllm_config)
+        if self.is_consumer:
+            self._buffer_device = self._choose_device(model)
+            if self._buffer_device.type == "cuda":
+                self._copies = ecx.cuda.ToDevice(self._api,
+                                                 self._buffer_device)
+                self._pin(self._ensure_consumer(), "receive arena")
+        if self._producer is not None and model in (None, "cuda"):
+            api = self._api or _device_api()
+            if api.available():
+                self._api = api
+                self._pin(self._producer, "arena")
+                self._saves = ecx.cuda.Saves(self._producer, api,
+                                             api.current_device())
+
+    def _choose_device(self, model):
+        """The device of the tensors handed to vLLM: the CPU, or this
+        rank's current GPU whatever index ec_buffer_device names (each
+        tensor-parallel rank reads its own GPU's encoder cache)."""
+        want = torch.device(self._ec_cfg.ec_buffer_device or "cuda")
+        if want.type == "cpu":
+            if model == "cuda":
+                raise ValueError(
+                    "ECXConnector: ec_buffer_device is \"cpu\" but the model "
+                    "runs on CUDA: vLLM would merge CPU tensors from the "
+                    "encoder cache into CUDA ones; set ec_buffer_device to "
+                    "\"cuda\" (each rank then uses its own GPU)")
+            return want
+        if want.type != "cuda":
+            raise ValueError(f"ECXConnector: ec_buffer_device {str(want)!r} "
+                             f"is not supported: \"cuda\" or \"cpu\"")
+        self._api = self._api or _device_api()
+        if not self._api.available():
             raise RuntimeError("ECXConnector: ec_buffer_device is cuda but "
                                "CUDA is not available")
-        return device
+        dev = self._api.current_device()
+        if want.index is not None and want.index != dev.index:
+            logger.warning("ECXConnector: ec_buffer_device is %s but worker "
+                           "rank %d runs on %s: its tensors go to %s",
+                           want, self._rank, dev, dev)
+        return dev
+
+    def _pin(self, handle, what) -> None:
+        t0 = time.perf_counter()
+        try:
+            ok = handle.pin_for_cuda(required=True)
+        except Exception as e:
+            raise RuntimeError(f"ECXConnector: cannot page-lock the {what} "
+                               f"for CUDA copies: {e}") from e
+        if not ok:
+            raise RuntimeError(f"ECXConnector: cannot page-lock the {what} "
+                               f"for CUDA copies: the CUDA driver is not "
+                               f"available")
+        logger.info("ECXConnector worker rank %d: the %s is page-locked for "
+                    "CUDA (%.2f s)", self._rank, what,
+                    time.perf_counter() - t0)
+
+    def _device(self):
+        if self._buffer_device is None:
+            self._buffer_device = self._choose_device(None)
+        return self._buffer_device
 
     def _to_device(self, t, device):
         """A loaded host tensor as vLLM reads it: itself on the CPU; on a
         GPU, a copy made on a side stream from the page-locked receive
-        arena, which the current stream waits for before reading it."""
+        arena, which the current stream waits for (on the device) before
+        reading it. The arena range stays held until the copy has
+        completed (ecx.cuda.ToDevice, polled each step)."""
         if device.type == "cpu":
             return t
-        if self._side is None:
-            self._ensure_consumer().pin_for_cuda()
-            self._side = torch.cuda.Stream(device)
-        cur = torch.cuda.current_stream(device)
-        self._side.wait_stream(cur)  # the destination's memory is free
-        with torch.cuda.stream(self._side):
-            g = t.to(device, non_blocking=True)
-        cur.wait_stream(self._side)
-        g.record_stream(cur)  # freed on the stream that reads it
-        return g
+        if self._copies is None:
+            self._copies = ecx.cuda.ToDevice(self._api, device)
+        return self._copies.copy([t])[0]
+
+    def _poll_copies(self) -> None:
+        if self._copies is not None:
+            self._copies.poll()
+
+    def _save(self, mm_hash, tensor) -> None:
+        """A device tensor is reserved now and committed once its copy has
+        completed (ecx.cuda.Saves, off the step); anything else is put."""
+        producer = self._ensure_producer()
+        if self._saves is not None and self._api.owns(tensor):
+            self._saves.save(mm_hash, tensor)
+        else:
+            producer.put(mm_hash, tensor)
 
     def _new_tensor(self, cons, spec):
         t = cons.arena_tensor(spec.item())
+        # Past the arena, a GPU's copies still come from page-locked
+        # memory (torch's own, which it keeps until they are read): one
+        # from pageable memory would wait for the copy stream in the step.
         return t if t is not None else torch.empty(
-            tuple(spec.shape), dtype=getattr(torch, spec.dtype))
+            tuple(spec.shape), dtype=getattr(torch, spec.dtype),
+            pin_memory=self._copies is not None and self._api.pinned_host())
 
     def _process_metadata(self, meta) -> None:
         """Releases and starts of a step, once per metadata object."""
@@ -479,8 +560,7 @@ class ECXConnector(ECConnectorBase):
                 meta, ECXConnectorMetadata):
             return
         self._seen_meta = meta
-        if meta.releases and self._side is not None:
-            self._side.synchronize()  # no copy still reads what goes
+        # A copy still reading a released tensor keeps it (ToDevice).
         for h in meta.releases:
             self._held.pop(h, None)
             self._want.pop(h, None)
@@ -584,6 +664,7 @@ class ECXConnector(ECConnectorBase):
             return
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, ECXConnectorMetadata)
+        self._poll_copies()  # arena ranges whose copies have completed
         if metadata.ready and metadata is not self._seen_meta:
             # The hand-over comes before the step's releases: an item one
             # request lets go of may be the one another starts using.
@@ -663,6 +744,7 @@ class ECXConnector(ECConnectorBase):
         if self._connector_metadata is not None:
             self._process_metadata(self._connector_metadata)
         self._poll()
+        self._poll_copies()
         failed, self._failed_new = self._failed_new, {}
         self._stats.maybe_log(self._cfg.log_interval_s,
                               f"worker rank {self._rank}")
@@ -989,6 +1071,17 @@ class ECXConnector(ECConnectorBase):
             if isinstance(pull, ecx.Load):
                 pull.wait()
         self._inflight = []
+        # Device copies end before the arenas are unpinned and unmapped:
+        # the receive arena's copies to the GPU, the producer's saves
+        # (committed, or left reserved after their bound).
+        if self._copies is not None:
+            self._copies.drain()
+        if self._saves is not None:
+            left = self._saves.close()
+            if left:
+                logger.warning("ECXConnector: %d saves still copying at "
+                               "shutdown were dropped", left)
+            self._saves = None
         self._held.clear()
         if self._client is not None:
             for it in self._items.values():
@@ -1024,6 +1117,22 @@ def _pull(cons, pairs):
 def _tp_size(vllm_config) -> int:
     pc = getattr(vllm_config, "parallel_config", None)
     return max(1, int(getattr(pc, "tensor_parallel_size", 1) or 1))
+
+
+def _device_api():
+    """The device interface of the worker's copies (ecx.cuda.TorchCuda;
+    tests put a stand-in here)."""
+    return ecx.cuda.TorchCuda()
+
+
+def _model_device_type(vllm_config):
+    """The device type the model runs on, from vLLM's device_config
+    ("cuda", "cpu", ...), or None where the config does not say."""
+    dc = getattr(vllm_config, "device_config", None)
+    kind = getattr(dc, "device_type", None)
+    if not kind:
+        kind = getattr(getattr(dc, "device", None), "type", None)
+    return str(kind) if kind else None
 
 
 def _rank(vllm_config) -> int:

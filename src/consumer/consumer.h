@@ -30,7 +30,8 @@
 
 #include <pthread.h>
 
-#define PAGE 4096u
+/* Registrations of destination memory are rounded out to pages. */
+#define PAGE ecx_page_size()
 /* How long a load waits past its deadline for the answers of producers
  * that stopped writing at the pull's expiry. */
 #define ECX_LOAD_GRACE_NS (100u * 1000000u)

@@ -90,6 +90,13 @@ static inline uint64_t ecx_now_ms(void)
  * can compare (pull expiries, corrected by the offset the hello measures). */
 uint64_t ecx_wall_ms(void);
 
+/* ---- memory ---- */
+
+/* The kernel's page size, sysconf(_SC_PAGESIZE) (4 KiB on most kernels,
+ * 64 KiB on some arm64 ones, e.g. GH200), read once; 4096 if it cannot be
+ * read. */
+uint64_t ecx_page_size(void);
+
 /* ---- base64 (RFC 4648, with padding) ---- */
 
 /* Length of the encoding of n bytes, without the terminating NUL. */

@@ -3,6 +3,7 @@
 
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 size_t ecx_strlcpy(char *dst, const char *src, size_t n)
 {
@@ -48,6 +49,18 @@ uint64_t ecx_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t ecx_page_size(void)
+{
+	static uint64_t page;
+	uint64_t p = __atomic_load_n(&page, __ATOMIC_RELAXED);
+	if (p == 0) {
+		long n = sysconf(_SC_PAGESIZE);
+		p = n > 0 ? (uint64_t)n : 4096u;
+		__atomic_store_n(&page, p, __ATOMIC_RELAXED);
+	}
+	return p;
 }
 
 static const char b64_chars[] =

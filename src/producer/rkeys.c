@@ -77,7 +77,8 @@ void prod_rkey_prefault(rkey_ent *e, uint64_t addr, uint64_t n)
 		uint64_t lo = k * PREFAULT_CHUNK;
 		uint64_t hi =
 		    lo + PREFAULT_CHUNK < e->len ? lo + PREFAULT_CHUNK : e->len;
-		uintptr_t a = (uintptr_t)(e->local + lo) / 4096 * 4096;
+		uintptr_t page = (uintptr_t)ecx_page_size();
+		uintptr_t a = (uintptr_t)(e->local + lo) / page * page;
 		uintptr_t b = (uintptr_t)(e->local + hi);
 		if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
 			ecx_debug(MOD, "cannot prefault: %m");

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <ucs/debug/log_def.h>
+#include <uct/api/uct.h>
 #include <unistd.h>
 
 #define MOD "ucx"
@@ -244,6 +245,47 @@ ucs_status_t ecx_ucx_worker_make(ecx_ucx *u, ucp_worker_h *w, int *efd,
 	return st;
 }
 
+/* UCX's CUDA transports (cuda_copy, cuda_ipc, gdr_copy) serve device
+ * memory; ecx's arenas are host memory. For transport "auto" where the user
+ * does not set UCX_TLS, they are left out, so a UCX built with CUDA neither
+ * opens CUDA for them nor page-locks the arenas itself. Only transports
+ * this UCX has are named (UCX warns about the others). Writes the UCX_TLS
+ * it set, or "", to tls. */
+static void ucx_skip_cuda(ucp_config_t *cfg, char *tls, size_t len)
+{
+	static const struct {
+		const char *component, *transport;
+	} cuda[] = {{"cuda_cpy", "cuda_copy"},
+	            {"cuda_ipc", "cuda_ipc"},
+	            {"gdr_copy", "gdr_copy"}};
+	tls[0] = '\0';
+	if (getenv("UCX_TLS") != NULL)
+		return;
+	uct_component_h *comps = NULL;
+	unsigned n = 0;
+	if (uct_query_components(&comps, &n) != UCS_OK)
+		return;
+	size_t off = 0;
+	for (unsigned i = 0; i < n; i++) {
+		uct_component_attr_t a = {.field_mask =
+		                              UCT_COMPONENT_ATTR_FIELD_NAME};
+		if (uct_component_query(comps[i], &a) != UCS_OK)
+			continue;
+		for (size_t k = 0; k < sizeof(cuda) / sizeof(cuda[0]); k++) {
+			if (strcmp(a.name, cuda[k].component) != 0)
+				continue;
+			int w =
+			    snprintf(tls + off, len - off, "%s%s",
+			             off == 0 ? "^" : ",", cuda[k].transport);
+			if (w > 0 && (size_t)w < len - off)
+				off += (size_t)w;
+		}
+	}
+	uct_release_component_list(comps);
+	if (off > 0)
+		ucx_default(cfg, "TLS", tls);
+}
+
 int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
                    size_t whylen)
 {
@@ -295,16 +337,33 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 	u->transports = strcmp(tr, "tcp") == 0   ? ECX_TR_TCP
 	                : strcmp(tr, "shm") == 0 ? ECX_TR_SHM
 	                                         : ECX_TR_SHM | ECX_TR_TCP;
+	/* The memory-type cache (hooks on CUDA allocations) likewise has no
+	 * device memory to find here. */
+	char skip[64] = "";
+	if (getenv("UCX_MEMTYPE_CACHE") == NULL &&
+	    ucp_config_modify(cfg, "MEMTYPE_CACHE", "n") != UCS_OK)
+		ecx_debug(MOD, "this UCX has no MEMTYPE_CACHE setting");
 	if (strcmp(tr, "tcp") == 0)
 		ucx_default(cfg, "TLS", "tcp,self");
 	else if (strcmp(tr, "shm") == 0)
 		ucx_default(cfg, "TLS", "sm,self");
-	else if (strcmp(tr, "auto") != 0) {
+	else if (strcmp(tr, "auto") == 0)
+		ucx_skip_cuda(cfg, skip, sizeof(skip));
+	else {
 		ucp_config_release(cfg);
 		rc = ecx_why(why, whylen, ECX_EINVAL,
 		             "unknown transport '%s' (auto, tcp, shm)", tr);
 		goto fail;
 	}
+	if (tls != NULL)
+		ecx_info(MOD, "transport %s, UCX_TLS=%s (the environment's)",
+		         tr, tls);
+	else if (strcmp(tr, "auto") != 0)
+		ecx_info(MOD, "transport %s, UCX_TLS=%s", tr,
+		         strcmp(tr, "tcp") == 0 ? "tcp,self" : "sm,self");
+	else
+		ecx_info(MOD, "transport auto, UCX_TLS=%s",
+		         skip[0] ? skip : "all");
 	const char *h = o->bind_host;
 	if (h != NULL && h[0] != '\0' && strcmp(h, "0.0.0.0") != 0 &&
 	    strcmp(h, "::") != 0) {

@@ -1,8 +1,39 @@
 #!/bin/sh
-# tests/gpu/check.sh - CUDA tensors through ecx (tests/gpu/check.py):
-# round trips of every dtype and GB/s beside torch's pinned copies. Exits
-# 77 where there is no CUDA device; ctest reports that as a skip.
-# ECX_LIBRARY and PYTHONPATH come from ctest (or set them by hand).
+# tests/gpu/check.sh - ecx's CUDA path on a real GPU, in one go (under five
+# minutes; tests/gpu/check.py says what it checks). Prints a table, exits 0
+# when every row passes, 1 when one fails, 77 (ctest: skipped) where this
+# host has no GPU. A GPU here that torch cannot use is a failure.
+#
+# ECX_PYTHON: the interpreter whose torch has CUDA (vLLM's venv), default
+# python3. ECX_LIBRARY and PYTHONPATH come from ctest; by hand they default
+# to this checkout's build/libecx.so and python/.
 set -eu
-here=$(dirname "$0")
-exec /usr/bin/python3 "$here/check.py"
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+py=${ECX_PYTHON:-python3}
+
+# ECX_GPU_PRESENT=1 says a GPU is here without looking (tests use it to
+# reach the failure paths on a machine without one).
+present=${ECX_GPU_PRESENT:-}
+if [ -z "$present" ]; then
+	if [ -e /dev/nvidia0 ]; then
+		present=/dev/nvidia0
+	elif command -v nvidia-smi >/dev/null 2>&1 &&
+		nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+		present=nvidia-smi
+	fi
+fi
+if [ -z "$present" ]; then
+	echo "skipped: no GPU here (no /dev/nvidia0, nvidia-smi lists none)"
+	exit 77
+fi
+
+export PYTHONPATH="${PYTHONPATH:-$root/python}"
+if [ -z "${ECX_LIBRARY:-}" ] && [ -e "$root/build/libecx.so" ]; then
+	export ECX_LIBRARY="$root/build/libecx.so"
+fi
+if ! command -v "$py" >/dev/null 2>&1; then
+	echo "FAIL: a GPU is here but ECX_PYTHON=$py is not an interpreter"
+	exit 1
+fi
+exec "$py" "$here/check.py"

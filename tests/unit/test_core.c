@@ -1,5 +1,5 @@
 /* Unit tests for src/core: errors, version, ids, dtypes, descriptors,
- * base64, constant-time compare, log level names. */
+ * base64, constant-time compare, log level names, page size. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +10,7 @@
 #include "core/core.h"
 
 #include <string.h>
+#include <unistd.h>
 
 static void test_version(void **state)
 {
@@ -198,6 +199,14 @@ static void test_log_names(void **state)
 	ecx_log_set_level(ECX_LOG_WARN);
 }
 
+static void test_page_size(void **state)
+{
+	(void)state;
+	/* The kernel's, not 4 KiB: 64 KiB on some arm64 kernels. */
+	assert_int_equal(ecx_page_size(), (uint64_t)sysconf(_SC_PAGESIZE));
+	assert_int_equal(ecx_page_size() & (ecx_page_size() - 1), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -205,7 +214,7 @@ int main(void)
 	    cmocka_unit_test(test_id_ok),     cmocka_unit_test(test_id_bad),
 	    cmocka_unit_test(test_dtypes),    cmocka_unit_test(test_tensor),
 	    cmocka_unit_test(test_base64),    cmocka_unit_test(test_ct_equal),
-	    cmocka_unit_test(test_log_names),
+	    cmocka_unit_test(test_log_names), cmocka_unit_test(test_page_size),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
