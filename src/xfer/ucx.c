@@ -295,16 +295,28 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 	u->transports = strcmp(tr, "tcp") == 0   ? ECX_TR_TCP
 	                : strcmp(tr, "shm") == 0 ? ECX_TR_SHM
 	                                         : ECX_TR_SHM | ECX_TR_TCP;
+	/* Shared memory goes over System V segments (and cross-memory
+	 * attach), never UCX's posix transport: that one creates a named
+	 * file in /dev/shm for each segment, writes it whole and only then
+	 * unlinks it, so a process killed in between (at the start of a large
+	 * arena, or of any worker's FIFO) leaves the file, and its memory,
+	 * behind. A System V segment is marked for removal as soon as it is
+	 * attached, so it goes with the last process that has it mapped. */
 	if (strcmp(tr, "tcp") == 0)
 		ucx_default(cfg, "TLS", "tcp,self");
 	else if (strcmp(tr, "shm") == 0)
-		ucx_default(cfg, "TLS", "sm,self");
-	else if (strcmp(tr, "auto") != 0) {
+		ucx_default(cfg, "TLS", "sysv,cma,self");
+	else if (strcmp(tr, "auto") == 0)
+		ucx_default(cfg, "TLS", "^posix");
+	else {
 		ucp_config_release(cfg);
 		rc = ecx_why(why, whylen, ECX_EINVAL,
 		             "unknown transport '%s' (auto, tcp, shm)", tr);
 		goto fail;
 	}
+	/* Arenas likewise: System V first, then private memory, which peers
+	 * on this host reach by cross-memory attach. */
+	ucx_default(cfg, "ALLOC_PRIO", ECX_UCX_ALLOC_PRIO);
 	const char *h = o->bind_host;
 	if (h != NULL && h[0] != '\0' && strcmp(h, "0.0.0.0") != 0 &&
 	    strcmp(h, "::") != 0) {
@@ -419,6 +431,27 @@ void ecx_ucx_address(ecx_ucx *u, const void **addr, size_t *len)
 int ecx_ucx_mem_alloc(ecx_ucx *u, size_t len, void **addr, ucp_mem_h *memh,
                       char *why, size_t whylen)
 {
+	/* Refused before a page is touched when it cannot fit; the posix
+	 * directory counts only where the user's UCX_ALLOC_PRIO lets UCX
+	 * allocate there. */
+	const char *prio = getenv("UCX_ALLOC_PRIO");
+	const char *pdir = NULL;
+	if (prio != NULL &&
+	    (strstr(prio, "posix") != NULL || strstr(prio, "md:*") != NULL))
+		pdir = getenv("UCX_POSIX_DIR") != NULL ? getenv("UCX_POSIX_DIR")
+		                                       : "/dev/shm";
+	bool sysv = true;
+	int rc = ecx_mem_fits("an arena", len, pdir, &sysv, why, whylen);
+	if (rc != 0)
+		return rc;
+	if (!sysv)
+		ecx_info(
+		    MOD,
+		    "an arena of %zu bytes is over this host's System V "
+		    "segment limit (kernel.shmmax, shmall): it is private "
+		    "memory, which peers on this host reach by cross-memory "
+		    "attach",
+		    len);
 	ucp_mem_map_params_t mp = {.field_mask =
 	                               UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
 	                               UCP_MEM_MAP_PARAM_FIELD_LENGTH |

@@ -71,9 +71,17 @@ void ecx_ucx_waiting(ecx_ucx *u, bool on);
 /* The worker's packed address (valid until destroy). */
 void ecx_ucx_address(ecx_ucx *u, const void **addr, size_t *len);
 
+/* UCX's allocation methods for arenas where the user's UCX_ALLOC_PRIO
+ * says nothing: UCX's default without the posix allocator (ucx.c says
+ * why). */
+#define ECX_UCX_ALLOC_PRIO "md:sysv,huge,thp,mmap,heap"
+
 /* Maps len bytes of memory that UCX allocates (shared-memory transports
  * then move data at memcpy speed), and touches every page now so no page
- * fault lands on a transfer. */
+ * fault lands on a transfer. Refused first, with ECX_ENOMEM and a detail
+ * naming len and what is available, when len is more than this host's
+ * available memory (MemAvailable) or, where the user's UCX_ALLOC_PRIO
+ * lets UCX's posix allocator in, the free space of its directory. */
 int ecx_ucx_mem_alloc(ecx_ucx *u, size_t len, void **addr, ucp_mem_h *memh,
                       char *why, size_t whylen);
 /* Registers memory the caller owns. */
