@@ -400,6 +400,7 @@ static bool load_done(ecx_load *l)
 int ecx_load_test(ecx_load *l)
 {
 	ecx_ucx_progress(l->c->ucx);
+	cons_pconns_watch(l->c, false);
 	return load_done(l) ||
 	               ecx_now_ns() >= l->deadline_ns + ECX_LOAD_GRACE_NS
 	           ? 0
@@ -452,6 +453,9 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 			break;
 		if (ecx_ucx_progress(c->ucx) == 0 && now > spin_until)
 			usleep(20);
+		/* A producer over shared memory that exits says nothing:
+		 * its process is watched (conns.c). */
+		cons_pconns_watch(c, false);
 	}
 	int first = 0;
 	uint64_t ok = 0, bad = 0, bytes = 0;
@@ -570,6 +574,11 @@ int ecx_load_wait(ecx_load *l)
 	 * sides cannot agree on): the producer's own words. */
 	if (first == had && why[0] != '\0' && !cons_failover_worth(first))
 		snprintf(detail, sizeof(detail), "%s", why);
+	else if (first == had && first == ECX_ECLOSED && why[0] != '\0') {
+		/* Why its holder failed (a producer seen to exit). */
+		size_t k = strlen(detail);
+		snprintf(detail + k, sizeof(detail) - k, " (%s)", why);
+	}
 	size_t bad = 0;
 	for (size_t i = 0; i < n; i++)
 		bad += items[i].status != 0;

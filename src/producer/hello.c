@@ -134,9 +134,9 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	ecx_debug(MOD, "consumer connection %llu over %s",
 	          (unsigned long long)id,
 	          transport == ECX_TR_SHM ? "shared memory" : "tcp");
-	char *ans =
-	    ecx_zresp_encode_hello(wcopy, alen, p->epoch, id, hello_wall,
-	                           transport, (uint64_t)p->idle_ms);
+	char *ans = ecx_zresp_encode_hello(
+	    wcopy, alen, p->epoch, id, hello_wall, transport,
+	    (uint64_t)p->idle_ms, (uint64_t)getpid(), p->pid_start);
 	free(wcopy);
 	return ans;
 }

@@ -80,6 +80,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	ecx_shm_domain(p->domain, sizeof(p->domain));
 	p->timeout_ms = timeout;
 	p->idle_ms = idle;
+	p->pid_start = ecx_pid_start((long)getpid());
 	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
 	const char *delay = getenv("ECX_TEST_PULL_DELAY_MS");
 	p->test_delay_ms = delay != NULL ? (unsigned)atoi(delay) : 0;

@@ -154,6 +154,8 @@ struct ecx_producer {
 	size_t token_len;
 	int timeout_ms;
 	int idle_ms; /* connections idle this long are closed */
+	/* This process's start time (ecx_pid_start), told in hellos. */
+	uint64_t pid_start;
 	/* registry */
 	ecx_registry *registry; /* embedded, or NULL */
 	ecx_regclient *remote;  /* remote, or NULL */
