@@ -27,6 +27,8 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	unsigned rcmax =
 	    HAS(REGCACHE_MAX) && pp->regcache_max ? pp->regcache_max : 64;
 	ecx_consumer *c = calloc(1, sizeof(*c));
+	if (c != NULL)
+		c->pid = (int)getpid();
 	if (c == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&c->lock, NULL);
@@ -124,6 +126,10 @@ fail:
 
 void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
 {
+	if (ecx_forked(c->pid, "consumer")) {
+		memset(out, 0, sizeof(*out));
+		return;
+	}
 	pthread_mutex_lock(&c->lock);
 	*out = c->st;
 	pthread_mutex_unlock(&c->lock);
@@ -132,6 +138,9 @@ void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
 void ecx_consumer_destroy(ecx_consumer *c)
 {
 	if (c == NULL)
+		return;
+	/* In a forked child: the parent's state, left as it is (leaked). */
+	if (ecx_forked(c->pid, "consumer"))
 		return;
 	if (c->hooked)
 		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,

@@ -161,6 +161,7 @@ typedef struct arena_alloc {
 } arena_alloc;
 
 struct ecx_consumer {
+	int pid; /* the creating process: calls from another are refused */
 	pthread_mutex_t lock, reg_lock;
 	pthread_cond_t conn_cv; /* a placeholder connection was settled */
 	ecx_regclient *rc;

@@ -22,6 +22,8 @@
 
 int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	char why[256];
 	if (n == 0)
 		return 0;
@@ -55,6 +57,8 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
                               int lease_ms)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	if (lease_ms < 0)
 		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
 	int rc = ecx_consumer_lookup(c, items, n);
@@ -68,6 +72,8 @@ int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
 
 int ecx_consumer_release(ecx_consumer *c, ecx_item *items, size_t n)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	char why[256];
 	if (c == NULL || (items == NULL && n > 0))
 		return ecx_set_error(ECX_EINVAL, "no consumer or no items");
@@ -384,6 +390,8 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                             ecx_load **out)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	return cons_load_start(
 	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u,
 	    false, out);
@@ -399,6 +407,8 @@ static bool load_done(ecx_load *l)
 
 int ecx_load_test(ecx_load *l)
 {
+	if (ecx_forked(l->c->pid, "consumer"))
+		return ECX_EFORK;
 	ecx_ucx_progress(l->c->ucx);
 	cons_pconns_watch(l->c, false);
 	return load_done(l) ||
@@ -557,6 +567,8 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 
 int ecx_load_wait(ecx_load *l)
 {
+	if (ecx_forked(l->c->pid, "consumer"))
+		return ECX_EFORK;
 	ecx_consumer *c = l->c;
 	ecx_item *items = l->items;
 	size_t n = l->n;
@@ -588,6 +600,8 @@ int ecx_load_wait(ecx_load *l)
 
 int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	ecx_load *l;
 	int rc = ecx_consumer_load_start(c, items, n, &l);
 	return rc != 0 ? rc : ecx_load_wait(l);

@@ -142,6 +142,16 @@ bool ecx_pid_gone(int fd);
 int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
                  bool *sysv, char *why, size_t whylen);
 
+/* ---- handles used after fork ---- */
+
+/* ecx_forked says whether the calling process is not owner (the process
+ * that created a handle, what names its kind: "consumer"); if so it sets
+ * the last error (ECX_EFORK, naming both processes). A forked child holds
+ * a copy of the handle's UCX, ZeroMQ and libcurl state, and of its locks
+ * as other threads held them: a public call there must touch none of it
+ * (UCX's shared-memory FIFOs are the parent's too). */
+bool ecx_forked(int owner, const char *what);
+
 /* ---- the calling thread's last error detail (ecx_last_error) ---- */
 
 /* ecx_set_error formats the detail of a failure of a public call and

@@ -230,6 +230,8 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 int ecx_producer_reserve(ecx_producer *p, const char *id,
                          const ecx_tensor_desc *desc, void **dst)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL || desc == NULL || dst == NULL)
 		return ecx_set_error(ECX_EINVAL, "reserve: missing argument");
 	*dst = NULL;
@@ -245,6 +247,8 @@ static item *reserved(ecx_producer *p, const char *id)
 
 int ecx_producer_commit(ecx_producer *p, const char *id)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL)
 		return ecx_set_error(ECX_EINVAL, "commit: missing argument");
 	pthread_mutex_lock(&p->lock);
@@ -282,6 +286,8 @@ int ecx_producer_commit(ecx_producer *p, const char *id)
 
 int ecx_producer_cancel(ecx_producer *p, const char *id)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL)
 		return ecx_set_error(ECX_EINVAL, "cancel: missing argument");
 	pthread_mutex_lock(&p->lock);
@@ -299,6 +305,8 @@ int ecx_producer_cancel(ecx_producer *p, const char *id)
 
 void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return NULL;
 	if (capacity != NULL)
 		*capacity = p->alloc.capacity;
 	return p->base;
@@ -307,6 +315,8 @@ void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity)
 int ecx_producer_put(ecx_producer *p, const char *id,
                      const ecx_tensor_desc *desc, const void *src)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
 		return ecx_set_error(ECX_EINVAL, "put: missing argument");
 	void *dst = NULL;
@@ -320,6 +330,8 @@ int ecx_producer_put(ecx_producer *p, const char *id,
 
 int ecx_producer_remove(ecx_producer *p, const char *id)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	pthread_mutex_lock(&p->lock);
 	item *it = prod_item_find(p, id);
 	if (it == NULL || !it->ready) {

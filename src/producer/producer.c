@@ -73,6 +73,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		               "embedded registry port");
 #undef HAS
 	ecx_producer *p = calloc(1, sizeof(*p));
+	if (p != NULL)
+		p->pid = (int)getpid();
 	if (p == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&p->lock, NULL);
@@ -194,6 +196,10 @@ uint16_t ecx_producer_registry_port(const ecx_producer *p)
 
 void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
 {
+	if (ecx_forked(p->pid, "producer")) {
+		memset(out, 0, sizeof(*out));
+		return;
+	}
 	pthread_mutex_lock(&p->lock);
 	prod_leases_expire(p);
 	*out = p->st;
@@ -249,6 +255,9 @@ size_t prod_metrics(void *arg, char *buf, size_t len)
 void ecx_producer_destroy(ecx_producer *p)
 {
 	if (p == NULL)
+		return;
+	/* In a forked child: the parent's state, left as it is (leaked). */
+	if (ecx_forked(p->pid, "producer"))
 		return;
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;

@@ -137,6 +137,7 @@ typedef struct job {
 } job;
 
 struct ecx_producer {
+	int pid; /* the creating process: calls from another are refused */
 	pthread_mutex_t lock;
 	/* arena */
 	void *base;
