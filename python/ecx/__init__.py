@@ -1070,6 +1070,7 @@ class Load:
         with self._lock:
             if self._h is None:
                 return True
+            _forked(self._consumer, "consumer")
             if _load_test(self._h) != 0:
                 return False
             self._finish()
@@ -1080,6 +1081,7 @@ class Load:
         returns .errors."""
         with self._lock:
             if self._h is not None:
+                _forked(self._consumer, "consumer")
                 self._finish()
             return self.errors
 
@@ -1092,6 +1094,8 @@ class Load:
 
     def __del__(self):
         if getattr(self, "_h", None) is not None:
+            if self._consumer._pid != os.getpid():
+                return  # a forked child's copy: the parent's to end
             self.wait()
 
     def __repr__(self):

@@ -54,6 +54,8 @@ def test_inherited_handles_are_refused_in_the_child(pair):
     p.put("fk", t)
     found = c.lookup(["fk"])
     assert torch.equal(c.load(found)[0], t)  # connected, over shm
+    # A load started before the fork, ended in the parent after it.
+    inflight = c.load_start(found)
     parent = os.getpid()
     url = f"http://127.0.0.1:{p.registry_port}"
 
@@ -63,6 +65,7 @@ def test_inherited_handles_are_refused_in_the_child(pair):
         want = (f"handle created in process {parent}, used after fork in "
                 f"{me}: create a new one in the child")
         for name, call in [("load", lambda: c.load(found)),
+                           ("wait", inflight.wait),
                            ("lookup", lambda: c.lookup(["fk"])),
                            ("stats", c.stats),
                            ("put", lambda: p.put("fk2", t))]:
@@ -88,7 +91,9 @@ def test_inherited_handles_are_refused_in_the_child(pair):
 
     out, st = in_child(child)
     assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, out
-    assert out.split("\n") == ["load: ok", "lookup: ok", "stats: ok",
+    assert inflight.wait() == [None]
+    assert out.split("\n") == ["load: ok", "wait: ok", "lookup: ok",
+                               "stats: ok",
                                "put: ok", f"c: {ecx.EFORK} ok",
                                "own: ok"], out
     # The parent's consumer and producer still work, over the same
