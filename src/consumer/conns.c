@@ -56,10 +56,48 @@ static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 
 /* ---- producers that exit (shared memory) ---- */
 
-static void dead_detail(const char *address, long pid, char *why, size_t len)
+static void dead_detail(const char *address, long pid, bool bye, char *why,
+                        size_t len)
 {
-	snprintf(why, len, "producer %s (process %ld on this host) has exited",
-	         address, pid);
+	snprintf(why, len, "producer %s (process %ld on this host) has %s",
+	         address, pid, bye ? "closed (its goodbye)" : "exited");
+}
+
+/* Remembers pc's producer dead and fails pc with its pulls. Called with
+ * c->lock. */
+static void pconn_dead_locked(ecx_consumer *c, pconn *pc, bool bye)
+{
+	pc->gone = true;
+	dead_peer *d = &c->dead[c->ndead++ % ECX_DEAD_MAX];
+	ecx_strlcpy(d->address, pc->address, sizeof(d->address));
+	d->epoch = pc->epoch;
+	d->pid = pc->pid;
+	d->bye = bye;
+	char why[400];
+	dead_detail(pc->address, pc->pid, bye, why, sizeof(why));
+	ecx_info(MOD, "%s: its loads fail", why);
+	pconn_fail_locked(c, pc, ECX_ECLOSED, why);
+}
+
+ucs_status_t cons_am_bye(void *arg, const void *header, size_t header_len,
+                         void *data, size_t length,
+                         const ucp_am_recv_param_t *param)
+{
+	(void)data;
+	(void)length;
+	(void)param;
+	ecx_consumer *c = arg;
+	if (header_len != sizeof(ecx_am_hdr))
+		return UCS_OK;
+	ecx_am_hdr h;
+	memcpy(&h, header, sizeof(h));
+	pthread_mutex_lock(&c->lock);
+	for (pconn *pc = c->conns; pc != NULL; pc = pc->next)
+		if (!pc->connecting && !pc->gone && pc->id == h.conn &&
+		    pc->epoch == h.req)
+			pconn_dead_locked(c, pc, true);
+	pthread_mutex_unlock(&c->lock);
+	return UCS_OK;
 }
 
 /* Whether pc's producer is seen to have exited; if so pc is failed with
@@ -71,15 +109,7 @@ static bool pconn_gone_locked(ecx_consumer *c, pconn *pc)
 		return true;
 	if (pc->pidfd < 0 || pc->connecting || !ecx_pid_gone(pc->pidfd))
 		return false;
-	pc->gone = true;
-	dead_peer *d = &c->dead[c->ndead++ % ECX_DEAD_MAX];
-	ecx_strlcpy(d->address, pc->address, sizeof(d->address));
-	d->epoch = pc->epoch;
-	d->pid = pc->pid;
-	char why[400];
-	dead_detail(pc->address, pc->pid, why, sizeof(why));
-	ecx_info(MOD, "%s: its loads fail", why);
-	pconn_fail_locked(c, pc, ECX_ECLOSED, why);
+	pconn_dead_locked(c, pc, false);
 	return true;
 }
 
@@ -277,7 +307,7 @@ static int pconn_fill(ecx_consumer *c, pconn *pc, ecx_zresp *z, uint64_t mid_ms,
 		pc->pidfd = ecx_pid_watch(pc->pid, z->pid_start);
 		if (pc->pidfd == -2) {
 			pc->pidfd = -1;
-			dead_detail(pc->address, pc->pid, why, whylen);
+			dead_detail(pc->address, pc->pid, false, why, whylen);
 			return ECX_ECLOSED;
 		}
 	}
@@ -452,13 +482,13 @@ void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
 				nwait++;
 			} else if (dead_find(c, w[k].address, w[k].epoch) !=
 			           NULL) {
-				/* Seen to exit: no hello would be answered. */
+				/* Seen to leave: no hello would be answered. */
+				const dead_peer *d =
+				    dead_find(c, w[k].address, w[k].epoch);
 				if (l->why_err == 0) {
-					dead_detail(w[k].address,
-					            dead_find(c, w[k].address,
-					                      w[k].epoch)
-					                ->pid,
-					            l->why, sizeof(l->why));
+					dead_detail(w[k].address, d->pid,
+					            d->bye, l->why,
+					            sizeof(l->why));
 					l->why_err = ECX_ECLOSED;
 				}
 				cons_pull_fail(w[k].p, ECX_ECLOSED);

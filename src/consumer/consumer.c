@@ -71,13 +71,16 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 		goto fail;
 	ecx_ucx_opts uo = {.transport = HAS(TRANSPORT) ? pp->transport : NULL,
 	                   .bind_host = HAS(BIND_HOST) ? pp->bind_host : NULL,
-	                   .nam = 2};
+	                   .nam = 3};
 	uo.am[0].id = ECX_AM_REPLY;
 	uo.am[0].cb = cons_am_reply;
 	uo.am[0].arg = c;
 	uo.am[1].id = ECX_AM_DATA;
 	uo.am[1].cb = cons_am_data;
 	uo.am[1].arg = c;
+	uo.am[2].id = ECX_AM_BYE;
+	uo.am[2].cb = cons_am_bye;
+	uo.am[2].arg = c;
 	rc = ecx_ucx_create(&uo, &c->ucx, why, whylen);
 	if (rc != 0)
 		goto fail;

@@ -85,6 +85,7 @@ typedef struct dead_peer {
 	char address[ECX_ADDR_MAX];
 	uint64_t epoch;
 	long pid;
+	bool bye; /* it said goodbye (ECX_AM_BYE), rather than exited */
 } dead_peer;
 
 /* Checks every watched connection (at most once a millisecond, unless
@@ -92,6 +93,11 @@ typedef struct dead_peer {
  * fail with ECX_ECLOSED and its zombies end (nothing can land any more).
  * Takes c->lock. */
 void cons_pconns_watch(ecx_consumer *c, bool force);
+/* The handler of ECX_AM_BYE: the producer of that connection (and epoch)
+ * is being destroyed; its pulls fail with ECX_ECLOSED as above. */
+ucs_status_t cons_am_bye(void *arg, const void *header, size_t header_len,
+                         void *data, size_t length,
+                         const ucp_am_recv_param_t *param);
 
 /* Marks pc failed and, over TCP, closes its endpoint now (or as soon as
  * no thread sends on it): UCX lands TCP puts through this side's worker,

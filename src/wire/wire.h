@@ -185,6 +185,11 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
 #define ECX_AM_DATA 19
+/* The producer's goodbye on a shared-memory connection when it is
+ * destroyed (a TCP connection's end shows by itself): header ecx_am_hdr
+ * with conn and, in req, the producer's epoch; body "{}". Sent only where
+ * no pull of the connection is in progress, after which none starts. */
+#define ECX_AM_BYE 20
 
 typedef struct ecx_am_hdr {
 	uint64_t conn; /* the connection number the hello gave */

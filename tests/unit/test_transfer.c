@@ -546,13 +546,15 @@ static void test_producer_killed_shm(void **state)
  * dies, so the load used to take its whole timeout (5 s here). Killed
  * mid-load, killed before a load, and exited cleanly before a load: each
  * load fails with ECX_ECLOSED within 1 s, and a second load of the same
- * item too (the producer is remembered dead). */
+ * item too (the producer is remembered dead); and the same when the
+ * producer is destroyed in a process that stays (its goodbye). */
 static void producer_gone(int how)
 {
 	const int TIMEOUT_MS = 5000;
 	const uint64_t BOUND_MS = (uint64_t)tu_ms(1000);
 	static const char *what[] = {"killed mid-load", "killed before a load",
-	                             "exited before a load"};
+	                             "exited before a load",
+	                             "destroyed (process alive) before a load"};
 	producer p;
 	producer_start(&p, "shm", NULL);
 	producer_put(&p, "g", "bfloat16", "1024x3584", "ok");
@@ -575,8 +577,12 @@ static void producer_gone(int how)
 		if (how == 1) {
 			kill(p.ch.pid, SIGKILL);
 			tu_reap(&p.ch, 2000);
-		} else {
+		} else if (how == 2) {
 			producer_stop(&p);
+		} else {
+			char ans[64];
+			assert_true(tu_ask(&p.ch, ans, sizeof(ans), "close"));
+			assert_string_equal(ans, "closed");
 		}
 		t0 = now_ms();
 		rc = ecx_consumer_load(c, &it, 1);
@@ -588,7 +594,15 @@ static void producer_gone(int how)
 	              TIMEOUT_MS, ecx_last_error());
 	assert_int_equal(rc, ECX_ECLOSED);
 	assert_int_equal(it.status, ECX_ECLOSED);
-	assert_non_null(strstr(ecx_last_error(), "has exited"));
+	/* A clean exit says goodbye first (its destroy); a kill cannot. */
+	const char *e = ecx_last_error();
+	if (how < 2)
+		assert_non_null(strstr(e, "has exited"));
+	else if (how == 3)
+		assert_non_null(strstr(e, "has closed (its goodbye)"));
+	else if (strstr(e, "has exited") == NULL &&
+	         strstr(e, "has closed (its goodbye)") == NULL)
+		fail_msg("%s", e);
 	assert_true(took < BOUND_MS);
 	if (how == 0)
 		tu_reap(&p.ch, 2000);
@@ -604,6 +618,8 @@ static void producer_gone(int how)
 	print_message("destroy took %llu ms\n", (unsigned long long)took);
 	assert_true(took < BOUND_MS);
 	free(it.dst);
+	if (how == 3)
+		producer_stop(&p);
 }
 
 static void test_producer_gone_shm_mid_load(void **state)
@@ -622,6 +638,14 @@ static void test_producer_gone_shm_exited(void **state)
 {
 	(void)state;
 	producer_gone(2);
+}
+
+/* Its producer destroyed in a process that lives on: its goodbye
+ * (ECX_AM_BYE) says so. */
+static void test_producer_gone_shm_closed(void **state)
+{
+	(void)state;
+	producer_gone(3);
 }
 
 /* A load is final (defect 1 of the leases issue): item a's producer is
@@ -1720,6 +1744,7 @@ int main(void)
 	    cmocka_unit_test(test_producer_gone_shm_mid_load),
 	    cmocka_unit_test(test_producer_gone_shm_killed),
 	    cmocka_unit_test(test_producer_gone_shm_exited),
+	    cmocka_unit_test(test_producer_gone_shm_closed),
 	    cmocka_unit_test(test_four_consumers),
 	    cmocka_unit_test(test_no_registration_per_item),
 	    cmocka_unit_test(test_many_regions),
