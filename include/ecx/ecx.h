@@ -386,8 +386,10 @@ ECX_API uint16_t ecx_producer_registry_port(const ecx_producer *p);
 
 ECX_API const char *ecx_producer_last_error(void);
 
-/* ecx_producer_destroy stops serving, unpublishes every item, closes its
- * endpoints and frees everything. Accepts NULL. */
+/* ecx_producer_destroy stops serving, unpublishes every item, says goodbye
+ * to its consumers over shared memory (their loads then fail with
+ * ECX_ECLOSED at once, docs/protocol.md), closes its endpoints and frees
+ * everything. Accepts NULL. */
 ECX_API void ecx_producer_destroy(ecx_producer *p);
 
 /* ---- Consumer ------------------------------------------------------------ */
