@@ -66,6 +66,7 @@ for cap in 512MiB 16MiB; do
 	echo "# serve --capacity $cap killed at: $how"
 	sleep 0.2
 	left=$(ls -A /dev/shm)
+	echo "# $(head -c 300 "$work/serve.err")"
 	check "serve --capacity $cap SIGKILLed ($how): nothing left in /dev/shm${left:+ ($left)}" [ -z "$left" ]
 	check "serve --capacity $cap: no System V segment left" [ "$(segments)" = 0 ]
 	rm -f /dev/shm/* 2>/dev/null
@@ -73,7 +74,10 @@ done
 
 # A consumer's receive arena of 512 MiB (the test peer, loading over
 # shared memory from a producer here), killed as soon as a file shows or
-# once it is ready; then one that loads before it is killed.
+# once it is ready; then one that loads before it is killed. (Not the last
+# producer's "serving" line: the redirection truncates only once the new
+# process runs.)
+rm -f "$work/serve.out"
 "$ECX" serve --bind 127.0.0.1 --port 0 --capacity 16MiB --transport shm \
 	--synthetic 1 --prefix t --shape 1024x3584 --dtype bfloat16 \
 	>"$work/serve.out" 2>"$work/serve.err" &
@@ -88,12 +92,12 @@ if wait_for "$work/serve.out" "^serving"; then
 	check "consumer (512 MiB arena) SIGKILLed ($how): nothing left in /dev/shm" [ -z "$(ls -A /dev/shm)" ]
 	mkfifo "$work/in"
 	"$PEER" consumer "$url" --transport shm --recv $((512 << 20)) --arena \
-		<"$work/in" >"$work/peer.out" 2>"$work/peer.err" &
+		--timeout 20000 <"$work/in" >"$work/peer.out" 2>"$work/peer.err" &
 	cpid=$!
 	exec 3>"$work/in"
 	echo "load t-0" >&3
 	wait_for "$work/peer.out" "^ok" || bad "the consumer loads: $(cat "$work/peer.out" "$work/peer.err")"
-	check "the consumer loads over shared memory: $(tail -1 "$work/peer.out")" grep -q "^ok ok" "$work/peer.out"
+	check "the consumer loads over shared memory: $(tail -1 "$work/peer.out") $(head -c 300 "$work/peer.err")" grep -q "^ok ok" "$work/peer.out"
 	kill -9 "$cpid" "$spid"
 	wait "$cpid" "$spid" 2>/dev/null
 	exec 3>&-
