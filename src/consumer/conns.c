@@ -241,7 +241,6 @@ static pconn *pconn_find(ecx_consumer *c, want *w, uint64_t now_ms,
 			pp = &pc->next;
 			continue;
 		}
-		pconn_gone_locked(c, pc);
 		/* Another epoch: the producer restarted since this connection
 		 * was made, unless a reconnect already showed the entry is the
 		 * stale one. Idle for half the producer's bound: it may be
@@ -461,6 +460,10 @@ void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
 		              .epoch = x->epoch,
 		              .g = &g};
 	}
+	/* Producers seen to exit since the last look (at most one a
+	 * millisecond: a pull to one that exits after it fails in the
+	 * load's wait). */
+	cons_pconns_watch(c, false);
 	const void *waddr;
 	size_t walen;
 	ecx_ucx_address(c->ucx, &waddr, &walen);
