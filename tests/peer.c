@@ -13,6 +13,8 @@
  *     corrupt ID              -> ok (flips a byte of ID in the arena, after
  *                                its hash was taken: memory going bad)
  *     stats                   -> stats items N used N pinned N ...
+ *     close                   -> closed (destroys the producer; the
+ *                                process stays, answering only quit)
  *     quit                    -> bye (after destroying the producer)
  *
  *   ecx-test-peer consumer REGISTRY [--transport T] [--token T]
@@ -141,7 +143,9 @@ static int run_producer(int argc, char **argv)
 	while (fgets(line, sizeof(line), stdin) != NULL) {
 		char cmd[32], id[512], dt[32], shp[128];
 		int n = sscanf(line, "%31s %511s %31s %127s", cmd, id, dt, shp);
-		if (n >= 1 && strcmp(cmd, "put") == 0 && n == 4) {
+		if (prod == NULL && !(n == 1 && strcmp(cmd, "quit") == 0)) {
+			printf("err EINVAL closed\n");
+		} else if (n >= 1 && strcmp(cmd, "put") == 0 && n == 4) {
 			ecx_tensor_desc d;
 			uint64_t shape[ECX_MAX_DIMS];
 			uint32_t nd;
@@ -205,6 +209,11 @@ static int run_producer(int argc, char **argv)
 			    (unsigned long long)s.leases_used,
 			    (unsigned long long)s.items,
 			    (unsigned long long)s.evictions);
+		} else if (n == 1 && strcmp(cmd, "close") == 0) {
+			/* Destroys the producer; the process stays. */
+			ecx_producer_destroy(prod);
+			prod = NULL;
+			printf("closed\n");
 		} else if (n == 1 && strcmp(cmd, "quit") == 0) {
 			break;
 		} else {

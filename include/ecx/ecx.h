@@ -48,33 +48,45 @@ ECX_API int ecx_version_number(void);
 /* ---- Errors ------------------------------------------------------------- */
 
 /* The error table. Codes are only ever appended, never renumbered. */
-#define ECX_ERR_MAP(XX)                               \
-	XX(OK, 0, "success")                          \
-	XX(EINVAL, -1, "invalid argument")            \
-	XX(ENOMEM, -2, "out of memory")               \
-	XX(EPROTO, -3, "malformed message")           \
-	XX(ETOOBIG, -4, "too large")                  \
-	XX(ENOTFOUND, -5, "unknown mm_hash")          \
-	XX(ESIZE, -6, "size mismatch")                \
-	XX(ETIMEDOUT, -7, "timed out")                \
-	XX(ECONNECT, -8, "cannot connect")            \
-	XX(EAUTH, -9, "bad or missing token")         \
-	XX(ENOSPC, -10, "no room in arena")           \
-	XX(EIO, -11, "transport error")               \
-	XX(EADDRINUSE, -12, "address already in use") \
-	XX(ECLOSED, -13, "peer closed")               \
-	XX(EBUSY, -14, "busy")                        \
-	XX(EDTYPE, -15, "unknown dtype")              \
-	XX(EID, -16, "invalid id")                    \
-	XX(EUNSUPPORTED, -17, "not supported")        \
-	XX(EINTERNAL, -18, "internal error")          \
-	XX(ECORRUPT, -19, "bytes differ from the producer's hash")
+#define ECX_ERR_MAP(XX)                                            \
+	XX(OK, 0, "success")                                       \
+	XX(EINVAL, -1, "invalid argument")                         \
+	XX(ENOMEM, -2, "out of memory")                            \
+	XX(EPROTO, -3, "malformed message")                        \
+	XX(ETOOBIG, -4, "too large")                               \
+	XX(ENOTFOUND, -5, "unknown mm_hash")                       \
+	XX(ESIZE, -6, "size mismatch")                             \
+	XX(ETIMEDOUT, -7, "timed out")                             \
+	XX(ECONNECT, -8, "cannot connect")                         \
+	XX(EAUTH, -9, "bad or missing token")                      \
+	XX(ENOSPC, -10, "no room in arena")                        \
+	XX(EIO, -11, "transport error")                            \
+	XX(EADDRINUSE, -12, "address already in use")              \
+	XX(ECLOSED, -13, "peer closed")                            \
+	XX(EBUSY, -14, "busy")                                     \
+	XX(EDTYPE, -15, "unknown dtype")                           \
+	XX(EID, -16, "invalid id")                                 \
+	XX(EUNSUPPORTED, -17, "not supported")                     \
+	XX(EINTERNAL, -18, "internal error")                       \
+	XX(ECORRUPT, -19, "bytes differ from the producer's hash") \
+	XX(EFORK, -20, "handle used in another process (after fork)")
 
 typedef enum ecx_err {
 #define ECX_ERR_ENUM(name, code, msg) ECX_##name = code,
 	ECX_ERR_MAP(ECX_ERR_ENUM)
 #undef ECX_ERR_ENUM
 } ecx_err;
+
+/* Handles (ecx_producer, ecx_consumer, ecx_load, ecx_client, ecx_registry)
+ * belong to the process that created them. In a forked child, every call
+ * on an inherited handle returns ECX_EFORK (a call that returns a pointer
+ * returns NULL, a stats call fills zeros) with ecx_last_error naming both
+ * processes, and touches none of the handle's state: its UCX, ZeroMQ and
+ * libcurl state is a copy of the parent's, shared-memory FIFOs included,
+ * and its locks are as the parent's other threads held them. A destroy
+ * there does nothing: the child's copy is leaked on purpose (it goes when
+ * the child exits or execs). Create new handles in the child; the
+ * parent's keep working. */
 
 /* ecx_strerror returns a short static description of err ("unknown
  * mm_hash"); for a value outside the table it returns "unknown error". */
@@ -382,8 +394,10 @@ ECX_API uint16_t ecx_producer_registry_port(const ecx_producer *p);
 
 ECX_API const char *ecx_producer_last_error(void);
 
-/* ecx_producer_destroy stops serving, unpublishes every item, closes its
- * endpoints and frees everything. Accepts NULL. */
+/* ecx_producer_destroy stops serving, unpublishes every item, says goodbye
+ * to its consumers over shared memory (their loads then fail with
+ * ECX_ECLOSED at once, docs/protocol.md), closes its endpoints and frees
+ * everything. Accepts NULL. */
 ECX_API void ecx_producer_destroy(ecx_producer *p);
 
 /* ---- Consumer ------------------------------------------------------------ */

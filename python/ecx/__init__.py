@@ -280,7 +280,46 @@ class Corrupt(EcxError):
     producer's hash of them."""
 
 
-_ERRORS = {-5: NotFound, -7: Timeout, -19: Corrupt}
+class Forked(EcxError):
+    """EFORK: a Producer, Consumer or Client used in a process other than
+    the one that created it (a forked child). The child must create its
+    own; the parent's is unaffected."""
+
+
+_ERRORS = {-5: NotFound, -7: Timeout, -19: Corrupt, -20: Forked}
+
+EFORK = -20
+
+
+def _forked(obj, kind):
+    """Raises Forked when obj (with ._pid) was created in another process:
+    before any call into C, whose state in a forked child is a copy of the
+    parent's (UCX's shared-memory FIFOs are the parent's too)."""
+    pid = os.getpid()
+    if obj._pid != pid:
+        raise Forked(EFORK, f"{kind} handle created in process {obj._pid}, "
+                     f"used after fork in {pid}: create a new one in the "
+                     f"child")
+
+
+def _size(name, value):
+    """value as a byte count for C: ctypes would wrap -1 to 2^64-1 (and cut
+    what is above it), which the library then tries to map. Negative
+    sizes, and sizes over this host's physical memory, are ValueError."""
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name} must be a whole number of bytes, "
+                         f"not {value}")
+    v = int(value)
+    if v < 0:
+        raise ValueError(f"{name} must not be negative (got {v})")
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        phys = (1 << 64) - 1
+    if v > min(phys, (1 << 64) - 1):
+        raise ValueError(f"{name} of {v} bytes is more than this host's "
+                         f"memory ({phys} bytes)")
+    return v
 
 
 def _error(code, detail=None):
@@ -547,7 +586,8 @@ class Producer:
         p = _ProducerParams()
         m = 0
         if capacity_bytes is not None:
-            p.capacity_bytes, m = int(capacity_bytes), m | 1
+            p.capacity_bytes = _size("capacity_bytes", capacity_bytes)
+            m |= 1
         if bind_host is not None:
             p.bind_host, m = _b(bind_host), m | 2
         if advertise_host is not None:
@@ -578,6 +618,7 @@ class Producer:
         p.field_mask = m
         self._keep = p
         self._h = None
+        self._pid = os.getpid()
         self._cuda_pinned = None  # an ecx.cuda.Pin; False: refused
         h = _P()
         why = ctypes.create_string_buffer(256)
@@ -709,11 +750,16 @@ class Producer:
     def _handle(self):
         if self._h is None:
             raise EcxError(-1, "the producer is closed")
+        _forked(self, "producer")
         return self._h
 
     def close(self):
-        """Unpublishes everything and stops serving."""
+        """Unpublishes everything and stops serving. In a forked child it
+        only forgets the parent's producer (which is left as it is)."""
         if getattr(self, "_h", None) is not None:
+            if self._pid != os.getpid():
+                self._h = None
+                return
             if self._cuda_pinned:
                 _cuda_unregister(self._cuda_pinned)
                 self._cuda_pinned = None
@@ -750,7 +796,8 @@ class Consumer:
         p.field_mask = 1 | 4 | 8
         p.registry = _b(registry)
         p.timeout_ms = int(timeout_ms)
-        p.recv_capacity = int(recv_capacity)
+        p.recv_capacity = recv_capacity = _size("recv_capacity",
+                                                recv_capacity)
         token = _token(token)
         if token:
             p.token, p.field_mask = _b(token), p.field_mask | 2
@@ -761,6 +808,7 @@ class Consumer:
         if integrity:
             p.integrity, p.field_mask = 1, p.field_mask | 128
         self._keep = p
+        self._pid = os.getpid()
         self._arena = recv_capacity > 0
         self._live = 0          # arena tensors alive
         self._closing = False
@@ -861,7 +909,9 @@ class Consumer:
         if not pairs:
             return []
         arr, keep = self._pairs_array(pairs)
-        _consumer_load(self._handle(), arr, len(pairs))
+        rc = _consumer_load(self._handle(), arr, len(pairs))
+        if rc == EFORK:
+            raise _error(rc)
         del keep
         return self._errors(arr, [it for it, _ in pairs])
 
@@ -934,12 +984,18 @@ class Consumer:
     def _handle(self):
         if self._h is None:
             raise EcxError(-1, "the consumer is closed")
+        _forked(self, "consumer")
         return self._h
 
     def close(self):
         """Closes the consumer; while arena tensors are alive the arena
-        stays mapped, and goes when the last of them is freed."""
+        stays mapped, and goes when the last of them is freed. In a forked
+        child it only forgets the parent's consumer (which is left as it
+        is: its loads, arena and connections are the parent's)."""
         if getattr(self, "_h", None) is None:
+            return
+        if self._pid != os.getpid():
+            self._h = None
             return
         for load in list(getattr(self, "_loads", ())):
             load.wait()  # ecx_consumer_destroy needs none in flight
@@ -1034,6 +1090,7 @@ class Load:
         with self._lock:
             if self._h is None:
                 return True
+            _forked(self._consumer, "consumer")
             if _load_test(self._h) != 0:
                 return False
             self._finish()
@@ -1044,6 +1101,7 @@ class Load:
         returns .errors."""
         with self._lock:
             if self._h is not None:
+                _forked(self._consumer, "consumer")
                 self._finish()
             return self.errors
 
@@ -1056,6 +1114,8 @@ class Load:
 
     def __del__(self):
         if getattr(self, "_h", None) is not None:
+            if self._consumer._pid != os.getpid():
+                return  # a forked child's copy: the parent's to end
             self.wait()
 
     def __repr__(self):
@@ -1083,6 +1143,7 @@ class Client:
     def __init__(self, registry, token=None, timeout_ms=5000,
                  connect_timeout_ms=None, registry_ttl_s=None, spin_us=None):
         self._h = None
+        self._pid = os.getpid()
         fns = _need_client()
         if not registry:
             raise ValueError("a client needs a registry URL")
@@ -1119,6 +1180,7 @@ class Client:
     def _handle(self):
         if self._h is None:
             raise EcxError(-1, "the client is closed")
+        _forked(self, "client")
         return self._h
 
     def lookup(self, ids, lease_ms=None):
@@ -1240,7 +1302,8 @@ class Client:
 
     def close(self):
         if getattr(self, "_h", None) is not None:
-            self._fns["destroy"](self._h)
+            if self._pid == os.getpid():  # a forked child's: forgotten
+                self._fns["destroy"](self._h)
             self._h = None
 
     __del__ = close

@@ -16,14 +16,11 @@
 
 /* ---- failures ---- */
 
-static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
+/* Fails pc and every pull in flight on it with err (why, when not NULL,
+ * the load's detail); its zombies end. Called with c->lock. */
+static void pconn_fail_locked(ecx_consumer *c, pconn *pc, int err,
+                              const char *why)
 {
-	(void)ep;
-	pconn *pc = arg;
-	ecx_consumer *c = pc->c;
-	ecx_warn(MOD, "connection to producer %s failed: %s", pc->address,
-	         ucs_status_string(st));
-	pthread_mutex_lock(&c->lock);
 	pc->failed = true;
 	for (;;) {
 		pull *p = NULL;
@@ -33,11 +30,112 @@ static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 		if (p == NULL)
 			break;
 		cons_pull_take(c, p->req);
-		if (p->zombie)
+		if (p->zombie) {
 			cons_zombie_end(c, p);
-		else
-			cons_pull_fail(p, ECX_ECLOSED);
+			continue;
+		}
+		if (why != NULL && p->load != NULL && p->load->why_err == 0) {
+			snprintf(p->load->why, sizeof(p->load->why), "%s", why);
+			p->load->why_err = err;
+		}
+		cons_pull_fail(p, err);
 	}
+}
+
+static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+	(void)ep;
+	pconn *pc = arg;
+	ecx_consumer *c = pc->c;
+	ecx_warn(MOD, "connection to producer %s failed: %s", pc->address,
+	         ucs_status_string(st));
+	pthread_mutex_lock(&c->lock);
+	pconn_fail_locked(c, pc, ECX_ECLOSED, NULL);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- producers that exit (shared memory) ---- */
+
+static void dead_detail(const char *address, long pid, bool bye, char *why,
+                        size_t len)
+{
+	snprintf(why, len, "producer %s (process %ld on this host) has %s",
+	         address, pid, bye ? "closed (its goodbye)" : "exited");
+}
+
+/* Remembers pc's producer dead and fails pc with its pulls. Called with
+ * c->lock. */
+static void pconn_dead_locked(ecx_consumer *c, pconn *pc, bool bye)
+{
+	pc->gone = true;
+	dead_peer *d = &c->dead[c->ndead++ % ECX_DEAD_MAX];
+	ecx_strlcpy(d->address, pc->address, sizeof(d->address));
+	d->epoch = pc->epoch;
+	d->pid = pc->pid;
+	d->bye = bye;
+	char why[400];
+	dead_detail(pc->address, pc->pid, bye, why, sizeof(why));
+	ecx_info(MOD, "%s: its loads fail", why);
+	pconn_fail_locked(c, pc, ECX_ECLOSED, why);
+}
+
+ucs_status_t cons_am_bye(void *arg, const void *header, size_t header_len,
+                         void *data, size_t length,
+                         const ucp_am_recv_param_t *param)
+{
+	(void)data;
+	(void)length;
+	(void)param;
+	ecx_consumer *c = arg;
+	if (header_len != sizeof(ecx_am_hdr))
+		return UCS_OK;
+	ecx_am_hdr h;
+	memcpy(&h, header, sizeof(h));
+	pthread_mutex_lock(&c->lock);
+	for (pconn *pc = c->conns; pc != NULL; pc = pc->next)
+		if (!pc->connecting && !pc->gone && pc->id == h.conn &&
+		    pc->epoch == h.req)
+			pconn_dead_locked(c, pc, true);
+	pthread_mutex_unlock(&c->lock);
+	return UCS_OK;
+}
+
+/* Whether pc's producer is seen to have exited; if so pc is failed with
+ * its pulls (pconn_fail_locked) and remembered dead. Called with
+ * c->lock. */
+static bool pconn_gone_locked(ecx_consumer *c, pconn *pc)
+{
+	if (pc->gone)
+		return true;
+	if (pc->pidfd < 0 || pc->connecting || !ecx_pid_gone(pc->pidfd))
+		return false;
+	pconn_dead_locked(c, pc, false);
+	return true;
+}
+
+/* The dead producer at address with epoch (not 0), or NULL. Called with
+ * c->lock. */
+static const dead_peer *dead_find(const ecx_consumer *c, const char *address,
+                                  uint64_t epoch)
+{
+	unsigned n = c->ndead < ECX_DEAD_MAX ? c->ndead : ECX_DEAD_MAX;
+	for (unsigned i = 0; epoch != 0 && i < n; i++)
+		if (c->dead[i].epoch == epoch &&
+		    strcmp(c->dead[i].address, address) == 0)
+			return &c->dead[i];
+	return NULL;
+}
+
+void cons_pconns_watch(ecx_consumer *c, bool force)
+{
+	uint64_t now = ecx_now_ns();
+	uint64_t last = __atomic_load_n(&c->watch_ns, __ATOMIC_RELAXED);
+	if (!force && now - last < 1000000u)
+		return;
+	__atomic_store_n(&c->watch_ns, now, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&c->lock);
+	for (pconn *pc = c->conns; pc != NULL; pc = pc->next)
+		pconn_gone_locked(c, pc);
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -67,6 +165,8 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc)
 {
 	ecx_ucx_side_ep_close(c->ucx, pc->side, pc->ep, pc->transport, 100);
 	ecx_ucx_side_destroy(c->ucx, pc->side);
+	if (pc->pidfd >= 0)
+		close(pc->pidfd);
 	free(pc);
 }
 
@@ -74,6 +174,8 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc)
 static void pconn_discard(ecx_consumer *c, pconn *pc)
 {
 	ecx_ucx_side_destroy(c->ucx, pc->side);
+	if (pc->pidfd >= 0)
+		close(pc->pidfd);
 	free(pc);
 }
 
@@ -195,6 +297,19 @@ static int pconn_fill(ecx_consumer *c, pconn *pc, ecx_zresp *z, uint64_t mid_ms,
 	pc->transport = z->transport != 0 ? z->transport
 	                : ecx_ucx_transports(c->ucx) == ECX_TR_TCP ? ECX_TR_TCP
 	                                                           : ECX_TR_SHM;
+	/* UCX's shared-memory transports cannot report a peer that fails (a
+	 * TCP endpoint does): over shared memory the producer is on this
+	 * host, in this PID namespace (the hello agreed on its shm domain),
+	 * so its process is watched instead. */
+	if (pc->transport == ECX_TR_SHM && z->pid != 0) {
+		pc->pid = (long)z->pid;
+		pc->pidfd = ecx_pid_watch(pc->pid, z->pid_start);
+		if (pc->pidfd == -2) {
+			pc->pidfd = -1;
+			dead_detail(pc->address, pc->pid, false, why, whylen);
+			return ECX_ECLOSED;
+		}
+	}
 	return ecx_ucx_side_ep_create(c->ucx, pc->side, z->worker,
 	                              z->worker_len, pc->transport,
 	                              pconn_on_error, pc, &pc->ep, why, whylen);
@@ -345,6 +460,10 @@ void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
 		              .epoch = x->epoch,
 		              .g = &g};
 	}
+	/* Producers seen to exit since the last look (at most one a
+	 * millisecond: a pull to one that exits after it fails in the
+	 * load's wait). */
+	cons_pconns_watch(c, false);
 	const void *waddr;
 	size_t walen;
 	ecx_ucx_address(c->ucx, &waddr, &walen);
@@ -364,9 +483,22 @@ void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready)
 				go[ngo++] = w[k].p;
 			} else if (w[k].wait) {
 				nwait++;
+			} else if (dead_find(c, w[k].address, w[k].epoch) !=
+			           NULL) {
+				/* Seen to leave: no hello would be answered. */
+				const dead_peer *d =
+				    dead_find(c, w[k].address, w[k].epoch);
+				if (l->why_err == 0) {
+					dead_detail(w[k].address, d->pid,
+					            d->bye, l->why,
+					            sizeof(l->why));
+					l->why_err = ECX_ECLOSED;
+				}
+				cons_pull_fail(w[k].p, ECX_ECLOSED);
 			} else if ((pc = calloc(1, sizeof(*pc))) == NULL) {
 				cons_pull_fail(w[k].p, ECX_ENOMEM);
 			} else {
+				pc->pidfd = -1;
 				ecx_strlcpy(pc->address, w[k].address,
 				            sizeof(pc->address));
 				pc->epoch = w[k].epoch;
@@ -487,7 +619,9 @@ void cons_pconns_bye(ecx_consumer *c)
 	size_t k = 0;
 	pthread_mutex_lock(&c->lock);
 	for (pconn *pc = c->conns; pc != NULL && k < n; pc = pc->next) {
-		if (pc->connecting || pc->byeing || pc->ep == NULL)
+		/* A producer seen to exit answers no goodbye. */
+		if (pc->connecting || pc->byeing || pc->ep == NULL ||
+		    pconn_gone_locked(c, pc))
 			continue;
 		pc->byeing = true;
 		pcs[k] = pc;

@@ -27,6 +27,8 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	unsigned rcmax =
 	    HAS(REGCACHE_MAX) && pp->regcache_max ? pp->regcache_max : 64;
 	ecx_consumer *c = calloc(1, sizeof(*c));
+	if (c != NULL)
+		c->pid = (int)getpid();
 	if (c == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&c->lock, NULL);
@@ -69,13 +71,16 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 		goto fail;
 	ecx_ucx_opts uo = {.transport = HAS(TRANSPORT) ? pp->transport : NULL,
 	                   .bind_host = HAS(BIND_HOST) ? pp->bind_host : NULL,
-	                   .nam = 2};
+	                   .nam = 3};
 	uo.am[0].id = ECX_AM_REPLY;
 	uo.am[0].cb = cons_am_reply;
 	uo.am[0].arg = c;
 	uo.am[1].id = ECX_AM_DATA;
 	uo.am[1].cb = cons_am_data;
 	uo.am[1].arg = c;
+	uo.am[2].id = ECX_AM_BYE;
+	uo.am[2].cb = cons_am_bye;
+	uo.am[2].arg = c;
 	rc = ecx_ucx_create(&uo, &c->ucx, why, whylen);
 	if (rc != 0)
 		goto fail;
@@ -124,6 +129,10 @@ fail:
 
 void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
 {
+	if (ecx_forked(c->pid, "consumer")) {
+		memset(out, 0, sizeof(*out));
+		return;
+	}
 	pthread_mutex_lock(&c->lock);
 	*out = c->st;
 	pthread_mutex_unlock(&c->lock);
@@ -132,6 +141,9 @@ void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
 void ecx_consumer_destroy(ecx_consumer *c)
 {
 	if (c == NULL)
+		return;
+	/* In a forked child: the parent's state, left as it is (leaked). */
+	if (ecx_forked(c->pid, "consumer"))
 		return;
 	if (c->hooked)
 		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,

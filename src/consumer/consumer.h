@@ -69,8 +69,36 @@ typedef struct pconn {
 	 * closing the connection lets go of the producer's segments (ucx.h);
 	 * NULL: the consumer's worker. Set before the hello, fixed after. */
 	ecx_ucx_side *side;
+	/* Over shared memory, the producer's process (from the hello) and a
+	 * descriptor that says when it ends (ecx_pid_watch; -1: not
+	 * watched); gone once it has. */
+	long pid;
+	int pidfd;
+	bool gone;
 	struct ecx_consumer *c;
 } pconn;
+
+/* Producers seen to exit, by address and epoch: a load of their items
+ * fails at once (ECX_ECLOSED) rather than waiting for a hello nobody
+ * answers. The last ECX_DEAD_MAX are kept. */
+#define ECX_DEAD_MAX 16
+typedef struct dead_peer {
+	char address[ECX_ADDR_MAX];
+	uint64_t epoch;
+	long pid;
+	bool bye; /* it said goodbye (ECX_AM_BYE), rather than exited */
+} dead_peer;
+
+/* Checks every watched connection (at most once a millisecond, unless
+ * force): one whose producer has exited is failed, its pulls in flight
+ * fail with ECX_ECLOSED and its zombies end (nothing can land any more).
+ * Takes c->lock. */
+void cons_pconns_watch(ecx_consumer *c, bool force);
+/* The handler of ECX_AM_BYE: the producer of that connection (and epoch)
+ * is being destroyed; its pulls fail with ECX_ECLOSED as above. */
+ucs_status_t cons_am_bye(void *arg, const void *header, size_t header_len,
+                         void *data, size_t length,
+                         const ucp_am_recv_param_t *param);
 
 /* Marks pc failed and, over TCP, closes its endpoint now (or as soon as
  * no thread sends on it): UCX lands TCP puts through this side's worker,
@@ -140,6 +168,7 @@ typedef struct arena_alloc {
 } arena_alloc;
 
 struct ecx_consumer {
+	int pid; /* the creating process: calls from another are refused */
 	pthread_mutex_t lock, reg_lock;
 	pthread_cond_t conn_cv; /* a placeholder connection was settled */
 	ecx_regclient *rc;
@@ -154,6 +183,9 @@ struct ecx_consumer {
 	ecx_rdv_client *rdv;
 	ecx_rdv_leaser *leaser; /* lookups' leases */
 	pconn *conns;
+	dead_peer dead[ECX_DEAD_MAX];
+	unsigned ndead;    /* entries written, the next at ndead % MAX */
+	uint64_t watch_ns; /* atomic: the last cons_pconns_watch */
 	pull *inflight;
 	uint64_t next_req;
 	/* receive arena */

@@ -33,6 +33,8 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
                            uint64_t lease_ms)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	char why[256];
 	if (n == 0)
 		return 0;
@@ -71,6 +73,8 @@ static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
 int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
                               int lease_ms)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	if (lease_ms < 0)
 		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
 	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;
@@ -84,6 +88,8 @@ int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
 
 int ecx_consumer_release(ecx_consumer *c, ecx_item *items, size_t n)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	char why[256];
 	if (c == NULL || (items == NULL && n > 0))
 		return ecx_set_error(ECX_EINVAL, "no consumer or no items");
@@ -400,6 +406,8 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                             ecx_load **out)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	return cons_load_start(
 	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u,
 	    false, out);
@@ -415,7 +423,10 @@ static bool load_done(ecx_load *l)
 
 int ecx_load_test(ecx_load *l)
 {
+	if (ecx_forked(l->c->pid, "consumer"))
+		return ECX_EFORK;
 	ecx_ucx_progress(l->c->ucx);
+	cons_pconns_watch(l->c, false);
 	return load_done(l) ||
 	               ecx_now_ns() >= l->deadline_ns + ECX_LOAD_GRACE_NS
 	           ? 0
@@ -468,6 +479,9 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 			break;
 		if (ecx_ucx_progress(c->ucx) == 0 && now > spin_until)
 			usleep(20);
+		/* A producer over shared memory that exits says nothing:
+		 * its process is watched (conns.c). */
+		cons_pconns_watch(c, false);
 	}
 	int first = 0;
 	uint64_t ok = 0, bad = 0, bytes = 0;
@@ -569,6 +583,8 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 
 int ecx_load_wait(ecx_load *l)
 {
+	if (ecx_forked(l->c->pid, "consumer"))
+		return ECX_EFORK;
 	ecx_consumer *c = l->c;
 	ecx_item *items = l->items;
 	size_t n = l->n;
@@ -586,6 +602,11 @@ int ecx_load_wait(ecx_load *l)
 	 * sides cannot agree on): the producer's own words. */
 	if (first == had && why[0] != '\0' && !cons_failover_worth(first))
 		snprintf(detail, sizeof(detail), "%s", why);
+	else if (first == had && first == ECX_ECLOSED && why[0] != '\0') {
+		/* Why its holder failed (a producer seen to exit). */
+		size_t k = strlen(detail);
+		snprintf(detail + k, sizeof(detail) - k, " (%s)", why);
+	}
 	size_t bad = 0;
 	for (size_t i = 0; i < n; i++)
 		bad += items[i].status != 0;
@@ -595,6 +616,8 @@ int ecx_load_wait(ecx_load *l)
 
 int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
 	ecx_load *l;
 	int rc = ecx_consumer_load_start(c, items, n, &l);
 	return rc != 0 ? rc : ecx_load_wait(l);

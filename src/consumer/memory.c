@@ -116,6 +116,8 @@ region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n,
 
 void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return NULL;
 	bool live = c->arena.live;
 	if (capacity != NULL)
 		*capacity = live ? c->alloc.capacity : 0;
@@ -124,6 +126,8 @@ void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity)
 
 void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return NULL;
 	uint64_t off;
 	pthread_mutex_lock(&c->lock);
 	if (!c->arena.live || !ecx_alloc_take(&c->alloc, nbytes, &off)) {
@@ -152,6 +156,8 @@ void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
 
 void ecx_consumer_free(ecx_consumer *c, void *ptr)
 {
+	if (ecx_forked(c->pid, "consumer"))
+		return;
 	if (c == NULL || ptr == NULL)
 		return;
 	uint64_t off = (uint64_t)((char *)ptr - (char *)c->arena_base);

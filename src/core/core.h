@@ -127,6 +127,37 @@ uint64_t ecx_random_epoch(void);
  * transports) and write with cross-memory attach; otherwise they must use
  * TCP. */
 void ecx_shm_domain(char *out, size_t len);
+/* ecx_mem_fits returns 0 when len bytes of memory (what names them in a
+ * failure: "an arena") fit in this host's available memory (MemAvailable
+ * of /proc/meminfo) and, with posix_dir not NULL, in the free space of
+ * the file system there; else ECX_ENOMEM, with a detail naming len and
+ * what is available. *sysv says whether len is within the System V
+ * segment limits (kernel.shmmax and shmall). What cannot be read counts as
+ * fitting. */
+/* ecx_pid_start returns the start time of process pid (clock ticks after
+ * boot, /proc/PID/stat), which tells it from a later process that gets
+ * the same number; 0 when it cannot be read. */
+uint64_t ecx_pid_start(long pid);
+/* ecx_pid_watch returns a descriptor (pidfd, close-on-exec, the caller's to
+ * close) that ecx_pid_gone polls for the end of process pid started at
+ * start; -2 when that process is gone already; -1 when it cannot be
+ * watched (no pidfd_open, no start time). */
+int ecx_pid_watch(long pid, uint64_t start);
+/* ecx_pid_gone says, without blocking, whether the process of a descriptor
+ * from ecx_pid_watch has exited. */
+bool ecx_pid_gone(int fd);
+int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
+                 bool *sysv, char *why, size_t whylen);
+
+/* ---- handles used after fork ---- */
+
+/* ecx_forked says whether the calling process is not owner (the process
+ * that created a handle, what names its kind: "consumer"); if so it sets
+ * the last error (ECX_EFORK, naming both processes). A forked child holds
+ * a copy of the handle's UCX, ZeroMQ and libcurl state, and of its locks
+ * as other threads held them: a public call there must touch none of it
+ * (UCX's shared-memory FIFOs are the parent's too). */
+bool ecx_forked(int owner, const char *what);
 
 /* ---- the calling thread's last error detail (ecx_last_error) ---- */
 

@@ -2,6 +2,7 @@
 #include "core.h"
 
 #include <stdio.h>
+#include <unistd.h>
 
 const char *ecx_version(void)
 {
@@ -70,4 +71,16 @@ int ecx_set_error(int err, const char *fmt, ...)
 	vsnprintf(last_error, sizeof(last_error), fmt, ap);
 	va_end(ap);
 	return err;
+}
+
+bool ecx_forked(int owner, const char *what)
+{
+	int me = (int)getpid();
+	if (me == owner)
+		return false;
+	ecx_set_error(ECX_EFORK,
+	              "%s handle created in process %d, used after fork in %d: "
+	              "create a new one in the child",
+	              what, owner, me);
+	return true;
 }

@@ -1,14 +1,19 @@
 /* host.c - facts about this host and process that the roles need: a
- * default address to advertise and a fresh epoch per start. */
+ * default address to advertise, a fresh epoch per start, whether memory
+ * fits, and whether a process on this host is still there. */
 #include "core/core.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 void ecx_default_host(char *out, size_t len)
@@ -66,4 +71,127 @@ uint64_t ecx_random_epoch(void)
 	v ^= ecx_now_ns() ^ ((uint64_t)getpid() << 32);
 	v &= ECX_JSON_INT_MAX - 1;
 	return v != 0 ? v : 1;
+}
+
+/* MemAvailable of /proc/meminfo in bytes; false when it cannot be read. */
+static bool mem_available(uint64_t *out)
+{
+	FILE *f = fopen("/proc/meminfo", "re");
+	if (f == NULL)
+		return false;
+	char line[128];
+	bool found = false;
+	while (!found && fgets(line, sizeof(line), f) != NULL) {
+		unsigned long long kb;
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+			*out = (uint64_t)kb * 1024u;
+			found = true;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+/* The free bytes of the file system at dir, or false. */
+static bool fs_free(const char *dir, uint64_t *out)
+{
+	struct statvfs sv;
+	if (statvfs(dir, &sv) != 0)
+		return false;
+	*out = (uint64_t)sv.f_bavail * sv.f_frsize;
+	return true;
+}
+
+/* The largest System V segment this IPC namespace allows (shmmax, and
+ * shmall pages), or false. */
+static bool sysv_max(uint64_t *out)
+{
+	unsigned long long mx = 0, all = 0;
+	FILE *f = fopen("/proc/sys/kernel/shmmax", "re");
+	bool ok = f != NULL && fscanf(f, "%llu", &mx) == 1;
+	if (f != NULL)
+		fclose(f);
+	f = fopen("/proc/sys/kernel/shmall", "re");
+	ok = ok && f != NULL && fscanf(f, "%llu", &all) == 1;
+	if (f != NULL)
+		fclose(f);
+	if (!ok)
+		return false;
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t allb = all > UINT64_MAX / page ? UINT64_MAX : all * page;
+	*out = mx < allb ? mx : allb;
+	return true;
+}
+
+int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
+                 bool *sysv, char *why, size_t whylen)
+{
+	uint64_t avail = 0, shm = 0, smax = 0;
+	if (mem_available(&avail) && len > avail)
+		return ecx_why(
+		    why, whylen, ECX_ENOMEM,
+		    "%s of %llu bytes (%.1f GiB) does not fit in "
+		    "memory: %llu bytes (%.1f GiB) available "
+		    "(MemAvailable, /proc/meminfo)",
+		    what, (unsigned long long)len, (double)len / (1u << 30),
+		    (unsigned long long)avail, (double)avail / (1u << 30));
+	if (posix_dir != NULL && fs_free(posix_dir, &shm) && len > shm)
+		return ecx_why(
+		    why, whylen, ECX_ENOMEM,
+		    "%s of %llu bytes (%.1f GiB) does not fit in "
+		    "shared memory: %llu bytes (%.1f GiB) free in %s",
+		    what, (unsigned long long)len, (double)len / (1u << 30),
+		    (unsigned long long)shm, (double)shm / (1u << 30),
+		    posix_dir);
+	*sysv = !sysv_max(&smax) || len <= smax;
+	return 0;
+}
+
+uint64_t ecx_pid_start(long pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* The command may hold spaces and parentheses: fields count from the
+	 * last ')'. Start time is field 22, the 20th after it. */
+	const char *s = strrchr(buf, ')');
+	if (s == NULL)
+		return 0;
+	for (int f = 0; f < 20 && s != NULL; f++)
+		s = strchr(s + 1, ' ');
+	unsigned long long v = 0;
+	if (s == NULL || sscanf(s + 1, "%llu", &v) != 1)
+		return 0;
+	return (uint64_t)v;
+}
+
+int ecx_pid_watch(long pid, uint64_t start)
+{
+	if (pid <= 0 || start == 0)
+		return -1;
+	int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+	if (fd < 0)
+		return errno == ESRCH ? -2 : -1;
+	/* Read after the descriptor is open: a start time that matches then
+	 * says the descriptor is that process's, not a later one's that got
+	 * its number. */
+	if (ecx_pid_start(pid) != start) {
+		close(fd);
+		return -2;
+	}
+	fcntl(fd, F_SETFD, FD_CLOEXEC);
+	return fd;
+}
+
+bool ecx_pid_gone(int fd)
+{
+	struct pollfd pf = {.fd = fd, .events = POLLIN};
+	return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLIN | POLLHUP)) != 0;
 }

@@ -6,8 +6,10 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct ecx_client {
+	int pid; /* the creating process: calls from another are refused */
 	ecx_regclient *rc;
 	/* leases (rdv/lease.c): the producers' ZeroMQ sockets */
 	ecx_rdv_leaser *leaser;
@@ -56,6 +58,8 @@ int ecx_client_create(const ecx_client_params *params, ecx_client **out,
 		                     ECX_REGC_SPIN_MAX, params->spin_us);
 	}
 	ecx_client *c = calloc(1, sizeof(*c));
+	if (c != NULL)
+		c->pid = (int)getpid();
 	if (c == NULL) {
 		ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
@@ -89,6 +93,9 @@ int ecx_client_create(const ecx_client_params *params, ecx_client **out,
 
 void ecx_client_destroy(ecx_client *c)
 {
+	/* In a forked child: the parent's state, left as it is (leaked). */
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return;
 	if (c == NULL)
 		return;
 	ecx_regclient_destroy(c->rc);
@@ -103,6 +110,8 @@ static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
 int ecx_client_lookup_lease(ecx_client *c, ecx_item *items, size_t n,
                             int lease_ms)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
 	if (lease_ms < 0)
 		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
 	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;
@@ -117,6 +126,8 @@ int ecx_client_lookup_lease(ecx_client *c, ecx_item *items, size_t n,
 
 int ecx_client_release(ecx_client *c, ecx_item *items, size_t n)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
 	char why[256];
 	if (c == NULL || (items == NULL && n > 0))
 		return ecx_set_error(ECX_EINVAL, "no client or no items");
@@ -135,6 +146,8 @@ int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
 static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
                          uint64_t lease_ms)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
 	if (c == NULL || (items == NULL && n > 0))
 		return ecx_set_error(ECX_EINVAL, "no client or no items");
 	if (n == 0)
@@ -191,6 +204,8 @@ static int entry_of_item(const ecx_item *item, ecx_entry *e, char *why,
 
 int ecx_client_publish(ecx_client *c, const ecx_item *item)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
 	char why[256] = "";
 	ecx_entry e;
 	if (c == NULL)
@@ -209,6 +224,8 @@ int ecx_client_publish(ecx_client *c, const ecx_item *item)
 
 int ecx_client_remove(ecx_client *c, const char *id, const char *producer)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
 	char why[256] = "";
 	if (c == NULL)
 		return ecx_set_error(ECX_EINVAL, "no client");
@@ -222,6 +239,8 @@ int ecx_client_list(ecx_client *c, const char *after, size_t limit,
                     ecx_list_fn fn, void *arg, char *next, size_t nextlen,
                     uint64_t *total)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
 	if (c == NULL || fn == NULL || next == NULL || nextlen == 0)
 		return ecx_set_error(ECX_EINVAL,
 		                     "list needs a client, a callback and room "
@@ -267,6 +286,8 @@ int ecx_client_list(ecx_client *c, const char *after, size_t limit,
 
 int ecx_client_health(ecx_client *c, uint64_t *epoch)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
 	if (c == NULL)
 		return ecx_set_error(ECX_EINVAL, "no client");
 	char why[256] = "";
@@ -281,6 +302,8 @@ int ecx_client_health(ecx_client *c, uint64_t *epoch)
 
 long ecx_client_connections(const ecx_client *c)
 {
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return 0;
 	return c != NULL ? ecx_regclient_connects(c->rc) : 0;
 }
 

@@ -134,9 +134,12 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	ecx_debug(MOD, "consumer connection %llu over %s",
 	          (unsigned long long)id,
 	          transport == ECX_TR_SHM ? "shared memory" : "tcp");
-	char *ans =
-	    ecx_zresp_encode_hello(wcopy, alen, p->epoch, id, hello_wall,
-	                           transport, (uint64_t)p->idle_ms);
+	/* Over shared memory the consumer is on this host and watches this
+	 * process (consumer/conns.c); over TCP the pid would mean nothing. */
+	uint64_t pid = transport == ECX_TR_SHM ? (uint64_t)getpid() : 0;
+	char *ans = ecx_zresp_encode_hello(
+	    wcopy, alen, p->epoch, id, hello_wall, transport,
+	    (uint64_t)p->idle_ms, pid, p->pid_start);
 	free(wcopy);
 	return ans;
 }

@@ -240,6 +240,8 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 int ecx_producer_reserve(ecx_producer *p, const char *id,
                          const ecx_tensor_desc *desc, void **dst)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL || desc == NULL || dst == NULL)
 		return ecx_set_error(ECX_EINVAL, "reserve: missing argument");
 	*dst = NULL;
@@ -255,6 +257,8 @@ static item *reserved(ecx_producer *p, const char *id)
 
 int ecx_producer_commit(ecx_producer *p, const char *id)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL)
 		return ecx_set_error(ECX_EINVAL, "commit: missing argument");
 	pthread_mutex_lock(&p->lock);
@@ -292,6 +296,8 @@ int ecx_producer_commit(ecx_producer *p, const char *id)
 
 int ecx_producer_cancel(ecx_producer *p, const char *id)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL)
 		return ecx_set_error(ECX_EINVAL, "cancel: missing argument");
 	pthread_mutex_lock(&p->lock);
@@ -309,6 +315,8 @@ int ecx_producer_cancel(ecx_producer *p, const char *id)
 
 void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return NULL;
 	if (capacity != NULL)
 		*capacity = p->alloc.capacity;
 	return p->base;
@@ -350,6 +358,8 @@ static void copy_into_arena(void *dst, const void *src, uint64_t n)
 static int put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
                const void *src, int *stored)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
 		return ecx_set_error(ECX_EINVAL, "put: missing argument");
 	void *dst = NULL;
@@ -386,6 +396,8 @@ int ecx_producer_put_stored(ecx_producer *p, const char *id,
 
 int ecx_producer_remove(ecx_producer *p, const char *id)
 {
+	if (ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
 	pthread_mutex_lock(&p->lock);
 	item *it = prod_item_find(p, id);
 	if (it == NULL || !it->ready) {

@@ -73,6 +73,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		               "embedded registry port");
 #undef HAS
 	ecx_producer *p = calloc(1, sizeof(*p));
+	if (p != NULL)
+		p->pid = (int)getpid();
 	if (p == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&p->lock, NULL);
@@ -80,6 +82,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	ecx_shm_domain(p->domain, sizeof(p->domain));
 	p->timeout_ms = timeout;
 	p->idle_ms = idle;
+	p->pid_start = ecx_pid_start((long)getpid());
 	p->integrity = (m & ECX_PRODUCER_PARAM_INTEGRITY) && pp->integrity;
 	const char *delay = getenv("ECX_TEST_PULL_DELAY_MS");
 	p->test_delay_ms = delay != NULL ? (unsigned)atoi(delay) : 0;
@@ -195,6 +198,10 @@ uint16_t ecx_producer_registry_port(const ecx_producer *p)
 
 void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
 {
+	if (ecx_forked(p->pid, "producer")) {
+		memset(out, 0, sizeof(*out));
+		return;
+	}
 	pthread_mutex_lock(&p->lock);
 	prod_leases_expire(p);
 	*out = p->st;
@@ -250,6 +257,9 @@ size_t prod_metrics(void *arg, char *buf, size_t len)
 void ecx_producer_destroy(ecx_producer *p)
 {
 	if (p == NULL)
+		return;
+	/* In a forked child: the parent's state, left as it is (leaked). */
+	if (ecx_forked(p->pid, "producer"))
 		return;
 	pthread_mutex_lock(&p->lock);
 	p->closing = true;

@@ -79,7 +79,11 @@ typedef struct conn {
 	uint64_t hello_wall_ms, hello_mono_ms;
 	unsigned transport; /* ECX_TR_SHM or ECX_TR_TCP, agreed in the hello */
 	bool failed;        /* the endpoint reported an error: close it */
-	bool closed;        /* its endpoint is closed; freed when jobs is 0 */
+	/* atomic: the producer is being destroyed and no pull was in
+	 * progress: none starts, and a goodbye (ECX_AM_BYE) goes once the
+	 * progress thread has stopped (serve.c prod_serve_shutdown) */
+	bool closing;
+	bool closed; /* its endpoint is closed; freed when jobs is 0 */
 	uint64_t closed_ns;
 	unsigned jobs; /* active jobs on it */
 	rkey_ent rk[RKEY_CACHE];
@@ -137,6 +141,7 @@ typedef struct job {
 } job;
 
 struct ecx_producer {
+	int pid; /* the creating process: calls from another are refused */
 	pthread_mutex_t lock;
 	/* arena */
 	void *base;
@@ -154,6 +159,8 @@ struct ecx_producer {
 	size_t token_len;
 	int timeout_ms;
 	int idle_ms; /* connections idle this long are closed */
+	/* This process's start time (ecx_pid_start), told in hellos. */
+	uint64_t pid_start;
 	/* registry */
 	ecx_registry *registry; /* embedded, or NULL */
 	ecx_regclient *remote;  /* remote, or NULL */

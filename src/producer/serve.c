@@ -284,7 +284,10 @@ static bool job_start(ecx_producer *p, job *j)
 		j->c->used_ns = ecx_now_ns();
 	}
 	pthread_mutex_unlock(&p->lock);
-	if (j->c != NULL && j->c->ep == NULL && !j->c->failed) {
+	/* Nothing starts on a connection that gets a goodbye. */
+	bool closing =
+	    j->c != NULL && __atomic_load_n(&j->c->closing, __ATOMIC_ACQUIRE);
+	if (j->c != NULL && j->c->ep == NULL && !j->c->failed && !closing) {
 		char ewhy[200];
 		if (ecx_ucx_side_ep_create(p->ucx, j->c->side, j->c->addr,
 		                           j->c->addr_len, j->c->transport,
@@ -295,7 +298,7 @@ static bool job_start(ecx_producer *p, job *j)
 			j->c->failed = true;
 		}
 	}
-	if (j->c == NULL || j->c->failed) {
+	if (j->c == NULL || j->c->failed || closing) {
 		pthread_mutex_lock(&p->lock);
 		job_release(p, j);
 		pthread_mutex_unlock(&p->lock);
@@ -548,12 +551,45 @@ void prod_progress(void *arg)
 	prod_conns_reap(p);
 }
 
+/* Says goodbye (ECX_AM_BYE) on every closing connection, so its consumer
+ * fails what it still waits for at once: over shared memory nothing else
+ * tells it, unless this process exits. The progress thread has stopped;
+ * the sends are progressed here, briefly. */
+static void serve_byes(ecx_producer *p)
+{
+	bool pending = false;
+	for (conn *c = p->conns; c != NULL; c = c->next) {
+		if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE) ||
+		    c->failed || c->closed || c->jobs > 0 || c->ep == NULL)
+			continue;
+		char *body = malloc(3);
+		if (body == NULL)
+			continue;
+		memcpy(body, "{}", 3);
+		bool more = false;
+		if (ecx_ucx_am_send(c->ep, ECX_AM_BYE, c->id, p->epoch, body,
+		                    &more) == 0)
+			pending = pending || more;
+	}
+	uint64_t until = ecx_now_ns() + 20000000u;
+	while (pending && ecx_now_ns() < until)
+		if (ecx_ucx_progress(p->ucx) == 0)
+			usleep(100);
+}
+
 void prod_serve_shutdown(ecx_producer *p)
 {
-	/* Fail what is in flight, then close every endpoint. */
+	/* Fail what is in flight, then close every endpoint. A shared-memory
+	 * connection with no pull in progress is closing instead: nothing
+	 * starts on it, and it gets a goodbye below. */
 	pthread_mutex_lock(&p->lock);
-	for (conn *c = p->conns; c != NULL; c = c->next)
-		c->failed = true;
+	for (conn *c = p->conns; c != NULL; c = c->next) {
+		if (c->transport == ECX_TR_SHM && c->jobs == 0 &&
+		    c->ep != NULL && !c->failed)
+			__atomic_store_n(&c->closing, true, __ATOMIC_RELEASE);
+		else
+			c->failed = true;
+	}
 	pthread_mutex_unlock(&p->lock);
 	uint64_t until = ecx_now_ns() + 500000000u;
 	for (;;) {
@@ -566,6 +602,7 @@ void prod_serve_shutdown(ecx_producer *p)
 		usleep(1000);
 	}
 	ecx_ucx_stop(p->ucx); /* joins it: what follows is this thread's */
+	serve_byes(p);
 	while (p->queue != NULL) {
 		job *j = p->queue;
 		p->queue = j->next;

@@ -15,6 +15,7 @@ static const uint64_t lat_bounds_us[] = {50,   100,  250,   500,  1000,
 #define NLAT (sizeof(lat_bounds_us) / sizeof(lat_bounds_us[0]))
 
 struct ecx_registry {
+	int pid; /* the creating process: destroy from another leaks */
 	struct MHD_Daemon *mhd;
 	ecx_store *store;
 	uint16_t port;

@@ -241,6 +241,8 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 		               store);
 
 	ecx_registry *r = calloc(1, sizeof(*r));
+	if (r != NULL)
+		r->pid = (int)getpid();
 	if (r == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	r->epoch = (ecx_now_ns() ^ ((uint64_t)getpid() << 40)) %
@@ -329,6 +331,9 @@ void ecx_registry_destroy(ecx_registry *r)
 {
 	if (r == NULL)
 		return;
+	/* In a forked child: the parent's daemon, left as it is (leaked). */
+	if (ecx_forked(r->pid, "registry"))
+		return;
 	if (r->mhd != NULL)
 		MHD_stop_daemon(r->mhd); /* closes the listening socket */
 	ecx_store_destroy(r->store);
@@ -341,6 +346,8 @@ void ecx_registry_destroy(ecx_registry *r)
 int ecx_registry_create_detached(const char *token, ecx_registry **out)
 {
 	ecx_registry *r = calloc(1, sizeof(*r));
+	if (r != NULL)
+		r->pid = (int)getpid();
 	if (r == NULL)
 		return ECX_ENOMEM;
 	r->store = ecx_store_mem_create();

@@ -193,6 +193,11 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
 #define ECX_AM_DATA 19
+/* The producer's goodbye on a shared-memory connection when it is
+ * destroyed (a TCP connection's end shows by itself): header ecx_am_hdr
+ * with conn and, in req, the producer's epoch; body "{}". Sent only where
+ * no pull of the connection is in progress, after which none starts. */
+#define ECX_AM_BYE 20
 
 typedef struct ecx_am_hdr {
 	uint64_t conn; /* the connection number the hello gave */
@@ -285,6 +290,10 @@ typedef struct ecx_zresp {
 	                       for this connection; 0 when absent */
 	uint64_t idle_ms;   /* hello: the producer closes a connection idle this
 	                       long; 0 when absent */
+	/* hello: the producer's process id and its start time
+	 * (ecx_pid_start), for a consumer on the same host to notice its end;
+	 * 0 when absent */
+	uint64_t pid, pid_start;
 	bool closed; /* bye: nothing of the connection is in flight any more */
 	/* lease reply: per id, a lease number (0: refused, see lease_err),
 	 * and the time granted; release reply: how many ended */
@@ -298,7 +307,8 @@ typedef struct ecx_zresp {
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
-                             unsigned transport, uint64_t idle_ms);
+                             unsigned transport, uint64_t idle_ms, uint64_t pid,
+                             uint64_t pid_start);
 /* {"ok":true,"epoch":E,"ms":M,"items":[{"lease":L} or {"code":"ENOSPC"},
  * ...]}: one entry per id asked, in order. */
 char *ecx_zresp_encode_lease(uint64_t epoch, uint64_t ms,

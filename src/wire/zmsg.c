@@ -351,7 +351,8 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
-                             unsigned transport, uint64_t idle_ms)
+                             unsigned transport, uint64_t idle_ms, uint64_t pid,
+                             uint64_t pid_start)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *w = b64_node(worker, worker_len);
@@ -370,6 +371,10 @@ char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
 		cJSON_AddStringToObject(o, "transport", tr_name(transport));
 	if (idle_ms != 0)
 		cJSON_AddItemToObject(o, "idle_ms", ecx_json_u64(idle_ms));
+	if (pid != 0 && pid_start != 0) {
+		cJSON_AddItemToObject(o, "pid", ecx_json_u64(pid));
+		cJSON_AddItemToObject(o, "pid_start", ecx_json_u64(pid_start));
+	}
 	return json_print_free(o);
 }
 
@@ -534,6 +539,13 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 		if (rc == 0 &&
 		    cJSON_GetObjectItemCaseSensitive(o, "idle_ms") != NULL)
 			rc = ecx_json_get_u64(o, "idle_ms", &r.idle_ms, why,
+			                      whylen);
+		if (rc == 0 &&
+		    cJSON_GetObjectItemCaseSensitive(o, "pid") != NULL)
+			rc = ecx_json_get_u64(o, "pid", &r.pid, why, whylen);
+		if (rc == 0 &&
+		    cJSON_GetObjectItemCaseSensitive(o, "pid_start") != NULL)
+			rc = ecx_json_get_u64(o, "pid_start", &r.pid_start, why,
 			                      whylen);
 	}
 	r.closed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "closed"));

@@ -245,45 +245,47 @@ ucs_status_t ecx_ucx_worker_make(ecx_ucx *u, ucp_worker_h *w, int *efd,
 	return st;
 }
 
-/* UCX's CUDA transports (cuda_copy, cuda_ipc, gdr_copy) serve device
- * memory; ecx's arenas are host memory. For transport "auto" where the user
- * does not set UCX_TLS, they are left out, so a UCX built with CUDA neither
- * opens CUDA for them nor page-locks the arenas itself. Only transports
- * this UCX has are named (UCX warns about the others). Writes the UCX_TLS
- * it set, or "", to tls. */
-static void ucx_skip_cuda(ucp_config_t *cfg, char *tls, size_t len)
+/* The transports of "auto" where the user does not set UCX_TLS: all but
+ * posix (see ecx_ucx_create) and UCX's CUDA transports (cuda_copy,
+ * cuda_ipc, gdr_copy), which serve device memory while ecx's arenas are
+ * host memory: left out, a UCX built with CUDA neither opens CUDA for them
+ * nor page-locks the arenas itself. Only CUDA transports this UCX has are
+ * named (UCX warns about the others). Writes the UCX_TLS it set, or the
+ * environment's, to tls. */
+static void ucx_auto_tls(ucp_config_t *cfg, char *tls, size_t len)
 {
 	static const struct {
 		const char *component, *transport;
 	} cuda[] = {{"cuda_cpy", "cuda_copy"},
 	            {"cuda_ipc", "cuda_ipc"},
 	            {"gdr_copy", "gdr_copy"}};
-	tls[0] = '\0';
-	if (getenv("UCX_TLS") != NULL)
+	const char *env = getenv("UCX_TLS");
+	if (env != NULL) {
+		snprintf(tls, len, "%s", env);
 		return;
+	}
+	size_t off = (size_t)snprintf(tls, len, "^posix");
 	uct_component_h *comps = NULL;
 	unsigned n = 0;
-	if (uct_query_components(&comps, &n) != UCS_OK)
-		return;
-	size_t off = 0;
-	for (unsigned i = 0; i < n; i++) {
-		uct_component_attr_t a = {.field_mask =
-		                              UCT_COMPONENT_ATTR_FIELD_NAME};
-		if (uct_component_query(comps[i], &a) != UCS_OK)
-			continue;
-		for (size_t k = 0; k < sizeof(cuda) / sizeof(cuda[0]); k++) {
-			if (strcmp(a.name, cuda[k].component) != 0)
+	if (uct_query_components(&comps, &n) == UCS_OK) {
+		for (unsigned i = 0; i < n; i++) {
+			uct_component_attr_t a = {
+			    .field_mask = UCT_COMPONENT_ATTR_FIELD_NAME};
+			if (uct_component_query(comps[i], &a) != UCS_OK)
 				continue;
-			int w =
-			    snprintf(tls + off, len - off, "%s%s",
-			             off == 0 ? "^" : ",", cuda[k].transport);
-			if (w > 0 && (size_t)w < len - off)
-				off += (size_t)w;
+			for (size_t k = 0; k < sizeof(cuda) / sizeof(cuda[0]);
+			     k++) {
+				if (strcmp(a.name, cuda[k].component) != 0)
+					continue;
+				int w = snprintf(tls + off, len - off, ",%s",
+				                 cuda[k].transport);
+				if (w > 0 && (size_t)w < len - off)
+					off += (size_t)w;
+			}
 		}
+		uct_release_component_list(comps);
 	}
-	uct_release_component_list(comps);
-	if (off > 0)
-		ucx_default(cfg, "TLS", tls);
+	ucx_default(cfg, "TLS", tls);
 }
 
 int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
@@ -337,18 +339,25 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 	u->transports = strcmp(tr, "tcp") == 0   ? ECX_TR_TCP
 	                : strcmp(tr, "shm") == 0 ? ECX_TR_SHM
 	                                         : ECX_TR_SHM | ECX_TR_TCP;
-	/* The memory-type cache (hooks on CUDA allocations) likewise has no
-	 * device memory to find here. */
-	char skip[64] = "";
+	/* Shared memory goes over System V segments (and cross-memory
+	 * attach), never UCX's posix transport: that one creates a named
+	 * file in /dev/shm for each segment, writes it whole and only then
+	 * unlinks it, so a process killed in between (at the start of a large
+	 * arena, or of any worker's FIFO) leaves the file, and its memory,
+	 * behind. A System V segment is marked for removal as soon as it is
+	 * attached, so it goes with the last process that has it mapped.
+	 * The memory-type cache (hooks on CUDA allocations) has no device
+	 * memory to find here. */
+	char autotls[64] = "";
 	if (getenv("UCX_MEMTYPE_CACHE") == NULL &&
 	    ucp_config_modify(cfg, "MEMTYPE_CACHE", "n") != UCS_OK)
 		ecx_debug(MOD, "this UCX has no MEMTYPE_CACHE setting");
 	if (strcmp(tr, "tcp") == 0)
 		ucx_default(cfg, "TLS", "tcp,self");
 	else if (strcmp(tr, "shm") == 0)
-		ucx_default(cfg, "TLS", "sm,self");
+		ucx_default(cfg, "TLS", "sysv,cma,self");
 	else if (strcmp(tr, "auto") == 0)
-		ucx_skip_cuda(cfg, skip, sizeof(skip));
+		ucx_auto_tls(cfg, autotls, sizeof(autotls));
 	else {
 		ucp_config_release(cfg);
 		rc = ecx_why(why, whylen, ECX_EINVAL,
@@ -360,10 +369,12 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 		         tr, tls);
 	else if (strcmp(tr, "auto") != 0)
 		ecx_info(MOD, "transport %s, UCX_TLS=%s", tr,
-		         strcmp(tr, "tcp") == 0 ? "tcp,self" : "sm,self");
+		         strcmp(tr, "tcp") == 0 ? "tcp,self" : "sysv,cma,self");
 	else
-		ecx_info(MOD, "transport auto, UCX_TLS=%s",
-		         skip[0] ? skip : "all");
+		ecx_info(MOD, "transport auto, UCX_TLS=%s", autotls);
+	/* Arenas likewise: System V first, then private memory, which peers
+	 * on this host reach by cross-memory attach. */
+	ucx_default(cfg, "ALLOC_PRIO", ECX_UCX_ALLOC_PRIO);
 	const char *h = o->bind_host;
 	if (h != NULL && h[0] != '\0' && strcmp(h, "0.0.0.0") != 0 &&
 	    strcmp(h, "::") != 0) {
@@ -478,6 +489,27 @@ void ecx_ucx_address(ecx_ucx *u, const void **addr, size_t *len)
 int ecx_ucx_mem_alloc(ecx_ucx *u, size_t len, void **addr, ucp_mem_h *memh,
                       char *why, size_t whylen)
 {
+	/* Refused before a page is touched when it cannot fit; the posix
+	 * directory counts only where the user's UCX_ALLOC_PRIO lets UCX
+	 * allocate there. */
+	const char *prio = getenv("UCX_ALLOC_PRIO");
+	const char *pdir = NULL;
+	if (prio != NULL &&
+	    (strstr(prio, "posix") != NULL || strstr(prio, "md:*") != NULL))
+		pdir = getenv("UCX_POSIX_DIR") != NULL ? getenv("UCX_POSIX_DIR")
+		                                       : "/dev/shm";
+	bool sysv = true;
+	int rc = ecx_mem_fits("an arena", len, pdir, &sysv, why, whylen);
+	if (rc != 0)
+		return rc;
+	if (!sysv)
+		ecx_info(
+		    MOD,
+		    "an arena of %zu bytes is over this host's System V "
+		    "segment limit (kernel.shmmax, shmall): it is private "
+		    "memory, which peers on this host reach by cross-memory "
+		    "attach",
+		    len);
 	ucp_mem_map_params_t mp = {.field_mask =
 	                               UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
 	                               UCP_MEM_MAP_PARAM_FIELD_LENGTH |

@@ -71,9 +71,17 @@ void ecx_ucx_waiting(ecx_ucx *u, bool on);
 /* The worker's packed address (valid until destroy). */
 void ecx_ucx_address(ecx_ucx *u, const void **addr, size_t *len);
 
+/* UCX's allocation methods for arenas where the user's UCX_ALLOC_PRIO
+ * says nothing: UCX's default without the posix allocator (ucx.c says
+ * why). */
+#define ECX_UCX_ALLOC_PRIO "md:sysv,huge,thp,mmap,heap"
+
 /* Maps len bytes of memory that UCX allocates (shared-memory transports
  * then move data at memcpy speed), and touches every page now so no page
- * fault lands on a transfer. */
+ * fault lands on a transfer. Refused first, with ECX_ENOMEM and a detail
+ * naming len and what is available, when len is more than this host's
+ * available memory (MemAvailable) or, where the user's UCX_ALLOC_PRIO
+ * lets UCX's posix allocator in, the free space of its directory. */
 int ecx_ucx_mem_alloc(ecx_ucx *u, size_t len, void **addr, ucp_mem_h *memh,
                       char *why, size_t whylen);
 /* Registers memory the caller owns. */
@@ -93,7 +101,8 @@ unsigned ecx_ucx_transports(const ecx_ucx *u);
  * handling level mismatch"). Over TCP the endpoint asks for peer-failure
  * handling, which also keeps UCX off shared memory, and on_error runs in a
  * progress context when the peer fails; UCX's shared-memory transports
- * cannot report that, so over shm a failed peer shows as a timeout. */
+ * cannot report that, so over shm the consumer watches the producer's
+ * process instead (consumer/conns.c). */
 int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
                       unsigned transport, ucp_err_handler_cb_t on_error,
                       void *arg, ucp_ep_h *ep, char *why, size_t whylen);

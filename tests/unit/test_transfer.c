@@ -541,6 +541,113 @@ static void test_producer_killed_shm(void **state)
 	producer_killed("shm");
 }
 
+/* A producer over shared memory that leaves is forgotten at once (issue
+ * 22, finding 3): UCX's shared-memory transports say nothing when the peer
+ * dies, so the load used to take its whole timeout (5 s here). Killed
+ * mid-load, killed before a load, and exited cleanly before a load: each
+ * load fails with ECX_ECLOSED within 1 s, and a second load of the same
+ * item too (the producer is remembered dead); and the same when the
+ * producer is destroyed in a process that stays (its goodbye). */
+static void producer_gone(int how)
+{
+	const int TIMEOUT_MS = 5000;
+	const uint64_t BOUND_MS = (uint64_t)tu_ms(1000);
+	static const char *what[] = {"killed mid-load", "killed before a load",
+	                             "exited before a load",
+	                             "destroyed (process alive) before a load"};
+	producer p;
+	producer_start(&p, "shm", NULL);
+	producer_put(&p, "g", "bfloat16", "1024x3584", "ok");
+	ecx_consumer *c = consumer(p.url, "shm", TIMEOUT_MS, NULL);
+	ecx_item it = {.id = "g"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	it.dst = malloc(it.desc.nbytes);
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0); /* connected */
+	int rc;
+	uint64_t t0;
+	if (how == 0) {
+		tu_stop(p.ch.pid); /* the pull stays in flight */
+		ecx_load *l;
+		assert_int_equal(ecx_consumer_load_start(c, &it, 1, &l), 0);
+		usleep(100000);
+		t0 = now_ms();
+		kill(p.ch.pid, SIGKILL);
+		rc = ecx_load_wait(l);
+	} else {
+		if (how == 1) {
+			kill(p.ch.pid, SIGKILL);
+			tu_reap(&p.ch, 2000);
+		} else if (how == 2) {
+			producer_stop(&p);
+		} else {
+			char ans[64];
+			assert_true(tu_ask(&p.ch, ans, sizeof(ans), "close"));
+			assert_string_equal(ans, "closed");
+		}
+		t0 = now_ms();
+		rc = ecx_consumer_load(c, &it, 1);
+	}
+	uint64_t took = now_ms() - t0;
+	print_message("shm producer %s: the load failed with %s in %llu ms "
+	              "(timeout %d ms): %s\n",
+	              what[how], ecx_err_name(rc), (unsigned long long)took,
+	              TIMEOUT_MS, ecx_last_error());
+	assert_int_equal(rc, ECX_ECLOSED);
+	assert_int_equal(it.status, ECX_ECLOSED);
+	/* A clean exit says goodbye first (its destroy); a kill cannot. */
+	const char *e = ecx_last_error();
+	if (how < 2)
+		assert_non_null(strstr(e, "has exited"));
+	else if (how == 3)
+		assert_non_null(strstr(e, "has closed (its goodbye)"));
+	else if (strstr(e, "has exited") == NULL &&
+	         strstr(e, "has closed (its goodbye)") == NULL)
+		fail_msg("%s", e);
+	assert_true(took < BOUND_MS);
+	if (how == 0)
+		tu_reap(&p.ch, 2000);
+	/* Again: remembered dead, no hello waits for an answer. */
+	t0 = now_ms();
+	assert_int_equal(ecx_consumer_load(c, &it, 1), ECX_ECLOSED);
+	took = now_ms() - t0;
+	assert_true(took < BOUND_MS);
+	/* And destroy says no goodbye to it (that would wait 1 s). */
+	t0 = now_ms();
+	ecx_consumer_destroy(c);
+	took = now_ms() - t0;
+	print_message("destroy took %llu ms\n", (unsigned long long)took);
+	assert_true(took < BOUND_MS);
+	free(it.dst);
+	if (how == 3)
+		producer_stop(&p);
+}
+
+static void test_producer_gone_shm_mid_load(void **state)
+{
+	(void)state;
+	producer_gone(0);
+}
+
+static void test_producer_gone_shm_killed(void **state)
+{
+	(void)state;
+	producer_gone(1);
+}
+
+static void test_producer_gone_shm_exited(void **state)
+{
+	(void)state;
+	producer_gone(2);
+}
+
+/* Its producer destroyed in a process that lives on: its goodbye
+ * (ECX_AM_BYE) says so. */
+static void test_producer_gone_shm_closed(void **state)
+{
+	(void)state;
+	producer_gone(3);
+}
+
 /* A load is final (defect 1 of the leases issue): item a's producer is
  * stopped, the load of a times out, its destination is freed, b from
  * another producer is loaded into memory handed out next (the arena's
@@ -1634,6 +1741,10 @@ int main(void)
 	    cmocka_unit_test(test_stalled_consumer),
 	    cmocka_unit_test(test_producer_killed_tcp),
 	    cmocka_unit_test(test_producer_killed_shm),
+	    cmocka_unit_test(test_producer_gone_shm_mid_load),
+	    cmocka_unit_test(test_producer_gone_shm_killed),
+	    cmocka_unit_test(test_producer_gone_shm_exited),
+	    cmocka_unit_test(test_producer_gone_shm_closed),
 	    cmocka_unit_test(test_four_consumers),
 	    cmocka_unit_test(test_no_registration_per_item),
 	    cmocka_unit_test(test_many_regions),

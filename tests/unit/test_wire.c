@@ -674,9 +674,11 @@ static void test_zmsg(void **state)
 	assert_int_equal(z.err, ECX_ENOTFOUND);
 	free(s);
 	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull, ECX_TR_TCP,
-	                           15000);
+	                           15000, 4242, 987654);
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_true(z.ok);
+	assert_int_equal(z.pid, 4242);
+	assert_int_equal(z.pid_start, 987654);
 	assert_int_equal(z.epoch, 99);
 	assert_int_equal(z.conn, 5);
 	assert_int_equal(z.now_ms, 1764521000123ull);
@@ -686,7 +688,7 @@ static void test_zmsg(void **state)
 	free(s);
 	/* A producer from before now_ms: no clock, so pulls carry no
 	 * expiry. */
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0, 0);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0, 0, 0, 0);
 	assert_null(strstr(s, "now_ms"));
 	assert_null(strstr(s, "transport"));
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
@@ -694,6 +696,8 @@ static void test_zmsg(void **state)
 	assert_int_equal(z.transport, 0);
 	assert_null(strstr(s, "idle_ms"));
 	assert_int_equal(z.idle_ms, 0);
+	assert_null(strstr(s, "pid"));
+	assert_int_equal(z.pid, 0);
 	assert_memory_equal(z.worker, w, 10);
 	ecx_zresp_free(&z);
 	free(s);
