@@ -436,7 +436,10 @@ typedef struct ecx_item {
 
 /* ecx_consumer_lookup asks the registries for n ids in one round trip each.
  * Returns 0 when the registries answered (each item's status says found or
- * not), else the registry error. Blocks up to the timeout per registry. */
+ * not), else the registry error: ECX_EINVAL when a registry URL names a
+ * server that is no ecx or reference registry (a 404 other than their
+ * {"detail": "unknown mm_hash"}), which is not a miss. Blocks up to the
+ * timeout per registry. */
 ECX_API int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n);
 
 /* ecx_consumer_lookup_lease is ecx_consumer_lookup that also takes a lease
@@ -601,7 +604,8 @@ ECX_API void ecx_client_destroy(ecx_client *c);
  * registry; ids missing from one registry are asked of the next. Sets each
  * item's status (0 or ECX_ENOTFOUND), and for those found desc, producer
  * and epoch. Returns 0 when every registry asked answered; otherwise the
- * last registry's error (ecx_last_error has the detail), with what other
+ * last registry's error (ecx_last_error has the detail; ECX_EINVAL for a
+ * URL that is no registry, as ecx_consumer_lookup), with what other
  * registries found still filled in. Blocks up to the timeout per
  * registry. */
 ECX_API int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n);

@@ -1,0 +1,137 @@
+#!/bin/bash
+# What a new user hits first, with real processes on 127.0.0.1: `ecx get`
+# writes its file whole or not at all; a URL that names no registry is said
+# to be one, not a miss; an embedded registry is healthy only once its items
+# are published; a registry open to all says so, and entries removed from
+# under a producer come back. Usage: test_first_run.sh PATH/TO/ecx
+set -u
+ECX=${1:?usage: test_first_run.sh PATH/TO/ecx}
+PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
+scale=${ECX_TEST_TIME_SCALE:-1}
+
+free_port() {
+	$PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# --- 1. ecx get: the file is written whole, or the old one stays ---
+"$ECX" serve --bind 127.0.0.1 --port 0 --capacity 300MiB --synthetic 1 \
+	--prefix big --shape 134217728 --dtype bfloat16 >"$work/big.out" \
+	2>"$work/big.err" &
+pids+=("$!")
+wait_for "$work/big.out" "^serving" || bad "serve of a 256 MiB item did not start"
+bigreg=$(sed -n 's/.*registry //p' "$work/big.out")
+mkdir "$work/out"
+$PY -c "import numpy as np; np.save('$work/out/good.npy', np.arange(10))"
+sum0=$(md5sum <"$work/out/good.npy")
+leftovers() { ls -A "$work/out" | grep -v '^good\.npy$'; }
+
+# A write that fails (a file size limit: before, SIGXFSZ ended the process
+# halfway through the file).
+(
+	ulimit -f 1024
+	exec "$ECX" get --transport tcp "$bigreg" big-0 -o "$work/out/good.npy"
+) >/dev/null 2>"$work/err"
+rc=$?
+check "a write that fails exits 1 (got $rc)" test "$rc" = 1
+check "and says the file was left as it was" grep -q "left as it was" "$work/err"
+check "the old file is intact" test "$(md5sum <"$work/out/good.npy")" = "$sum0"
+check "no partial file is left" test -z "$(leftovers)"
+
+# A signal while the file is written: SIGTERM (and SIGINT, from a parent
+# that does not ignore it) as soon as anything changes in the folder.
+for sig in TERM INT; do
+	$PY - "$ECX" "$bigreg" "$work/out" "$sig" >"$work/sig.out" 2>&1 <<'PY'
+import hashlib, os, signal, subprocess, sys, time
+ecx, reg, out, name = sys.argv[1:]
+good = os.path.join(out, "good.npy")
+orig = open(good, "rb").read()
+before = hashlib.md5(orig).hexdigest()
+interrupted = False
+for attempt in range(5):
+    st0 = os.stat(good)
+    p = subprocess.Popen([ecx, "get", "--transport", "tcp", reg, "big-0",
+                          "-o", good], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    sent = False
+    while p.poll() is None:
+        names = set(os.listdir(out))
+        st = os.stat(good) if "good.npy" in names else None
+        if names != {"good.npy"} or st is None or \
+                st.st_size != st0.st_size or st.st_ino != st0.st_ino:
+            p.send_signal(getattr(signal, "SIG" + name))
+            sent = True
+            break
+        time.sleep(0.0005)
+    rc = p.wait()
+    if sent and rc == -getattr(signal, "SIG" + name):
+        interrupted = True
+        break
+    # It finished before the signal came: the small file back, again.
+    print("attempt", attempt, "not interrupted in time, rc", rc)
+    with open(good + ".tmp", "wb") as f:
+        f.write(orig)
+    os.rename(good + ".tmp", good)
+if not interrupted:
+    sys.exit(2)
+after = hashlib.md5(open(good, "rb").read()).hexdigest()
+left = sorted(set(os.listdir(out)) - {"good.npy"})
+print("rc", rc, "same", after == before, "left", left)
+sys.exit(0 if after == before and not left else 1)
+PY
+	rc=$?
+	if [ "$rc" = 2 ]; then
+		echo "# SIG$sig: the write ended before the signal came: $(cat "$work/sig.out")"
+		bad "SIG$sig during the write could not be timed"
+	else
+		check "SIG$sig during the write: the old file stays, no partial file ($(tail -1 "$work/sig.out"))" \
+			test "$rc" = 0
+	fi
+done
+"$ECX" get "$bigreg" big-0 -o "$work/out/good.npy" >/dev/null 2>"$work/err"
+check "a get that completes replaces the file" \
+	$PY -c "import numpy as np,sys; a=np.load('$work/out/good.npy'); sys.exit(a.shape != (134217728,))"
+check "and leaves nothing else" test -z "$(leftovers)"
+chmod 640 "$work/out/good.npy"
+"$ECX" get "$bigreg" big-0 -o "$work/out/good.npy" >/dev/null 2>"$work/err"
+check "a file replaced keeps its mode" test "$(stat -c %a "$work/out/good.npy")" = 640
+"$ECX" get "$bigreg" big-0 -o /dev/null >/dev/null 2>"$work/err"
+check "-o /dev/null still works" test $? = 0
+check "and /dev/null is still a device" test -c /dev/null
+kill -TERM "${pids[-1]}"
+rm -rf "$work/out"
+
+# --- 2. a URL that names no registry is an error, not a miss ---
+"$ECX" serve --bind 127.0.0.1 --port 0 --synthetic 1 --shape 64 \
+	--dtype uint8 >"$work/s.out" 2>"$work/s.err" &
+pids+=("$!")
+wait_for "$work/s.out" "^serving" || bad "serve did not start"
+reg=$(sed -n 's/.*registry //p' "$work/s.out")
+mkdir "$work/www"
+(cd "$work/www" && exec $PY -m http.server 0 --bind 127.0.0.1) >"$work/www.out" 2>&1 &
+pids+=("$!")
+wait_for "$work/www.out" "port [0-9]" || bad "python3 -m http.server did not start"
+www="http://127.0.0.1:$(grep -o 'port [0-9]*' "$work/www.out" | head -1 | cut -d' ' -f2)"
+for url in "$www" "$reg/foo" "$reg/ec"; do
+	for cmd in "get $url synthetic-0 -o $work/x.npy" "info $url synthetic-0" \
+		"ls $url"; do
+		# shellcheck disable=SC2086
+		"$ECX" $cmd >/dev/null 2>"$work/err"
+		rc=$?
+		if [ "$rc" = 1 ] && grep -q "$url is not an ecx or reference registry" "$work/err" &&
+			[ "$(wc -l <"$work/err")" = 1 ]; then
+			ok "ecx ${cmd%% *} at $url: exit 1, says it is no registry"
+		else
+			bad "ecx ${cmd%% *} at $url: rc=$rc: $(cat "$work/err")"
+		fi
+	done
+done
+"$ECX" get "$reg" nosuchid -o "$work/x.npy" >/dev/null 2>"$work/err"
+check "a real miss still exits 3" test $? = 3
+"$ECX" info "$reg" nosuchid >/dev/null 2>"$work/err"
+check "for info too" test $? = 3
+"$ECX" info "$reg/" synthetic-0 >/dev/null 2>"$work/err"
+check "a trailing slash is still the registry" test $? = 0
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
