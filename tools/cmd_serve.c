@@ -68,6 +68,9 @@ static const char help[] =
     "  --json               print the ready line as JSON\n"
     "  -h, --help           this text\n"
     "\n"
+    "The embedded registry's /healthz answers 503 {\"starting\": true}\n"
+    "until every item is put and published, then 200: when it is ok, the\n"
+    "items are found.\n"
     "Once serving it prints one line to stdout: 'serving N items (SIZE) at\n"
     "tcp://HOST:PORT, registry URL', N and SIZE counting the items kept\n"
     "(when the arena could not hold them all, the line says how many were\n"
@@ -511,7 +514,10 @@ int cmd_serve(int argc, char **argv)
 	ecx_producer_params *p = &o.p;
 	p->field_mask = ECX_PRODUCER_PARAM_BIND_HOST |
 	                ECX_PRODUCER_PARAM_REGISTRY_PORT |
-	                ECX_PRODUCER_PARAM_TOKEN | ECX_PRODUCER_PARAM_TIMEOUT;
+	                ECX_PRODUCER_PARAM_TOKEN | ECX_PRODUCER_PARAM_TIMEOUT |
+	                ECX_PRODUCER_PARAM_STARTING;
+	/* The embedded registry's /healthz says ok once the items are in. */
+	p->starting = 1;
 	p->bind_host = "0.0.0.0";
 	p->registry_port = ECX_REGISTRY_PORT_DEFAULT;
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
@@ -706,6 +712,9 @@ int cmd_serve(int argc, char **argv)
 		snprintf(reg, sizeof(reg), "http://%.*s:%u", (int)(colon - h),
 		         h, ecx_producer_registry_port(r.prod));
 	}
+	/* Every item is put, so published: the embedded registry is healthy
+	 * from now on. */
+	ecx_producer_set_ready(r.prod);
 	bool ready = serve_ready(&r, &o, reg);
 	free(r.sizes);
 	if (!ready) {

@@ -236,6 +236,7 @@ enum {
 	ECX_PRODUCER_PARAM_LEASE_MAX_MS = 1u << 11,
 	ECX_PRODUCER_PARAM_LEASE_SHARE = 1u << 12,
 	ECX_PRODUCER_PARAM_IDLE = 1u << 13,
+	ECX_PRODUCER_PARAM_STARTING = 1u << 14,
 };
 
 /* Leases: the time a lookup's lease pins an item when the consumer asks
@@ -287,6 +288,12 @@ typedef struct ecx_producer_params {
 	                        idle_ms + about 200 ms); a live consumer
 	                        makes a new connection by itself on its
 	                        next load. Default ECX_IDLE_MS_DEFAULT */
+	int starting;        /* with the embedded registry: its /healthz
+	                        answers 503 {"ok": false, "starting": true}
+	                        until ecx_producer_set_ready, for a caller
+	                        that puts what it serves first. Default
+	                        false: healthy once create returns (before
+	                        that, starting, whatever this says) */
 } ecx_producer_params;
 
 #define ECX_IDLE_MS_DEFAULT 15000
@@ -371,6 +378,12 @@ ECX_API const char *ecx_producer_address(const ecx_producer *p);
 
 /* The embedded registry's port, 0 when it runs none. */
 ECX_API uint16_t ecx_producer_registry_port(const ecx_producer *p);
+
+/* ecx_producer_set_ready ends the embedded registry's starting state of a
+ * producer created with params.starting: its /healthz answers 200 from
+ * now on. Call it once what it serves is put (and so published). Does
+ * nothing without an embedded registry, or when called again. */
+ECX_API void ecx_producer_set_ready(ecx_producer *p);
 
 ECX_API const char *ecx_producer_last_error(void);
 

@@ -130,7 +130,12 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 			rp.field_mask |= ECX_REGISTRY_PARAM_ENTRY_TTL;
 			rp.entry_ttl_s = pp->registry_ttl_s;
 		}
-		rc = ecx_registry_create(&rp, &p->registry, why, whylen);
+		/* Unhealthy until this producer serves, or, when the caller
+		 * asked, until it says its items are in. */
+		p->hold_ready =
+		    (m & ECX_PRODUCER_PARAM_STARTING) && pp->starting;
+		rc = ecx_registry_create_starting(&rp, &p->registry, why,
+		                                  whylen);
 		if (rc != 0)
 			goto fail;
 	}
@@ -169,6 +174,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		goto fail;
 	if (p->registry != NULL)
 		ecx_registry_set_metrics(p->registry, prod_metrics, p);
+	if (p->registry != NULL && !p->hold_ready)
+		ecx_registry_set_starting(p->registry, false);
 	ecx_info(MOD, "serving at %s, arena %llu bytes, registry %s",
 	         p->address, (unsigned long long)cap,
 	         remote != NULL ? remote : "embedded");
@@ -184,6 +191,12 @@ fail:
 const char *ecx_producer_address(const ecx_producer *p)
 {
 	return p->address;
+}
+
+void ecx_producer_set_ready(ecx_producer *p)
+{
+	if (p != NULL && p->registry != NULL)
+		ecx_registry_set_starting(p->registry, false);
 }
 
 uint16_t ecx_producer_registry_port(const ecx_producer *p)

@@ -25,6 +25,9 @@ struct ecx_registry {
 	uint64_t
 	    epoch; /* changes each start: producers republish on a change */
 	int entry_ttl_s; /* the lease of entries PUT without one (0: none) */
+	/* Its producer is still putting what it serves: /healthz says so
+	 * (503). Atomic; set before it listens. */
+	bool starting;
 	/* counters, updated with relaxed atomics */
 	uint64_t lookups, hits, misses, publishes, removals, requests;
 	uint64_t lat_count, lat_sum_us, lat_buckets[NLAT + 1];

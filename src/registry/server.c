@@ -206,8 +206,8 @@ static int reg_listen(const char *host, uint16_t port, int *fd_out,
 	return 0;
 }
 
-int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
-                        char *why, size_t whylen)
+static int reg_create(const ecx_registry_params *p, bool starting,
+                      ecx_registry **out, char *why, size_t whylen)
 {
 	uint64_t m = p != NULL ? p->field_mask : 0;
 	const char *host = (m & ECX_REGISTRY_PARAM_BIND_HOST) && p->bind_host
@@ -245,6 +245,7 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	               (ECX_JSON_INT_MAX - 1) +
 	           1;
 	r->entry_ttl_s = entry_ttl;
+	r->starting = starting;
 	r->token_reads = (m & ECX_REGISTRY_PARAM_TOKEN_READS) &&
 	                 p->token_reads && token != NULL;
 	int rc = ECX_ENOMEM;
@@ -306,6 +307,23 @@ fail:
 	free(r->token);
 	free(r);
 	return rc;
+}
+
+int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
+                        char *why, size_t whylen)
+{
+	return reg_create(p, false, out, why, whylen);
+}
+
+int ecx_registry_create_starting(const ecx_registry_params *p,
+                                 ecx_registry **out, char *why, size_t whylen)
+{
+	return reg_create(p, true, out, why, whylen);
+}
+
+void ecx_registry_set_starting(ecx_registry *r, bool starting)
+{
+	__atomic_store_n(&r->starting, starting, __ATOMIC_RELEASE);
 }
 
 uint16_t ecx_registry_port(const ecx_registry *r)

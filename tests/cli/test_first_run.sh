@@ -133,5 +133,67 @@ check "for info too" test $? = 3
 "$ECX" info "$reg/" synthetic-0 >/dev/null 2>"$work/err"
 check "a trailing slash is still the registry" test $? = 0
 
+kill -TERM "${pids[-1]}" "${pids[-2]}"
+
+# --- 3. an embedded registry is healthy once its items are published ---
+# /healthz polled from the moment serve starts: each time it says ok,
+# every id asked for must already be found. Before, it said ok from the
+# registry's start, while the arena was mapped and the items put.
+for try in 1 2 3; do
+	hport=$(free_port)
+	$PY - "$ECX" "$hport" >"$work/health.out" 2>&1 <<'PY'
+import json, subprocess, sys, time, urllib.error, urllib.request
+ecx, port = sys.argv[1], sys.argv[2]
+n = 4000
+base = f"http://127.0.0.1:{port}"
+p = subprocess.Popen([ecx, "serve", "--bind", "127.0.0.1", "--port", port,
+                      "--capacity", "300MiB", "--synthetic", str(n),
+                      "--shape", "16384", "--dtype", "float32", "--json"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+ids = [f"synthetic-{i}" for i in range(n)]
+starting = oks = 0
+bad = None
+deadline = time.monotonic() + 30
+try:
+    while time.monotonic() < deadline and oks < 3 and p.poll() is None:
+        try:
+            with urllib.request.urlopen(base + "/healthz", timeout=2) as r:
+                code, body = r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            code, body = e.code, json.loads(e.read())
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.001)
+            continue
+        if code == 503:
+            assert body.get("starting") is True and not body["ok"], body
+            assert body["detail"].startswith("starting"), body
+            starting += 1
+            continue
+        assert code == 200 and body["ok"], (code, body)
+        oks += 1
+        req = urllib.request.Request(base + "/ec/lookup",
+                                     data=json.dumps({"ids": ids}).encode(),
+                                     headers={"Content-Type":
+                                              "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            missing = json.loads(r.read())["missing"]
+        if missing:
+            bad = f"/healthz ok with {len(missing)} of {n} ids missing"
+            break
+finally:
+    p.terminate()
+    err = p.communicate(timeout=10)[1].decode()
+if "already in use" in err:
+    print("port taken")
+    sys.exit(2)
+print(f"{starting} answers 'starting', then {oks} ok" if bad is None else bad)
+sys.exit(0 if bad is None and oks >= 1 else 1)
+PY
+	rc=$?
+	[ "$rc" = 2 ] || break
+done
+check "/healthz ok only once every item is found ($(tail -1 "$work/health.out"))" \
+	test "$rc" = 0
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
