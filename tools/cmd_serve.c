@@ -61,7 +61,8 @@ static const char help[] =
     "                       (default 1GiB)\n"
     "  --transport T        auto (default), tcp or shm\n"
     "  --token T            required on pulls and registry writes\n"
-    "                       (default $ECX_TOKEN)\n"
+    "                       (default $ECX_TOKEN); without one on an\n"
+    "                       address other than loopback, serve warns\n"
     "  --timeout MS         bound on transfers and registry calls (5s)\n"
     "  --verify-hash        hash each item at put (xxh64) and send the hash\n"
     "                       with every pull, for consumers that check it\n"
@@ -71,6 +72,8 @@ static const char help[] =
     "The embedded registry's /healthz answers 503 {\"starting\": true}\n"
     "until every item is put and published, then 200: when it is ok, the\n"
     "items are found.\n"
+    "Entries removed from the registry (a DELETE by HTTP) while it holds\n"
+    "their items are published again within 2 s (the renew period).\n"
     "Once serving it prints one line to stdout: 'serving N items (SIZE) at\n"
     "tcp://HOST:PORT, registry URL', N and SIZE counting the items kept\n"
     "(when the arena could not hold them all, the line says how many were\n"
@@ -654,6 +657,11 @@ int cmd_serve(int argc, char **argv)
 		if (rc != EXIT_OK)
 			return rc;
 	}
+	tool_warn_open("serve", p->bind_host, p->token,
+	               (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY)
+	                   ? "pull its items"
+	                   : "pull its items and replace or DELETE its "
+	                     "registry's entries");
 	tool_block_signals();
 	serve_run r = {.registry = (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY)
 	                               ? p->registry

@@ -2,8 +2,9 @@
  * producer.c - the producer role's lifecycle: create (arena, registry,
  * UCX, rendezvous), stats, destroy. The threads: the caller's (put,
  * remove, stats), the rendezvous thread (hellos, the reference's pull),
- * the UCX progress thread (pulls) and, with a remote registry, the
- * publisher thread (publish.c: every call to that registry).
+ * the UCX progress thread (pulls) and the publisher thread (publish.c:
+ * with a remote registry, every call to it; with the embedded one, it
+ * puts back entries removed by HTTP).
  */
 #include "producer/producer.h"
 

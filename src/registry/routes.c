@@ -108,6 +108,7 @@ static int route_info_put(ecx_registry *r, ecx_reg_answer *a, const char *id,
 	if (rc != 0)
 		return answer_error(a, status_of(rc), why);
 	count(&r->publishes, 1);
+	count(&r->http_writes, 1);
 	return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 
@@ -122,6 +123,7 @@ static int route_info_delete(ecx_registry *r, ecx_reg_answer *a, const char *id,
 	if (rc != 0)
 		return answer_error(a, status_of(rc), why);
 	count(&r->removals, 1);
+	count(&r->http_writes, 1);
 	return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 

@@ -341,6 +341,11 @@ void ecx_registry_count_publish(ecx_registry *r, bool removal)
 	count(removal ? &r->removals : &r->publishes, 1);
 }
 
+uint64_t ecx_registry_http_writes(ecx_registry *r)
+{
+	return __atomic_load_n(&r->http_writes, __ATOMIC_RELAXED);
+}
+
 void ecx_registry_destroy(ecx_registry *r)
 {
 	if (r == NULL)
