@@ -265,13 +265,16 @@ void ecx_producer_destroy(ecx_producer *p)
 		return;
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;
-	/* Unpublish everything this producer published. */
-	if (p->registry != NULL)
+	/* Unpublish everything this producer published; with the embedded
+	 * registry, once its publisher (which puts entries back) stopped. */
+	if (p->registry != NULL) {
+		prod_publisher_stop(p);
 		for (size_t b = 0; p->buckets != NULL && b < p->nbuckets; b++)
 			for (item *it = p->buckets[b]; it != NULL;
 			     it = it->hnext)
 				if (it->ready)
 					prod_unpublish(p, it->id);
+	}
 	prod_publisher_stop(p);
 	if (p->ucx != NULL) {
 		prod_serve_shutdown(p);
