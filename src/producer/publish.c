@@ -211,7 +211,8 @@ static int pub_sync(ecx_producer *p, char *why, size_t whylen)
 	else
 		rc = ecx_regclient_sync(p->remote, ptrs, es, n, &again, why,
 		                        whylen);
-	if (rc == 0 && again > 0 && !p->redis)
+	/* Redis with a TTL writes every entry again each time. */
+	if (rc == 0 && again > 0 && (!p->redis || p->ttl_s <= 0))
 		ecx_info(MOD,
 		         "the registry restarted or lost entries: published "
 		         "%zu items again",
@@ -275,7 +276,6 @@ static void *pub_main(void *arg)
 	uint64_t period = p->ttl_s > 0 ? (uint64_t)p->ttl_s * 1000 / 3 : 0;
 	if (period == 0 || period > SYNC_MAX_MS)
 		period = SYNC_MAX_MS;
-	bool sync_needed = !(p->redis && p->ttl_s <= 0);
 	uint64_t next_sync = ecx_now_ms() + period;
 	uint64_t seen_writes = 0;
 	char why[256];
@@ -287,8 +287,7 @@ static void *pub_main(void *arg)
 			pub_refuse_publishes(p);
 		uint64_t wake = down                  ? p->pub_down_until
 		                : p->pub_head != NULL ? now
-		                : sync_needed         ? next_sync
-		                                      : now + 60000;
+		                                      : next_sync;
 		/* After an outage, the retry is the oldest removal, or the
 		 * sync when there is none. */
 		bool retry = p->pub_down_until != 0 && !down;
@@ -333,7 +332,7 @@ static void *pub_main(void *arg)
 			pub_sync_embedded(p, &seen_writes);
 			pthread_mutex_lock(&p->pub_lock);
 			next_sync = ecx_now_ms() + period;
-		} else if (sync_needed && (retry || now >= next_sync)) {
+		} else if (retry || now >= next_sync) {
 			pthread_mutex_unlock(&p->pub_lock);
 			int rc = pub_sync(p, why, sizeof(why));
 			pthread_mutex_lock(&p->pub_lock);
@@ -341,8 +340,6 @@ static void *pub_main(void *arg)
 			pub_mark(p, pub_transient(rc) ? rc : 0, why);
 			if (rc != 0 && !pub_transient(rc))
 				ecx_warn(MOD, "registry: %s", why);
-		} else if (retry) {
-			pub_mark(p, 0, "");
 		}
 	}
 	pthread_mutex_unlock(&p->pub_lock);

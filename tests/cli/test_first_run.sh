@@ -300,6 +300,16 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
 	pids+=("$!")
 	wait_for "$work/rp.out" "^serving" || bad "serve --registry redis:// did not start"
 	came_back "Redis" "redis://127.0.0.1:$rport" "$rreg" synthetic-0
+	kill -TERM "${pids[-1]}"
+	# No TTL: nothing is renewed, but what is removed is still put back.
+	"$ECX" serve --bind 127.0.0.1 --registry "redis://127.0.0.1:$rport" \
+		--registry-ttl 0 --synthetic 3 --prefix nottl --shape 4 \
+		--dtype uint8 >"$work/rq.out" 2>"$work/rq.err" &
+	pids+=("$!")
+	wait_for "$work/rq.out" "^serving" || bad "serve --registry-ttl 0 did not start"
+	came_back "Redis, --registry-ttl 0" "redis://127.0.0.1:$rport" "$rreg" nottl-1
+	check "and its entry has no TTL" \
+		test "$(redis-cli -p "$rport" ttl ecx:nottl-1)" = -1
 	kill -TERM "${pids[-1]}" "${pids[-2]}" "${pids[-3]}"
 else
 	echo "# skip: no redis-server: the Redis re-publish is untested"
