@@ -222,3 +222,55 @@ def test_a_reference_registry_misses_are_misses(http404):
     with ecx.Client(url) as c:
         assert c.lookup(["a"]) == [None]
         assert c.lookup(["a", "b", "c"]) == [None, None, None]
+
+
+def test_embedded_registry_lists_exactly_what_its_producer_holds():
+    # Puts that evict, while another client DELETEs every entry it lists:
+    # once the DELETEs stop, within one renew period (2 s) the embedded
+    # registry lists every item held again, and none that was evicted
+    # (the put back never races an eviction's unpublish).
+    scale = float(os.environ.get("ECX_TEST_TIME_SCALE", "1"))
+    p = ecx.Producer(capacity_bytes=1 << 20, bind_host="127.0.0.1",
+                     registry_port=0)
+    url = f"http://127.0.0.1:{p.registry_port}"
+    stop = threading.Event()
+    deleted = [0]
+
+    def delete_all():
+        with ecx.Client(url) as c:
+            while not stop.is_set():
+                for x in list(c.list()):
+                    try:
+                        c.remove(x.id)
+                        deleted[0] += 1
+                    except ecx.NotFound:
+                        pass
+                time.sleep(0.01)
+
+    t = threading.Thread(target=delete_all)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        i = 0
+        while time.monotonic() - t0 < 5 * scale:
+            p.put(f"e-{i}", torch.full((16384,), i, dtype=torch.float32))
+            i += 1
+            if i % 50 == 0:
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join()
+    assert deleted[0] > 0 and p.stats()["evictions"] > 0
+    held = p.stats()["items"]
+    with ecx.Client(url) as c, ecx.Consumer(url) as cons:
+        deadline = time.monotonic() + 2.0 * scale + 1.5
+        while True:
+            listed = [x.id for x in c.list()]
+            if len(listed) == held or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(listed) == held, (len(listed), held)
+        # Each listed id is held (a load finds it): no evicted one is back.
+        got = cons.load(c.lookup(listed))
+        assert len(got) == held
+    p.close()
