@@ -23,6 +23,12 @@ static const char help[] =
     "    t = torch.from_numpy(a.view(numpy.int16)).view(torch.bfloat16)\n"
     "(float8_e4m3fn and float8_e5m2 alike, over uint8 and int8).\n"
     "\n"
+    "The file is written whole or not at all: into .FILE.PID.part beside\n"
+    "it, renamed to FILE once complete. A failure (a full disk) or SIGINT,\n"
+    "SIGTERM or SIGHUP meanwhile removes the .part file and leaves a FILE\n"
+    "that was there as it was; a FILE replaced keeps its permissions.\n"
+    "(A device or pipe such as /dev/null is written in place.)\n"
+    "\n"
     "Options:\n"
     "  -o, --output FILE    where to write (required; '-' is not allowed)\n"
     "  --verify             check the bytes against 'ecx serve --synthetic'\n"
@@ -35,7 +41,9 @@ static const char help[] =
     "  --json               print the result as JSON\n"
     "  -h, --help           this text\n"
     "\n"
-    "Exit codes: 0 written, 3 id not found, 1 other failure, 2 usage.\n";
+    "Exit codes: 0 written, 3 id not found, 1 other failure (among them a\n"
+    "REGISTRY that is no ecx or reference registry: a 404 that is not\n"
+    "their {\"detail\": \"unknown mm_hash\"}), 2 usage.\n";
 
 int cmd_get(int argc, char **argv)
 {

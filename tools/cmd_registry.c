@@ -20,7 +20,8 @@ static const char help[] =
     "  --bind HOST      address to listen on (default 0.0.0.0)\n"
     "  --port PORT      port (default 9018; 0 picks a free one, printed)\n"
     "  --token T        require 'Authorization: Bearer T' on writes\n"
-    "                   (default $ECX_TOKEN; none when unset)\n"
+    "                   (default $ECX_TOKEN; none when unset: on an\n"
+    "                   address other than loopback it warns at start)\n"
     "  --token-reads    require the token on reads too (not /healthz)\n"
     "  --threads N      serving threads (default 2)\n"
     "  --store URL      keep entries in Redis (redis://[:PASSWORD@]HOST:\n"
@@ -134,6 +135,8 @@ int cmd_registry(int argc, char **argv)
 	if (ecx_registry_create(&p, &r, why, sizeof(why)) != 0)
 		return tool_fail("registry", EXIT_FAIL, "cannot start: %s",
 		                 why);
+	tool_warn_open("registry", p.bind_host, p.token,
+	               "publish, replace and DELETE its entries");
 	printf("listening on http://%s:%u\n",
 	       tool_url_host(p.bind_host, host, sizeof(host)),
 	       ecx_registry_port(r));

@@ -62,12 +62,20 @@ static const char help[] =
     "                       available memory is refused at once\n"
     "  --transport T        auto (default), tcp or shm\n"
     "  --token T            required on pulls and registry writes\n"
-    "                       (default $ECX_TOKEN)\n"
+    "                       (default $ECX_TOKEN); without one on an\n"
+    "                       address other than loopback, serve warns\n"
     "  --timeout MS         bound on transfers and registry calls (5s)\n"
     "  --verify-hash        hash each item at put (xxh64) and send the hash\n"
     "                       with every pull, for consumers that check it\n"
     "  --json               print the ready line as JSON\n"
     "  -h, --help           this text\n"
+    "\n"
+    "\n"
+    "The embedded registry's /healthz answers 503 {\"starting\": true}\n"
+    "until every item is put and published, then 200: when it is ok, the\n"
+    "items are found.\n"
+    "Entries removed from the registry (a DELETE by HTTP) while it holds\n"
+    "their items are published again within 2 s (the renew period).\n"
     "\n"
     "Once serving it prints one line to stdout: 'serving N items (SIZE) at\n"
     "tcp://HOST:PORT, registry URL', N and SIZE counting the items kept\n"
@@ -512,7 +520,10 @@ int cmd_serve(int argc, char **argv)
 	ecx_producer_params *p = &o.p;
 	p->field_mask = ECX_PRODUCER_PARAM_BIND_HOST |
 	                ECX_PRODUCER_PARAM_REGISTRY_PORT |
-	                ECX_PRODUCER_PARAM_TOKEN | ECX_PRODUCER_PARAM_TIMEOUT;
+	                ECX_PRODUCER_PARAM_TOKEN | ECX_PRODUCER_PARAM_TIMEOUT |
+	                ECX_PRODUCER_PARAM_STARTING;
+	/* The embedded registry's /healthz says ok once the items are in. */
+	p->starting = 1;
 	p->bind_host = "0.0.0.0";
 	p->registry_port = ECX_REGISTRY_PORT_DEFAULT;
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
@@ -649,6 +660,11 @@ int cmd_serve(int argc, char **argv)
 		if (rc != EXIT_OK)
 			return rc;
 	}
+	tool_warn_open("serve", p->bind_host, p->token,
+	               (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY)
+	                   ? "pull its items"
+	                   : "pull its items and replace or DELETE its "
+	                     "registry's entries");
 	tool_block_signals();
 	serve_run r = {.registry = (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY)
 	                               ? p->registry
@@ -707,6 +723,9 @@ int cmd_serve(int argc, char **argv)
 		snprintf(reg, sizeof(reg), "http://%.*s:%u", (int)(colon - h),
 		         h, ecx_producer_registry_port(r.prod));
 	}
+	/* Every item is put, so published: the embedded registry is healthy
+	 * from now on. */
+	ecx_producer_set_ready(r.prod);
 	bool ready = serve_ready(&r, &o, reg);
 	free(r.sizes);
 	if (!ready) {

@@ -253,6 +253,39 @@ bool tool_bind_resolve(const char *host, char *buf, size_t len, char *why,
 	return false;
 }
 
+/* Whether a numeric address is a loopback one (127.0.0.0/8, ::1, or
+ * ::ffff:127.x.y.z). */
+static bool numeric_loopback(const char *host)
+{
+	unsigned char a[16];
+	if (inet_pton(AF_INET, host, a) == 1)
+		return a[0] == 127;
+	if (inet_pton(AF_INET6, host, a) != 1)
+		return false;
+	static const unsigned char one[16] = {[15] = 1};
+	static const unsigned char v4[12] = {[10] = 0xff, [11] = 0xff};
+	return memcmp(a, one, 16) == 0 ||
+	       (memcmp(a, v4, 12) == 0 && a[12] == 127);
+}
+
+void tool_warn_open(const char *cmd, const char *bind, const char *token,
+                    const char *what)
+{
+	if (token != NULL && token[0] != '\0')
+		return;
+	char num[INET6_ADDRSTRLEN + 1], why[128];
+	const char *h = bind;
+	if (tool_bind_resolve(bind, num, sizeof(num), why, sizeof(why)))
+		h = num;
+	if (numeric_loopback(h))
+		return;
+	fprintf(stderr,
+	        "ecx %s: warning: listening on %s with no token: anyone who "
+	        "reaches it can %s (give --token T or $ECX_TOKEN, or --bind "
+	        "127.0.0.1)\n",
+	        cmd, bind, what);
+}
+
 bool tool_json_print(cJSON *o)
 {
 	char *s = o != NULL ? cJSON_PrintUnformatted(o) : NULL;

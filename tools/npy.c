@@ -3,9 +3,13 @@
 
 #include "tool.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static const struct {
 	ecx_dtype dt;
@@ -24,6 +28,131 @@ static const struct {
     {ECX_DTYPE_FLOAT8_E4M3FN, "[('float8_e4m3fn', '|u1')]"},
     {ECX_DTYPE_FLOAT8_E5M2, "[('float8_e5m2', '|u1')]"},
 };
+
+/* The temporary file being written, for the signal handler to remove. */
+static char tmp_path[4096];
+static const int stop_sigs[] = {SIGINT, SIGTERM, SIGHUP};
+#define NSTOP (sizeof(stop_sigs) / sizeof(stop_sigs[0]))
+
+/* A stop signal while the temporary file exists: the file goes, then the
+ * signal does what it would have done (the process ends by it). */
+static void on_stop(int sig)
+{
+	unlink(tmp_path);
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/* Writes the whole of [p, p+n) to fd. */
+static bool write_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+	while (n > 0) {
+		ssize_t k = write(fd, c, n > (1u << 30) ? (1u << 30) : n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return false;
+		c += k;
+		n -= (size_t)k;
+	}
+	return true;
+}
+
+/* Writes the file's three parts to fd; errno is kept from the failure. */
+static bool write_parts(int fd, const unsigned char *pre, const char *hdr,
+                        size_t hlen, uint64_t nbytes, const void *data)
+{
+	return write_all(fd, pre, 10) && write_all(fd, hdr, hlen) &&
+	       write_all(fd, data, (size_t)nbytes);
+}
+
+/* Writes the file at path whole or not at all: into a temporary file
+ * beside it (".NAME.PID.part"), renamed over path once complete. A
+ * failure, or SIGINT, SIGTERM or SIGHUP meanwhile, removes the temporary
+ * file and leaves whatever was at path as it was. A path that exists and
+ * is not a regular file (/dev/null, a pipe), or a directory where no file
+ * can be made, is written in place. */
+static int npy_put_file(const char *path, const unsigned char *pre,
+                        const char *hdr, size_t hlen, uint64_t nbytes,
+                        const void *data, char *why, size_t whylen)
+{
+	struct stat old;
+	bool exists = stat(path, &old) == 0;
+	int fd = -1;
+	if (!exists || S_ISREG(old.st_mode)) {
+		const char *slash = strrchr(path, '/');
+		int dl = slash != NULL ? (int)(slash - path + 1) : 0;
+		int n = snprintf(tmp_path, sizeof(tmp_path), "%.*s.%s.%ld.part",
+		                 dl, path, slash != NULL ? slash + 1 : path,
+		                 (long)getpid());
+		if (n < 0 || (size_t)n >= sizeof(tmp_path))
+			return tool_why(why, whylen, ECX_EINVAL,
+			                "cannot write %s: name too long", path);
+	} else {
+		tmp_path[0] = '\0';
+	}
+	/* The handlers are in place before the file exists; a signal that
+	 * was ignored stays ignored. A file too large for RLIMIT_FSIZE fails
+	 * its write (EFBIG) rather than ending the process. */
+	struct sigaction was[NSTOP], xfsz_was;
+	struct sigaction sa = {.sa_handler = on_stop};
+	sigemptyset(&sa.sa_mask);
+	struct sigaction ign = {.sa_handler = SIG_IGN};
+	sigemptyset(&ign.sa_mask);
+	sigaction(SIGXFSZ, &ign, &xfsz_was);
+	bool handled = tmp_path[0] != '\0';
+	for (size_t i = 0; i < NSTOP && handled; i++) {
+		sigaction(stop_sigs[i], NULL, &was[i]);
+		if (was[i].sa_handler != SIG_IGN)
+			sigaction(stop_sigs[i], &sa, NULL);
+	}
+	if (tmp_path[0]) {
+		fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+		          0666);
+		if (fd < 0 && errno == EEXIST) { /* left by a killed run */
+			unlink(tmp_path);
+			fd =
+			    open(tmp_path,
+			         O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+		}
+		if (fd < 0 && (errno == EACCES || errno == EPERM) && exists)
+			tmp_path[0] = '\0'; /* no room beside it: in place */
+	}
+	if (fd < 0 && !tmp_path[0])
+		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	int rc = 0;
+	if (fd < 0) {
+		rc = tool_why(why, whylen, ECX_EIO, "cannot write %s: %s", path,
+		              strerror(errno));
+	} else {
+		/* A file replaced keeps its permissions. */
+		if (tmp_path[0] && exists)
+			(void)fchmod(fd, old.st_mode & 07777);
+		bool ok = write_parts(fd, pre, hdr, hlen, nbytes, data);
+		int e = errno;
+		if (close(fd) != 0 && ok) {
+			ok = false;
+			e = errno;
+		}
+		if (ok && tmp_path[0] && rename(tmp_path, path) != 0) {
+			ok = false;
+			e = errno;
+		}
+		if (!ok)
+			rc =
+			    tool_why(why, whylen, ECX_EIO,
+			             "cannot write %s: %s%s", path, strerror(e),
+			             tmp_path[0] ? " (left as it was)" : "");
+	}
+	if (rc != 0 && tmp_path[0])
+		unlink(tmp_path);
+	for (size_t i = 0; i < NSTOP && handled; i++)
+		sigaction(stop_sigs[i], &was[i], NULL);
+	sigaction(SIGXFSZ, &xfsz_was, NULL);
+	tmp_path[0] = '\0';
+	return rc;
+}
 
 int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
               char *why, size_t whylen)
@@ -65,17 +194,7 @@ int npy_write(const char *path, const ecx_tensor_desc *d, const void *data,
 	                         0,
 	                         (unsigned char)(hlen & 0xff),
 	                         (unsigned char)(hlen >> 8)};
-	FILE *f = fopen(path, "wb");
-	if (f == NULL)
-		return tool_why(why, whylen, ECX_EIO, "cannot write %s: %m",
-		                path);
-	bool ok = fwrite(pre, 1, 10, f) == 10 &&
-	          fwrite(hdr, 1, hlen, f) == hlen &&
-	          fwrite(data, 1, d->nbytes, f) == d->nbytes;
-	ok = fclose(f) == 0 && ok;
-	if (!ok)
-		return tool_why(why, whylen, ECX_EIO, "cannot write %s", path);
-	return 0;
+	return npy_put_file(path, pre, hdr, hlen, d->nbytes, data, why, whylen);
 }
 
 bool npy_sniff(FILE *f)

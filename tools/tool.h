@@ -87,6 +87,11 @@ const char *tool_url_host(const char *host, char *buf, size_t len);
 bool tool_bind_resolve(const char *host, char *buf, size_t len, char *why,
                        size_t whylen);
 
+/* Warns on stderr, one line, when bind is not a loopback address and
+ * token is NULL or empty: what says what anyone who reaches it can do. */
+void tool_warn_open(const char *cmd, const char *bind, const char *token,
+                    const char *what);
+
 /* Prints a cJSON value on one line of stdout and deletes it; false when
  * it could not be printed (out of memory). */
 struct cJSON;

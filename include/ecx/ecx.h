@@ -248,6 +248,7 @@ enum {
 	ECX_PRODUCER_PARAM_LEASE_MAX_MS = 1u << 11,
 	ECX_PRODUCER_PARAM_LEASE_SHARE = 1u << 12,
 	ECX_PRODUCER_PARAM_IDLE = 1u << 13,
+	ECX_PRODUCER_PARAM_STARTING = 1u << 14,
 };
 
 /* Leases: the time a lookup's lease pins an item when the consumer asks
@@ -299,6 +300,12 @@ typedef struct ecx_producer_params {
 	                        idle_ms + about 200 ms); a live consumer
 	                        makes a new connection by itself on its
 	                        next load. Default ECX_IDLE_MS_DEFAULT */
+	int starting;        /* with the embedded registry: its /healthz
+	                        answers 503 {"ok": false, "starting": true}
+	                        until ecx_producer_set_ready, for a caller
+	                        that puts what it serves first. Default
+	                        false: healthy once create returns (before
+	                        that, starting, whatever this says) */
 } ecx_producer_params;
 
 #define ECX_IDLE_MS_DEFAULT 15000
@@ -392,6 +399,12 @@ ECX_API const char *ecx_producer_address(const ecx_producer *p);
 /* The embedded registry's port, 0 when it runs none. */
 ECX_API uint16_t ecx_producer_registry_port(const ecx_producer *p);
 
+/* ecx_producer_set_ready ends the embedded registry's starting state of a
+ * producer created with params.starting: its /healthz answers 200 from
+ * now on. Call it once what it serves is put (and so published). Does
+ * nothing without an embedded registry, or when called again. */
+ECX_API void ecx_producer_set_ready(ecx_producer *p);
+
 ECX_API const char *ecx_producer_last_error(void);
 
 /* ecx_producer_destroy stops serving, unpublishes every item, says goodbye
@@ -458,7 +471,10 @@ typedef struct ecx_item {
 
 /* ecx_consumer_lookup asks the registries for n ids in one round trip each.
  * Returns 0 when the registries answered (each item's status says found or
- * not), else the registry error. Blocks up to the timeout per registry. */
+ * not), else the registry error: ECX_EINVAL when a registry URL names a
+ * server that is no ecx or reference registry (a 404 other than their
+ * {"detail": "unknown mm_hash"}), which is not a miss. Blocks up to the
+ * timeout per registry. */
 ECX_API int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n);
 
 /* ecx_consumer_lookup_lease is ecx_consumer_lookup that also takes a lease
@@ -623,7 +639,8 @@ ECX_API void ecx_client_destroy(ecx_client *c);
  * registry; ids missing from one registry are asked of the next. Sets each
  * item's status (0 or ECX_ENOTFOUND), and for those found desc, producer
  * and epoch. Returns 0 when every registry asked answered; otherwise the
- * last registry's error (ecx_last_error has the detail), with what other
+ * last registry's error (ecx_last_error has the detail; ECX_EINVAL for a
+ * URL that is no registry, as ecx_consumer_lookup), with what other
  * registries found still filled in. Blocks up to the timeout per
  * registry. */
 ECX_API int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n);

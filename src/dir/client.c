@@ -294,10 +294,29 @@ void regc_mark(reg_conn *g, int rc)
 	}
 }
 
-/* Reads the detail of an error answer, or says what the body is. */
+bool regc_is_miss(const buf *b)
+{
+	cJSON *o = b->p != NULL ? cJSON_ParseWithLength(b->p, b->len) : NULL;
+	const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "detail");
+	bool miss = cJSON_IsObject(o) && cJSON_IsString(d) &&
+	            strcmp(d->valuestring, ECX_MISS_DETAIL) == 0;
+	cJSON_Delete(o);
+	return miss;
+}
+
+/* Reads the detail of an error answer, or says what the body is. A 404
+ * that is not a registry's miss comes from a server that is not a
+ * registry, or from a path after the port: the URL is wrong. */
 int regc_http_err(long status, const buf *b, const char *url, char *why,
                   size_t whylen)
 {
+	if (status == 404 && !regc_is_miss(b))
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "%s is not an ecx or reference registry: it "
+		               "answered 404 Not Found to a registry request "
+		               "(check the URL: a registry is "
+		               "http://HOST:PORT, with no path)",
+		               url);
 	int e = status == 401 || status == 403 ? ECX_EAUTH
 	        : status == 404                ? ECX_ENOTFOUND
 	        : status == 413                ? ECX_ETOOBIG
@@ -334,7 +353,9 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 				             "ecx cannot read",
 				             g->url);
 			it->found = rc == 0;
-		} else if (status != 404) {
+		} else if (status != 404 || !regc_is_miss(&b)) {
+			/* Only the registries' miss is a miss: another 404
+			 * says the URL is wrong. */
 			rc = regc_http_err(status, &b, g->url, why, whylen);
 		}
 	}
@@ -342,10 +363,26 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 	return rc;
 }
 
+/* One GET /ec/info/{id} per item, for a registry without POST
+ * /ec/lookup. */
+static int reg_lookup_each(ecx_regclient *c, reg_conn *g,
+                           ecx_lookup_item *items, size_t n, char *why,
+                           size_t whylen)
+{
+	for (size_t i = 0; i < n; i++) {
+		int rc = reg_lookup_one(c, g, &items[i], 0, why, whylen);
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
 static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
                            ecx_lookup_item *items, size_t n, uint64_t lease_ms,
                            char *why, size_t whylen)
 {
+	if (g->no_batch)
+		return reg_lookup_each(c, g, items, n, why, whylen);
 	const char **ids = malloc(n * sizeof(*ids));
 	if (ids == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
@@ -360,6 +397,14 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 	int rc = regc_request(c, g, "POST", "/ec/lookup", body, &status, &b,
 	                      why, whylen);
 	free(body);
+	if (rc == 0 && (status == 404 || status == 405 || status == 501)) {
+		/* No POST /ec/lookup (the reference registry has only GET
+		 * /ec/info/{id}): one GET each, which also tells a registry
+		 * from a server that is none. */
+		free(b.p);
+		g->no_batch = true;
+		return reg_lookup_each(c, g, items, n, why, whylen);
+	}
 	if (rc == 0 && status != 200)
 		rc = regc_http_err(status, &b, g->url, why, whylen);
 	if (rc == 0) {

@@ -146,6 +146,9 @@ int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
 {
 	reg_conn *g = &c->regs[0];
 	*republished = 0;
+	if (g->redis != NULL && c->ttl_s <= 0) /* nothing expires */
+		return ecx_store_redis_restore(g->redis, ids, entries, n,
+		                               republished, why, whylen);
 	if (g->redis != NULL) {
 		int rc = ecx_store_redis_refresh(g->redis, ids, entries, n, why,
 		                                 whylen);

@@ -19,6 +19,7 @@ typedef struct reg_conn {
 	ecx_store *redis; /* a redis:// registry: its store, used directly */
 	uint64_t down_until_ms; /* skip until then; 0 when up */
 	uint64_t backoff_ms;
+	bool no_batch; /* it has no POST /ec/lookup: lookups GET each id */
 } reg_conn;
 
 struct ecx_regclient {
@@ -51,7 +52,13 @@ int regc_request(ecx_regclient *c, reg_conn *g, const char *method,
  * after a request that ended with rc. */
 bool regc_usable(reg_conn *g, uint64_t now);
 void regc_mark(reg_conn *g, int rc);
-/* The error of an HTTP answer that is not a success. */
+/* The detail of the registries' 404 for an id they do not hold. */
+#define ECX_MISS_DETAIL "unknown mm_hash"
+/* Whether b is the registries' answer for an id they do not hold,
+ * {"detail": "unknown mm_hash"} (the reference's and ecx's). */
+bool regc_is_miss(const buf *b);
+/* The error of an HTTP answer that is not a success: a 404 other than a
+ * miss is ECX_EINVAL, a URL that names no registry. */
 int regc_http_err(long status, const buf *b, const char *url, char *why,
                   size_t whylen);
 

@@ -83,6 +83,14 @@ int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
                             const ecx_entry *entries, size_t n, char *why,
                             size_t whylen);
 
+/* For entries that do not expire (no TTL: nothing to renew): asks
+ * whether each of the n is still there (its holder and its entry), in one
+ * round trip, and writes again those that are not, in another; *restored
+ * says how many. Does nothing for a store that is not Redis. */
+int ecx_store_redis_restore(ecx_store *s, const char *const *ids,
+                            const ecx_entry *entries, size_t n,
+                            size_t *restored, char *why, size_t whylen);
+
 static inline void ecx_store_destroy(ecx_store *s)
 {
 	if (s != NULL)

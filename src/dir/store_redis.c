@@ -519,6 +519,73 @@ int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
 	return rc;
 }
 
+int ecx_store_redis_restore(ecx_store *s, const char *const *ids,
+                            const ecx_entry *entries, size_t n,
+                            size_t *restored, char *why, size_t whylen)
+{
+	redis_store *r = (redis_store *)s;
+	*restored = 0;
+	if (s->ops != &redis_ops || n == 0)
+		return 0;
+	bool *gone = calloc(n, sizeof(*gone));
+	if (gone == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	/* One pipeline asks whether each entry is there (the holder's field
+	 * and the entry lookups read), a second writes those that are not. */
+	size_t sent = 0;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		if (redisAppendCommand(r->ctx, "HEXISTS " HOLD_PREFIX "%s %s",
+		                       ids[i],
+		                       entries[i].producer_zmq) != REDIS_OK ||
+		    redisAppendCommand(r->ctx, "EXISTS " KEY_PREFIX "%s",
+		                       ids[i]) != REDIS_OK) {
+			rc = rs_fail(r, NULL, why, whylen);
+			break;
+		}
+		sent++;
+	}
+	for (size_t i = 0; r->ctx != NULL && i < 2 * sent; i++) {
+		redisReply *rep = NULL;
+		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {
+			rc = rs_fail(r, rep, why, whylen);
+			break;
+		}
+		if (rep == NULL || rep->type != REDIS_REPLY_INTEGER ||
+		    rep->integer == 0)
+			gone[i / 2] = true;
+		freeReplyObject(rep);
+	}
+	size_t put = 0;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		if (!gone[i])
+			continue;
+		char *json = ecx_entry_encode(&entries[i]);
+		if (json == NULL) {
+			rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+			break;
+		}
+		int ttl =
+		    entries[i].ttl_s > 0 ? (int)entries[i].ttl_s : r->ttl_s;
+		if (rs_append_put(r, ids[i], &entries[i], json, ttl) != 0)
+			rc = rs_fail(r, NULL, why, whylen);
+		else
+			put++;
+		free(json);
+	}
+	if (r->ctx != NULL && put > 0) {
+		int rr = rs_replies(r, 3 * put, why, whylen);
+		if (rc == 0)
+			rc = rr;
+	}
+	pthread_mutex_unlock(&r->lock);
+	free(gone);
+	if (rc == 0)
+		*restored = put;
+	return rc;
+}
+
 int ecx_store_redis_holders(ecx_store *s, ecx_lookup_item *items, size_t n,
                             char *why, size_t whylen)
 {

@@ -2,8 +2,9 @@
  * producer.c - the producer role's lifecycle: create (arena, registry,
  * UCX, rendezvous), stats, destroy. The threads: the caller's (put,
  * remove, stats), the rendezvous thread (hellos, the reference's pull),
- * the UCX progress thread (pulls) and, with a remote registry, the
- * publisher thread (publish.c: every call to that registry).
+ * the UCX progress thread (pulls) and the publisher thread (publish.c:
+ * with a remote registry, every call to it; with the embedded one, it
+ * puts back entries removed by HTTP).
  */
 #include "producer/producer.h"
 
@@ -133,7 +134,12 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 			rp.field_mask |= ECX_REGISTRY_PARAM_ENTRY_TTL;
 			rp.entry_ttl_s = pp->registry_ttl_s;
 		}
-		rc = ecx_registry_create(&rp, &p->registry, why, whylen);
+		/* Unhealthy until this producer serves, or, when the caller
+		 * asked, until it says its items are in. */
+		p->hold_ready =
+		    (m & ECX_PRODUCER_PARAM_STARTING) && pp->starting;
+		rc = ecx_registry_create_starting(&rp, &p->registry, why,
+		                                  whylen);
 		if (rc != 0)
 			goto fail;
 	}
@@ -174,6 +180,8 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		ecx_registry_set_metrics(p->registry, prod_metrics, p);
 		ecx_registry_set_leaser(p->registry, prod_lease_lookup, p);
 	}
+	if (p->registry != NULL && !p->hold_ready)
+		ecx_registry_set_starting(p->registry, false);
 	ecx_info(MOD, "serving at %s, arena %llu bytes, registry %s",
 	         p->address, (unsigned long long)cap,
 	         remote != NULL ? remote : "embedded");
@@ -189,6 +197,12 @@ fail:
 const char *ecx_producer_address(const ecx_producer *p)
 {
 	return p->address;
+}
+
+void ecx_producer_set_ready(ecx_producer *p)
+{
+	if (p != NULL && p->registry != NULL)
+		ecx_registry_set_starting(p->registry, false);
 }
 
 uint16_t ecx_producer_registry_port(const ecx_producer *p)
@@ -266,13 +280,16 @@ void ecx_producer_destroy(ecx_producer *p)
 	pthread_mutex_unlock(&p->lock);
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;
-	/* Unpublish everything this producer published. */
-	if (p->registry != NULL)
+	/* Unpublish everything this producer published; with the embedded
+	 * registry, once its publisher (which puts entries back) stopped. */
+	if (p->registry != NULL) {
+		prod_publisher_stop(p);
 		for (size_t b = 0; p->buckets != NULL && b < p->nbuckets; b++)
 			for (item *it = p->buckets[b]; it != NULL;
 			     it = it->hnext)
 				if (it->ready)
 					prod_unpublish(p, it->id);
+	}
 	prod_publisher_stop(p);
 	if (p->ucx != NULL) {
 		prod_serve_shutdown(p);

@@ -173,6 +173,7 @@ struct ecx_producer {
 	 * pull asks, as one older than data_am does. */
 	bool test_put_only;
 	bool redis;
+	bool hold_ready; /* the embedded registry is starting until set_ready */
 	/* The publisher (publish.c) alone uses `remote`. Its queue and state
 	 * are under pub_lock, never held across a registry call. */
 	pthread_t pub_thread;

@@ -1,6 +1,7 @@
 /*
  * publish.c - the producer's entries in a registry. The embedded registry's
- * store is written directly (it is in this process and never waits). A
+ * store is written directly (it is in this process and never waits); the
+ * publisher thread only puts back what HTTP writes removed from it. A
  * remote registry (HTTP or Redis) is written by the publisher thread alone:
  * puts, removals and evictions hand it their work and wait for it (bounded);
  * it keeps the entries alive, restores them after a registry restart, and
@@ -210,7 +211,8 @@ static int pub_sync(ecx_producer *p, char *why, size_t whylen)
 	else
 		rc = ecx_regclient_sync(p->remote, ptrs, es, n, &again, why,
 		                        whylen);
-	if (rc == 0 && again > 0 && !p->redis)
+	/* Redis with a TTL writes every entry again each time. */
+	if (rc == 0 && again > 0 && (!p->redis || p->ttl_s <= 0))
 		ecx_info(MOD,
 		         "the registry restarted or lost entries: published "
 		         "%zu items again",
@@ -221,14 +223,61 @@ static int pub_sync(ecx_producer *p, char *why, size_t whylen)
 	return rc;
 }
 
+/* The embedded registry: after an HTTP write (someone DELETEd or replaced
+ * an entry), counts this producer's entries; when fewer than it holds,
+ * puts every item it holds again. The puts are made under p->lock, each
+ * only while its item is still held, so a removal (which unpublishes
+ * after it lets the lock go) always comes after them. Returns how many
+ * were put again. Called by the publisher without any lock. */
+static size_t pub_sync_embedded(ecx_producer *p, uint64_t *seen)
+{
+	uint64_t w = ecx_registry_http_writes(p->registry);
+	if (w == *seen)
+		return 0;
+	*seen = w;
+	ecx_store *s = ecx_registry_store(p->registry);
+	char why[256];
+	size_t listed = 0;
+	if (s->ops->renew(s, p->address, p->epoch, 0, &listed, why,
+	                  sizeof(why)) != 0)
+		return 0;
+	size_t again = 0;
+	pthread_mutex_lock(&p->lock);
+	size_t held = 0;
+	for (size_t b = 0; b < p->nbuckets; b++)
+		for (item *it = p->buckets[b]; it != NULL; it = it->hnext)
+			held += it->ready;
+	for (size_t b = 0; listed < held && b < p->nbuckets; b++) {
+		for (item *it = p->buckets[b]; it != NULL; it = it->hnext) {
+			if (!it->ready)
+				continue;
+			ecx_entry e;
+			memset(&e, 0, sizeof(e));
+			e.desc = it->desc;
+			ecx_strlcpy(e.producer_zmq, p->address,
+			            sizeof(e.producer_zmq));
+			e.epoch = p->epoch;
+			if (s->ops->put(s, it->id, &e, why, sizeof(why)) == 0)
+				again++;
+		}
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (again > 0)
+		ecx_info(MOD,
+		         "%zu of the %zu items held had left the embedded "
+		         "registry (removed by HTTP): published %zu again",
+		         held - listed, held, again);
+	return again;
+}
+
 static void *pub_main(void *arg)
 {
 	ecx_producer *p = arg;
 	uint64_t period = p->ttl_s > 0 ? (uint64_t)p->ttl_s * 1000 / 3 : 0;
 	if (period == 0 || period > SYNC_MAX_MS)
 		period = SYNC_MAX_MS;
-	bool sync_needed = !(p->redis && p->ttl_s <= 0);
 	uint64_t next_sync = ecx_now_ms() + period;
+	uint64_t seen_writes = 0;
 	char why[256];
 	pthread_mutex_lock(&p->pub_lock);
 	while (!p->pub_stop) {
@@ -238,8 +287,7 @@ static void *pub_main(void *arg)
 			pub_refuse_publishes(p);
 		uint64_t wake = down                  ? p->pub_down_until
 		                : p->pub_head != NULL ? now
-		                : sync_needed         ? next_sync
-		                                      : now + 60000;
+		                                      : next_sync;
 		/* After an outage, the retry is the oldest removal, or the
 		 * sync when there is none. */
 		bool retry = p->pub_down_until != 0 && !down;
@@ -279,7 +327,12 @@ static void *pub_main(void *arg)
 			}
 			continue;
 		}
-		if (sync_needed && (retry || now >= next_sync)) {
+		if (p->remote == NULL && now >= next_sync) {
+			pthread_mutex_unlock(&p->pub_lock);
+			pub_sync_embedded(p, &seen_writes);
+			pthread_mutex_lock(&p->pub_lock);
+			next_sync = ecx_now_ms() + period;
+		} else if (retry || now >= next_sync) {
 			pthread_mutex_unlock(&p->pub_lock);
 			int rc = pub_sync(p, why, sizeof(why));
 			pthread_mutex_lock(&p->pub_lock);
@@ -287,8 +340,6 @@ static void *pub_main(void *arg)
 			pub_mark(p, pub_transient(rc) ? rc : 0, why);
 			if (rc != 0 && !pub_transient(rc))
 				ecx_warn(MOD, "registry: %s", why);
-		} else if (retry) {
-			pub_mark(p, 0, "");
 		}
 	}
 	pthread_mutex_unlock(&p->pub_lock);
@@ -306,7 +357,9 @@ int prod_publisher_start(ecx_producer *p, char *why, size_t whylen)
 	pthread_mutex_init(&p->pub_lock, NULL);
 	p->pub_backoff_ms = BACKOFF_MIN_MS;
 	p->pub_inited = true;
-	if (p->remote == NULL)
+	/* With the embedded registry the publisher only keeps the entries
+	 * there (pub_sync_embedded); every other write is made directly. */
+	if (p->remote == NULL && p->registry == NULL)
 		return 0;
 	int e = pthread_create(&p->pub_thread, NULL, pub_main, p);
 	if (e != 0)

@@ -26,8 +26,13 @@ struct ecx_registry {
 	uint64_t
 	    epoch; /* changes each start: producers republish on a change */
 	int entry_ttl_s; /* the lease of entries PUT without one (0: none) */
+	/* Its producer is still putting what it serves: /healthz says so
+	 * (503). Atomic; set before it listens. */
+	bool starting;
 	/* counters, updated with relaxed atomics */
 	uint64_t lookups, hits, misses, publishes, removals, requests;
+	/* PUTs and DELETEs that came by HTTP (not the embedding producer's) */
+	uint64_t http_writes;
 	uint64_t lat_count, lat_sum_us, lat_buckets[NLAT + 1];
 	/* the embedding producer's lines; set once, before they are read */
 	ecx_registry_metrics_fn metrics_fn;

@@ -172,6 +172,7 @@ static int route_info_put(ecx_registry *r, ecx_reg_answer *a, const char *id,
 	if (rc != 0)
 		return answer_error(a, status_of(rc), why);
 	count(&r->publishes, 1);
+	count(&r->http_writes, 1);
 	return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 
@@ -186,6 +187,7 @@ static int route_info_delete(ecx_registry *r, ecx_reg_answer *a, const char *id,
 	if (rc != 0)
 		return answer_error(a, status_of(rc), why);
 	count(&r->removals, 1);
+	count(&r->http_writes, 1);
 	return answer_json(a, MHD_HTTP_OK, strdup("{\"ok\":true}"));
 }
 
@@ -395,13 +397,23 @@ static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 		if (!get)
 			goto not_allowed;
 		/* Healthy means lookups can be answered: a Redis store that
-		 * does not answer makes the registry unhealthy (503). */
+		 * does not answer makes the registry unhealthy (503), and so
+		 * does an embedding producer still putting its items (a
+		 * lookup now would miss what it is about to serve). */
 		char why[256] = "";
-		bool ok = !r->redis ||
-		          ecx_store_redis_ping(r->store, why, sizeof(why)) == 0;
+		bool starting = __atomic_load_n(&r->starting, __ATOMIC_ACQUIRE);
+		if (starting)
+			snprintf(why, sizeof(why),
+			         "starting: the producer is still putting and "
+			         "publishing its items");
+		bool ok = !starting &&
+		          (!r->redis || ecx_store_redis_ping(r->store, why,
+		                                             sizeof(why)) == 0);
 		cJSON *o = cJSON_CreateObject();
 		cJSON_AddBoolToObject(o, "ok", ok);
 		cJSON_AddNumberToObject(o, "epoch", (double)r->epoch);
+		if (starting)
+			cJSON_AddBoolToObject(o, "starting", true);
 		if (!ok)
 			cJSON_AddStringToObject(o, "detail", why);
 		char *h = cJSON_PrintUnformatted(o);

@@ -208,8 +208,8 @@ static int reg_listen(const char *host, uint16_t port, int *fd_out,
 	return 0;
 }
 
-int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
-                        char *why, size_t whylen)
+static int reg_create(const ecx_registry_params *p, bool starting,
+                      ecx_registry **out, char *why, size_t whylen)
 {
 	uint64_t m = p != NULL ? p->field_mask : 0;
 	const char *host = (m & ECX_REGISTRY_PARAM_BIND_HOST) && p->bind_host
@@ -249,6 +249,7 @@ int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
 	               (ECX_JSON_INT_MAX - 1) +
 	           1;
 	r->entry_ttl_s = entry_ttl;
+	r->starting = starting;
 	r->token_reads = (m & ECX_REGISTRY_PARAM_TOKEN_READS) &&
 	                 p->token_reads && token != NULL;
 	int rc = ECX_ENOMEM;
@@ -312,6 +313,23 @@ fail:
 	return rc;
 }
 
+int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
+                        char *why, size_t whylen)
+{
+	return reg_create(p, false, out, why, whylen);
+}
+
+int ecx_registry_create_starting(const ecx_registry_params *p,
+                                 ecx_registry **out, char *why, size_t whylen)
+{
+	return reg_create(p, true, out, why, whylen);
+}
+
+void ecx_registry_set_starting(ecx_registry *r, bool starting)
+{
+	__atomic_store_n(&r->starting, starting, __ATOMIC_RELEASE);
+}
+
 uint16_t ecx_registry_port(const ecx_registry *r)
 {
 	return r->port;
@@ -325,6 +343,11 @@ ecx_store *ecx_registry_store(ecx_registry *r)
 void ecx_registry_count_publish(ecx_registry *r, bool removal)
 {
 	count(removal ? &r->removals : &r->publishes, 1);
+}
+
+uint64_t ecx_registry_http_writes(ecx_registry *r)
+{
+	return __atomic_load_n(&r->http_writes, __ATOMIC_RELAXED);
 }
 
 void ecx_registry_destroy(ecx_registry *r)

@@ -20,6 +20,16 @@
  * it directly (no HTTP), and its counters count those too. */
 ecx_store *ecx_registry_store(ecx_registry *r);
 void ecx_registry_count_publish(ecx_registry *r, bool removal);
+/* How many PUTs and DELETEs came by HTTP so far: while it stays the same,
+ * the embedding producer's entries are as it wrote them. */
+uint64_t ecx_registry_http_writes(ecx_registry *r);
+
+/* ecx_registry_create for an embedding producer: it listens, but its
+ * /healthz answers 503 {"ok": false, "starting": true, ...} until
+ * ecx_registry_set_starting(r, false). */
+int ecx_registry_create_starting(const ecx_registry_params *p,
+                                 ecx_registry **out, char *why, size_t whylen);
+void ecx_registry_set_starting(ecx_registry *r, bool starting);
 
 /* Lines the embedding producer adds to /metrics: fn writes them into buf
  * (at most len bytes) and returns what snprintf would. It runs on the

@@ -1,6 +1,8 @@
 """ecx.Client against a real `ecx registry` process and a real producer."""
+import http.server
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -134,3 +136,141 @@ def test_a_spin_out_of_range_is_refused(spin_us):
         ecx.Client("http://127.0.0.1:1", spin_us=spin_us)
     assert e.value.name == "EINVAL"
     assert "spin is 0 to 100000 us" in str(e.value)
+
+
+class _Http404(http.server.BaseHTTPRequestHandler):
+    """A web server that is no registry: 404 with an HTML page for
+    everything (or, as the reference registry, its JSON miss for GET
+    /ec/info/{id} and FastAPI's 404 for the rest)."""
+    reference = False
+
+    def _answer(self):
+        if self.reference and self.command == "GET" and \
+                self.path.startswith("/ec/info/"):
+            body, ctype = b'{"detail":"unknown mm_hash"}', "application/json"
+        elif self.reference:
+            body, ctype = b'{"detail":"Not Found"}', "application/json"
+        else:
+            body, ctype = b"<html><body>Not here</body></html>", "text/html"
+        n = int(self.headers.get("Content-Length") or 0)
+        if n:
+            self.rfile.read(n)
+        self.send_response(404)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http404():
+    servers = []
+
+    def start(reference=False):
+        handler = type("H", (_Http404,), {"reference": reference})
+        s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+        servers.append(s)
+        return f"http://127.0.0.1:{s.server_address[1]}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.mark.parametrize("ids", [["a"], ["a", "b"]])
+def test_a_server_that_is_no_registry_is_an_error_not_a_miss(http404, ids):
+    url = http404()
+    with ecx.Client(url) as c:
+        with pytest.raises(ecx.EcxError) as e:
+            c.lookup(ids)
+        assert not isinstance(e.value, ecx.NotFound)
+        assert f"{url} is not an ecx or reference registry" in str(e.value)
+        # Said the same the next time (no back-off hides it).
+        with pytest.raises(ecx.EcxError) as e:
+            c.lookup(ids)
+        assert "is not an ecx or reference registry" in str(e.value)
+    with ecx.Consumer(url) as cons:
+        with pytest.raises(ecx.EcxError) as e:
+            cons.lookup(ids)
+        assert not isinstance(e.value, ecx.NotFound)
+        assert f"{url} is not an ecx or reference registry" in str(e.value)
+
+
+def test_a_path_after_the_port_of_a_real_registry_is_an_error(registry):
+    r = registry()
+    with ecx.Client(r.url) as c:
+        c.publish(item(1))
+        assert c.lookup(["id-001"])[0] is not None
+    with ecx.Client(r.url + "/foo") as c:
+        for ids in (["id-001"], ["id-001", "id-002"]):
+            with pytest.raises(ecx.EcxError) as e:
+                c.lookup(ids)
+            assert "/foo is not an ecx or reference registry" in \
+                str(e.value)
+
+
+def test_a_reference_registry_misses_are_misses(http404):
+    # Its only route is GET /ec/info/{id}: a lookup of several asks each.
+    url = http404(reference=True)
+    with ecx.Client(url) as c:
+        assert c.lookup(["a"]) == [None]
+        assert c.lookup(["a", "b", "c"]) == [None, None, None]
+
+
+def test_embedded_registry_lists_exactly_what_its_producer_holds():
+    # Puts that evict, while another client DELETEs every entry it lists:
+    # once the DELETEs stop, within one renew period (2 s) the embedded
+    # registry lists every item held again, and none that was evicted
+    # (the put back never races an eviction's unpublish).
+    scale = float(os.environ.get("ECX_TEST_TIME_SCALE", "1"))
+    p = ecx.Producer(capacity_bytes=1 << 20, bind_host="127.0.0.1",
+                     registry_port=0)
+    url = f"http://127.0.0.1:{p.registry_port}"
+    stop = threading.Event()
+    deleted = [0]
+
+    def delete_all():
+        with ecx.Client(url) as c:
+            while not stop.is_set():
+                for x in list(c.list()):
+                    try:
+                        c.remove(x.id)
+                        deleted[0] += 1
+                    except ecx.NotFound:
+                        pass
+                time.sleep(0.01)
+
+    t = threading.Thread(target=delete_all)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        i = 0
+        while time.monotonic() - t0 < 5 * scale:
+            p.put(f"e-{i}", torch.full((16384,), i, dtype=torch.float32))
+            i += 1
+            if i % 50 == 0:
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join()
+    assert deleted[0] > 0 and p.stats()["evictions"] > 0
+    held = p.stats()["items"]
+    with ecx.Client(url) as c, ecx.Consumer(url) as cons:
+        deadline = time.monotonic() + 2.0 * scale + 1.5
+        while True:
+            listed = [x.id for x in c.list()]
+            if len(listed) == held or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(listed) == held, (len(listed), held)
+        # Each listed id is held (a load finds it): no evicted one is back.
+        got = cons.load(c.lookup(listed))
+        assert len(got) == held
+    p.close()
