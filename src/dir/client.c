@@ -400,26 +400,19 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		return ecx_why(why, whylen, ECX_ETOOBIG,
 		               "%zu ids in one lookup; at most %d", n,
 		               ECX_LOOKUP_MAX_IDS);
-	/* Ids still missing are gathered at the front of a scratch array. */
-	ecx_lookup_item *miss = malloc((n + 1) * sizeof(*miss));
-	size_t *where = malloc((n + 1) * sizeof(*where));
-	if (miss == NULL || where == NULL) {
-		free(miss);
-		free(where);
-		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-	}
+	/* The first registry asked fills items in place; later ones get the
+	 * ids still missing, gathered at the front of a scratch array
+	 * (allocated when first needed). */
+	ecx_lookup_item *miss = NULL;
+	size_t *where = NULL;
 	int last = 0;
 	size_t asked = 0;
 	uint64_t now = ecx_now_ms();
 	for (size_t r = 0; r < c->nregs; r++) {
 		reg_conn *g = &c->regs[r];
 		size_t m = 0;
-		for (size_t i = 0; i < n; i++) {
-			if (!items[i].found) {
-				miss[m] = items[i];
-				where[m++] = i;
-			}
-		}
+		for (size_t i = 0; i < n; i++)
+			m += !items[i].found;
 		if (m == 0)
 			break;
 		if (!regc_usable(g, now)) {
@@ -428,24 +421,47 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 			               g->url);
 			continue;
 		}
+		ecx_lookup_item *ask = items;
+		if (m < n) {
+			if (miss == NULL) {
+				miss = malloc(n * sizeof(*miss));
+				where = malloc(n * sizeof(*where));
+			}
+			if (miss == NULL || where == NULL) {
+				last = ecx_why(why, whylen, ECX_ENOMEM,
+				               "out of memory");
+				break;
+			}
+			m = 0;
+			for (size_t i = 0; i < n; i++) {
+				if (!items[i].found) {
+					miss[m] = items[i];
+					where[m++] = i;
+				}
+			}
+			ask = miss;
+		}
 		asked++;
-		int rc = g->redis != NULL ? g->redis->ops->mget(g->redis, miss,
+		int rc = g->redis != NULL ? g->redis->ops->mget(g->redis, ask,
 		                                                m, why, whylen)
 		         : m == 1 && !all_holders
-		             ? reg_lookup_one(c, g, miss, why, whylen)
-		             : reg_lookup_many(c, g, miss, m, why, whylen);
+		             ? reg_lookup_one(c, g, ask, why, whylen)
+		             : reg_lookup_many(c, g, ask, m, why, whylen);
 		if (rc == 0 && g->redis != NULL && all_holders)
-			rc = ecx_store_redis_holders(g->redis, miss, m, why,
+			rc = ecx_store_redis_holders(g->redis, ask, m, why,
 			                             whylen);
 		regc_mark(g, rc);
 		if (rc != 0) {
-			ecx_lookup_items_clear(miss, m);
+			ecx_lookup_items_clear(ask, m);
+			for (size_t k = 0; k < m; k++)
+				ask[k].found = false;
 			last = rc;
 			continue;
 		}
-		for (size_t k = 0; k < m; k++)
-			if (miss[k].found)
-				items[where[k]] = miss[k];
+		if (ask == miss)
+			for (size_t k = 0; k < m; k++)
+				if (miss[k].found)
+					items[where[k]] = miss[k];
 	}
 	free(miss);
 	free(where);
