@@ -21,6 +21,8 @@ static size_t on_body(char *data, size_t sz, size_t nm, void *ud)
 		return 0; /* too big: curl fails with a write error */
 	if (b->len + n + 1 > b->cap) {
 		size_t cap = (b->len + n + 1) * 2;
+		if (cap < 16384)
+			cap = 16384;
 		char *p = realloc(b->p, cap);
 		if (p == NULL)
 			return 0;
@@ -140,6 +142,7 @@ void ecx_regclient_destroy(ecx_regclient *c)
 		if (c->regs[i].multi != NULL)
 			curl_multi_cleanup(c->regs[i].multi);
 		ecx_store_destroy(c->regs[i].redis);
+		free(c->regs[i].rx.p);
 	}
 	curl_slist_free_all(c->headers);
 	free(c);
@@ -316,7 +319,8 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 {
 	char path[ECX_ID_MAX + 16];
 	snprintf(path, sizeof(path), "/ec/info/%s", it->id);
-	buf b = {0};
+	buf b = g->rx;
+	b.len = 0;
 	long status = 0;
 	int rc =
 	    regc_request(c, g, "GET", path, NULL, &status, &b, why, whylen);
@@ -334,7 +338,7 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 			rc = regc_http_err(status, &b, g->url, why, whylen);
 		}
 	}
-	free(b.p);
+	g->rx = b;
 	return rc;
 }
 
@@ -351,7 +355,8 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 	free(ids);
 	if (body == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-	buf b = {0};
+	buf b = g->rx;
+	b.len = 0;
 	long status = 0;
 	int rc = regc_request(c, g, "POST", "/ec/lookup", body, &status, &b,
 	                      why, whylen);
@@ -367,7 +372,7 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 			             "read",
 			             g->url);
 	}
-	free(b.p);
+	g->rx = b;
 	return rc;
 }
 

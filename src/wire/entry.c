@@ -410,17 +410,7 @@ int ecx_lookup_req_decode(const char *buf, size_t len, ecx_idlist *out,
 	return 0;
 }
 
-/* The distinct ids of a batch, in an open-addressing table: first[] holds
- * 1 + the index of the first item asked with each id (0: an empty slot),
- * next[i] 1 + the index of the next item asked with item i's id (0: none).
- * ECX_LOOKUP_MAX_IDS bounds a batch, so indices fit. */
-typedef struct id_set {
-	size_t mask, distinct;
-	uint32_t *first, *next;
-} id_set;
-
-/* A hash of id for the table, eight bytes at a time. */
-static size_t id_hash(const char *id)
+size_t ecx_id_hash(const char *id)
 {
 	size_t n = strlen(id);
 	uint64_t h = 0x9e3779b97f4a7c15ull ^ n, w;
@@ -434,6 +424,15 @@ static size_t id_hash(const char *id)
 	h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
 	return (size_t)(h ^ h >> 29);
 }
+
+/* The distinct ids of a batch, in an open-addressing table: first[] holds
+ * 1 + the index of the first item asked with each id (0: an empty slot),
+ * next[i] 1 + the index of the next item asked with item i's id (0: none).
+ * ECX_LOOKUP_MAX_IDS bounds a batch, so indices fit. */
+typedef struct id_set {
+	size_t mask, distinct;
+	uint32_t *first, *next;
+} id_set;
 
 static void id_set_free(id_set *t)
 {
@@ -456,7 +455,7 @@ static bool id_set_build(id_set *t, const ecx_lookup_item *items, size_t n)
 		return false;
 	}
 	for (size_t i = 0; i < n; i++) {
-		size_t h = id_hash(items[i].id) & t->mask;
+		size_t h = ecx_id_hash(items[i].id) & t->mask;
 		while (t->first[h] != 0 &&
 		       strcmp(items[t->first[h] - 1].id, items[i].id) != 0)
 			h = (h + 1) & t->mask;
@@ -477,7 +476,7 @@ static bool id_set_build(id_set *t, const ecx_lookup_item *items, size_t n)
 static size_t id_set_find(const id_set *t, const ecx_lookup_item *items,
                           size_t n, const char *id)
 {
-	size_t h = id_hash(id) & t->mask;
+	size_t h = ecx_id_hash(id) & t->mask;
 	for (; t->first[h] != 0; h = (h + 1) & t->mask)
 		if (strcmp(items[t->first[h] - 1].id, id) == 0)
 			return t->first[h] - 1;
