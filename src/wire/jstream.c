@@ -519,11 +519,12 @@ size_t js_unescape(js_span s, char *out, size_t cap)
 		out[k] = '\0';
 		return n;
 	}
-#define PUT(ch)                              \
-	do {                                 \
-		if (n + 1 < cap)             \
-			out[n] = (char)(ch); \
-		n++;                         \
+#define PUT(ch)                         \
+	do {                            \
+		char put_ = (char)(ch); \
+		if (n + 1 < cap)        \
+			out[n] = put_;  \
+		n++;                    \
 	} while (0)
 	while (p < e) {
 		if (*p != '\\') {
