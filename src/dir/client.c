@@ -314,6 +314,18 @@ int regc_http_err(long status, const buf *b, const char *url, char *why,
 	return e;
 }
 
+/* Keeps b as g's answer buffer for the next lookup, unless a large answer
+ * grew it past 1 MiB (a rare batch should not pin its memory). */
+static void rx_keep(reg_conn *g, buf *b)
+{
+	if (b->cap > (1u << 20)) {
+		free(b->p);
+		b->p = NULL;
+		b->len = b->cap = 0;
+	}
+	g->rx = *b;
+}
+
 static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
                           char *why, size_t whylen)
 {
@@ -338,7 +350,7 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 			rc = regc_http_err(status, &b, g->url, why, whylen);
 		}
 	}
-	g->rx = b;
+	rx_keep(g, &b);
 	return rc;
 }
 
@@ -372,7 +384,7 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 			             "read",
 			             g->url);
 	}
-	g->rx = b;
+	rx_keep(g, &b);
 	return rc;
 }
 
