@@ -64,13 +64,16 @@ static const char help[] =
     "  --check   assert the targets, exit 1 naming each row that misses:\n"
     "            shm 7 MiB warm loads >= 0.5x memcpy; shm 64 KiB x1 warm\n"
     "            p50 < 100 us; registry persistent p50 < 150 us and\n"
-    "            batched >= 10x single ids/s; tcp warm loads of 1 MiB\n"
-    "            and 7 MiB >= 0.9x raw TCP. With --quick, floors that\n"
-    "            runs on a loaded 2-core machine met and a 2x regression\n"
-    "            does not, on the median of a group's rows and the best\n"
-    "            repetition's latency: shm 7 MiB >= 0.4x memcpy, 64 KiB\n"
-    "            p50 < 400 us, registry p50 < 250 us and batched >= 5x,\n"
-    "            tcp >= 0.5x raw TCP\n"
+    "            batched >= 20x single ids/s; tcp warm loads of 1 MiB\n"
+    "            and 7 MiB >= 0.9x raw TCP; 64 KiB and 1 MiB x1 warm, shm\n"
+    "            and tcp: p99 <= 3x p50. With --quick, floors for a\n"
+    "            loaded machine are reported and not checked (load\n"
+    "            alone moves each by as much as a 2x regression does;\n"
+    "            docs/bench.md): shm 7 MiB >= 0.4x memcpy and tcp >=\n"
+    "            0.5x raw TCP (medians of the groups' rows), registry\n"
+    "            256 x single p50 / batch p50 >= 20x, best p50s of shm\n"
+    "            64 KiB < 400 us and registry < 250 us, p99 <= 3x p50;\n"
+    "            a benchmark that fails still fails the run\n"
     "  --json    one JSON object per result line\n"
     "  --redis URL  registry: also batched lookups against this Redis\n"
     "            (redis://HOST:PORT; bench/redis_vs_http.sh starts one)\n"
@@ -102,49 +105,34 @@ int nreps(void)
 
 /* ---- targets ---- */
 
-/* The stated targets (--check). */
-static const targets target_full = {0.5, 100, 150, 10, 0.9};
-/* The --quick floors. First chosen from 10 runs of 'bench all --quick' on
- * this 2-core machine while 5 engineers built and tested on it (load
- * average 4-11). Each value below is a group median, or for latencies the
- * best repetition's p50 (load only adds to a latency):
- *   shm 7 MiB warm, x memcpy    0.32-0.49 (worst 0.32)     floor 0.25
- *   shm 64 KiB x1 warm p50      17-282 us (worst 282)      floor 400 us
- *   registry persistent p50     49-143 us (worst 143)      floor 250 us
- *   registry batched / single   6.7-16.5x (worst 6.7)      floor 5x
- *   tcp >= 1 MiB warm, x raw    0.48-1.13 (worst 0.48)     (see below)
- * Each floor sits below the worst loaded value and at or above half the
- * typical loaded one (0.44, -, 80 us, 9x, 0.7), so a loaded CI machine
- * passes and a 2x regression of a typical run fails. Not the latency of
- * 64 KiB: on a quiet machine it is 13-20 us, and 2x that is far inside
- * what load alone does, so its floor catches only gross regressions.
- * tcp: those runs had raw TCP receive by blocking only; the baseline is now
- * the faster of a blocking and a polling receiver, measured in each
- * repetition. 6 runs of 'bench transfer --quick --via tcp' with it, at
- * load average 1.0-2.4 (TSan and another engineer's builds running), read
- * group medians of 0.68-0.93, typical 0.84: the floor was 0.4.
- * 2026-12: the memcpy and raw TCP baselines had copied and sent the zero
- * page (bench_transfer.c, pool_alloc); from memory holding the producer's
- * bytes they are slower, and the ratios higher. Set again from 6 runs of
- * 'bench all --quick --check' beside two looping 'cmake --build
- * --clean-first -j2' (load average 4.5-5.9): shm 7 MiB group medians
- * 0.63-0.77 (typical 0.70; single rows down to 0.04), tcp 0.78-0.94
- * (typical 0.87); the other three did not move (registry p50 53-117 us,
- * batched 11.5-164x, 64 KiB best p50 13-247 us). Then the raw TCP sender
- * began to poll for its next request as the producer does, and bytes were
- * no longer checked between timed loads: 4 more such runs read shm
- * 0.62-0.88 (typical 0.7) and tcp 0.86-1.09 (typical 0.95). Floors: shm
- * 0.4 and tcp 0.5, 1.6-1.7x below the worst and above half the typical.
- * One of those 4 runs missed the 64 KiB floor (best repetition's p50
- * 1250 us, four compile jobs on two cores); CI runs the bench alone. */
-static const targets target_quick = {0.4, 400, 250, 5, 0.5};
+/* The stated targets (--check), for a quiet machine: shm 7 MiB warm
+ * loads >= 0.5x memcpy, shm 64 KiB x1 warm p50 < 100 us, registry
+ * persistent p50 < 150 us, batched lookups >= 20x single ids/s, tcp warm
+ * loads >= 1 MiB >= 0.9x raw TCP, and the small x1 warm rows (64 KiB and
+ * 1 MiB, shm and tcp) with p99 at most 3x their p50. */
+static const targets target_full = {0.5, 100, 150, 20, 0.9, 3};
+/* The --quick floors, reported under --check and not checked: a floor
+ * there must hold on a loaded 2-core machine with room to spare and fail
+ * a 2x regression, and on such a machine none does, since load alone
+ * moves each of these by as much as a 2x regression does, ratios of two
+ * things measured in the same run included:
+ *   shm 7 MiB warm loads over memcpy, median of the group's rows  0.4x
+ *   tcp warm loads >= 1 MiB over raw TCP, median of the rows      0.5x
+ *   registry: 256 x single p50 over batch p50, median of the reps 20x
+ *   shm 64 KiB x1 warm, best repetition's p50                     400 us
+ *   registry persistent, best repetition's p50                    250 us
+ *   64 KiB and 1 MiB x1 warm, shm and tcp: p99 over p50            3x
+ * A row below its floor is named on stderr; the run still fails when a
+ * benchmark fails (a load or lookup that errs, bytes that differ). The
+ * samples behind this are in docs/bench.md. */
+static const targets target_quick = {0.4, 400, 250, 20, 0.5, 3};
 
 const targets *tgt(void)
 {
 	return quick ? &target_quick : &target_full;
 }
 
-static int nmissed;
+static int nmissed, nreported;
 
 /* Records one check: ok says whether the row meets its target. */
 void check_row(bool ok, const char *row, const char *fmt, ...)
@@ -159,6 +147,23 @@ void check_row(bool ok, const char *row, const char *fmt, ...)
 	fprintf(stderr, "ecx bench: check: %s misses its %s: %s\n", row,
 	        quick ? "--quick floor" : "target", msg);
 	nmissed++;
+}
+
+void report_row(bool ok, const char *row, const char *fmt, ...)
+{
+	if (!check || ok)
+		return;
+	char msg[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	nreported++;
+	fprintf(stderr,
+	        "ecx bench: check: %s misses its %s: %s (reported, not "
+	        "checked%s)\n",
+	        row, quick ? "--quick floor" : "target", msg,
+	        quick ? " under --quick" : "");
 }
 
 /* ---- repetitions ---- */
@@ -367,7 +372,11 @@ int cmd_bench(int argc, char **argv)
 			return tool_fail("bench", EXIT_FAIL,
 			                 "%d row(s) missed their %s", nmissed,
 			                 quick ? "--quick floors" : "targets");
-		if (!json)
+		if (!json && nreported > 0)
+			printf("check: every checked %s met; %d row(s) below "
+			       "what they report (not checked)\n",
+			       quick ? "--quick floor" : "target", nreported);
+		else if (!json)
 			printf("check: every %s met\n",
 			       quick ? "--quick floor" : "target");
 	}

@@ -152,11 +152,17 @@ static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
 		return ecx_set_error(ECX_EINVAL, "no client or no items");
 	if (n == 0)
 		return 0;
-	ecx_lookup_item *li = calloc(n, sizeof(*li));
+	/* The lookup sets each item's found, entry (when found) and holders:
+	 * nothing else needs clearing. */
+	ecx_lookup_item *li = malloc(n * sizeof(*li));
 	if (li == NULL)
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		li[i].id = items[i].id != NULL ? items[i].id : "";
+		li[i].found = false;
+		li[i].nalt = 0;
+		li[i].alt = NULL;
+	}
 	char why[256] = "";
 	int rc = lease_ms != 0
 	             ? ecx_regclient_lookup_lease(c->rc, li, n, lease_ms, why,

@@ -21,6 +21,8 @@ static size_t on_body(char *data, size_t sz, size_t nm, void *ud)
 		return 0; /* too big: curl fails with a write error */
 	if (b->len + n + 1 > b->cap) {
 		size_t cap = (b->len + n + 1) * 2;
+		if (cap < 16384)
+			cap = 16384;
 		char *p = realloc(b->p, cap);
 		if (p == NULL)
 			return 0;
@@ -140,6 +142,7 @@ void ecx_regclient_destroy(ecx_regclient *c)
 		if (c->regs[i].multi != NULL)
 			curl_multi_cleanup(c->regs[i].multi);
 		ecx_store_destroy(c->regs[i].redis);
+		free(c->regs[i].rx.p);
 	}
 	curl_slist_free_all(c->headers);
 	free(c);
@@ -330,6 +333,18 @@ int regc_http_err(long status, const buf *b, const char *url, char *why,
 	return e;
 }
 
+/* Keeps b as g's answer buffer for the next lookup, unless a large answer
+ * grew it past 1 MiB (a rare batch should not pin its memory). */
+static void rx_keep(reg_conn *g, buf *b)
+{
+	if (b->cap > (1u << 20)) {
+		free(b->p);
+		b->p = NULL;
+		b->len = b->cap = 0;
+	}
+	g->rx = *b;
+}
+
 static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
                           uint64_t lease_ms, char *why, size_t whylen)
 {
@@ -339,7 +354,8 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 		         it->id, (unsigned long long)lease_ms);
 	else
 		snprintf(path, sizeof(path), "/ec/info/%s", it->id);
-	buf b = {0};
+	buf b = g->rx;
+	b.len = 0;
 	long status = 0;
 	int rc =
 	    regc_request(c, g, "GET", path, NULL, &status, &b, why, whylen);
@@ -359,7 +375,7 @@ static int reg_lookup_one(ecx_regclient *c, reg_conn *g, ecx_lookup_item *it,
 			rc = regc_http_err(status, &b, g->url, why, whylen);
 		}
 	}
-	free(b.p);
+	rx_keep(g, &b);
 	return rc;
 }
 
@@ -392,7 +408,8 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 	free(ids);
 	if (body == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-	buf b = {0};
+	buf b = g->rx;
+	b.len = 0;
 	long status = 0;
 	int rc = regc_request(c, g, "POST", "/ec/lookup", body, &status, &b,
 	                      why, whylen);
@@ -401,7 +418,7 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 		/* No POST /ec/lookup (the reference registry has only GET
 		 * /ec/info/{id}): one GET each, which also tells a registry
 		 * from a server that is none. */
-		free(b.p);
+		rx_keep(g, &b);
 		g->no_batch = true;
 		return reg_lookup_each(c, g, items, n, why, whylen);
 	}
@@ -416,7 +433,7 @@ static int reg_lookup_many(ecx_regclient *c, reg_conn *g,
 			             "read",
 			             g->url);
 	}
-	free(b.p);
+	rx_keep(g, &b);
 	return rc;
 }
 
@@ -457,26 +474,19 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 		return ecx_why(why, whylen, ECX_ETOOBIG,
 		               "%zu ids in one lookup; at most %d", n,
 		               ECX_LOOKUP_MAX_IDS);
-	/* Ids still missing are gathered at the front of a scratch array. */
-	ecx_lookup_item *miss = malloc((n + 1) * sizeof(*miss));
-	size_t *where = malloc((n + 1) * sizeof(*where));
-	if (miss == NULL || where == NULL) {
-		free(miss);
-		free(where);
-		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-	}
+	/* The first registry asked fills items in place; later ones get the
+	 * ids still missing, gathered at the front of a scratch array
+	 * (allocated when first needed). */
+	ecx_lookup_item *miss = NULL;
+	size_t *where = NULL;
 	int last = 0;
 	size_t asked = 0;
 	uint64_t now = ecx_now_ms();
 	for (size_t r = 0; r < c->nregs; r++) {
 		reg_conn *g = &c->regs[r];
 		size_t m = 0;
-		for (size_t i = 0; i < n; i++) {
-			if (!items[i].found) {
-				miss[m] = items[i];
-				where[m++] = i;
-			}
-		}
+		for (size_t i = 0; i < n; i++)
+			m += !items[i].found;
 		if (m == 0)
 			break;
 		if (!regc_usable(g, now)) {
@@ -485,19 +495,41 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 			               g->url);
 			continue;
 		}
+		ecx_lookup_item *ask = items;
+		if (m < n) {
+			if (miss == NULL) {
+				miss = malloc(n * sizeof(*miss));
+				where = malloc(n * sizeof(*where));
+			}
+			if (miss == NULL || where == NULL) {
+				last = ecx_why(why, whylen, ECX_ENOMEM,
+				               "out of memory");
+				break;
+			}
+			m = 0;
+			for (size_t i = 0; i < n; i++) {
+				if (!items[i].found) {
+					miss[m] = items[i];
+					where[m++] = i;
+				}
+			}
+			ask = miss;
+		}
 		asked++;
 		int rc =
 		    g->redis != NULL
-		        ? g->redis->ops->mget(g->redis, miss, m, why, whylen)
+		        ? g->redis->ops->mget(g->redis, ask, m, why, whylen)
 		    : m == 1 && !all_holders
-		        ? reg_lookup_one(c, g, miss, lease_ms, why, whylen)
-		        : reg_lookup_many(c, g, miss, m, lease_ms, why, whylen);
+		        ? reg_lookup_one(c, g, ask, lease_ms, why, whylen)
+		        : reg_lookup_many(c, g, ask, m, lease_ms, why, whylen);
 		if (rc == 0 && g->redis != NULL && all_holders)
-			rc = ecx_store_redis_holders(g->redis, miss, m, why,
+			rc = ecx_store_redis_holders(g->redis, ask, m, why,
 			                             whylen);
 		regc_mark(g, rc);
 		if (rc != 0) {
-			ecx_lookup_items_clear(miss, m);
+			ecx_lookup_items_clear(ask, m);
+			for (size_t k = 0; k < m; k++)
+				ask[k].found = false;
 			last = rc;
 			continue;
 		}
@@ -505,8 +537,8 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 			/* Only a leased lookup's answer over HTTP carries a
 			 * lease. */
 			if (g->redis != NULL || lease_ms == 0)
-				miss[k].entry.lease = 0;
-			if (miss[k].found)
+				ask[k].entry.lease = 0;
+			if (ask == miss && miss[k].found)
 				items[where[k]] = miss[k];
 		}
 	}

@@ -12,6 +12,11 @@
 
 #define MAX_REGISTRIES 16
 
+typedef struct buf {
+	char *p;
+	size_t len, cap;
+} buf;
+
 typedef struct reg_conn {
 	char url[ECX_ADDR_MAX]; /* without a trailing slash */
 	CURL *curl;
@@ -20,6 +25,9 @@ typedef struct reg_conn {
 	uint64_t down_until_ms; /* skip until then; 0 when up */
 	uint64_t backoff_ms;
 	bool no_batch; /* it has no POST /ec/lookup: lookups GET each id */
+	/* The answers of lookups, kept between them (len reset each time):
+	 * a batch's answer need not grow a new buffer every time. */
+	buf rx;
 } reg_conn;
 
 struct ecx_regclient {
@@ -37,11 +45,6 @@ struct ecx_regclient {
 	uint64_t written_ms;
 	long connects;
 };
-
-typedef struct buf {
-	char *p;
-	size_t len, cap;
-} buf;
 
 /* Sends one request on registry g (its persistent connection), body may
  * be NULL; the answer's status in *status and body in *resp. */

@@ -33,7 +33,7 @@ typedef struct mem_store {
 
 static uint64_t mem_hash(const char *s)
 {
-	return ecx_hash_str(s);
+	return ecx_id_hash(s);
 }
 
 static bool holder_live(const holder *h, uint64_t now)

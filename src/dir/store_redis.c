@@ -232,9 +232,10 @@ static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 	lens[0] = 4;
 	for (size_t i = 0; i < n; i++) {
 		char *k = keys + i * (ECX_ID_MAX + sizeof(KEY_PREFIX));
-		lens[i + 1] =
-		    (size_t)snprintf(k, ECX_ID_MAX + sizeof(KEY_PREFIX),
-		                     KEY_PREFIX "%s", items[i].id);
+		size_t il = strnlen(items[i].id, ECX_ID_MAX);
+		memcpy(k, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
+		memcpy(k + sizeof(KEY_PREFIX) - 1, items[i].id, il);
+		lens[i + 1] = sizeof(KEY_PREFIX) - 1 + il;
 		argv[i + 1] = k;
 	}
 	pthread_mutex_lock(&r->lock);

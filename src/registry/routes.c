@@ -240,13 +240,19 @@ static int route_lookup(ecx_registry *r, ecx_reg_answer *a,
 	int rc = ecx_lookup_req_decode(q->body, q->len, &l, why, sizeof(why));
 	if (rc != 0)
 		return answer_error(a, status_of(rc), why);
-	ecx_lookup_item *items = calloc(l.n + 1, sizeof(*items));
+	/* The store sets each item's found, entry (when found) and holders:
+	 * nothing else needs clearing. */
+	ecx_lookup_item *items = malloc((l.n + 1) * sizeof(*items));
 	if (items == NULL) {
 		free(l.ids);
 		return answer_error(a, 500, "out of memory");
 	}
-	for (size_t i = 0; i < l.n; i++)
+	for (size_t i = 0; i < l.n; i++) {
 		items[i].id = l.ids[i];
+		items[i].found = false;
+		items[i].nalt = 0;
+		items[i].alt = NULL;
+	}
 	rc = r->store->ops->mget(r->store, items, l.n, why, sizeof(why));
 	if (rc == 0)
 		rc = ecx_store_redis_holders(r->store, items, l.n, why,

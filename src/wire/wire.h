@@ -97,6 +97,11 @@ typedef struct ecx_lookup_item {
 	ecx_entry *alt;
 } ecx_lookup_item;
 
+/* A hash of an id for tables of ids (the batch's own, the memory store's),
+ * eight bytes at a time: not for anything an attacker should not
+ * collide. */
+size_t ecx_id_hash(const char *id);
+
 /* Frees the other holders of n items (alt) and sets nalt to 0. */
 void ecx_lookup_items_clear(ecx_lookup_item *items, size_t n);
 

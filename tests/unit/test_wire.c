@@ -378,6 +378,176 @@ static void test_holders(void **state)
 	    ECX_EPROTO);
 }
 
+/* cJSON's own printing of what cJSON parses of s: equal to s when s is
+ * written exactly as cJSON_PrintUnformatted writes it. */
+static void assert_cjson_bytes(const char *s)
+{
+	cJSON *o = cJSON_Parse(s);
+	assert_non_null(o);
+	char *p = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	if (strcmp(p, s) != 0)
+		fail_msg("not cJSON's bytes:\n  ours  %s\n  cJSON %s", s, p);
+	free(p);
+}
+
+/* The direct writer prints what the tree codec printed: the same bytes
+ * for every field, escapes included, and reads them back. */
+static void test_entry_bytes(void **state)
+{
+	(void)state;
+	static const char *const producers[] = {
+	    "tcp://10.0.0.2:5555", "q\"b\\s/\n\r\t\b\f\x01\x1f\x7f",
+	    "\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80"};
+	for (size_t k = 0; k < 3; k++)
+		for (uint32_t nd = 0; nd <= ECX_MAX_DIMS; nd++) {
+			ecx_entry e = sample_entry(), back;
+			uint64_t shape[ECX_MAX_DIMS];
+			for (uint32_t i = 0; i < nd; i++)
+				shape[i] = i == 0 ? 1369 : 2;
+			assert_int_equal(ecx_tensor_set(&e.desc,
+			                                ECX_DTYPE_FLOAT32, nd,
+			                                shape),
+			                 0);
+			memset(e.producer_zmq, 0, sizeof(e.producer_zmq));
+			strcpy(e.producer_zmq, producers[k]);
+			e.epoch = nd % 4 == 1   ? ECX_JSON_INT_MAX - 1
+			          : nd % 4 == 3 ? 123456789012345ull
+			                        : 0;
+			e.ttl_s = nd % 3 ? 30 : 0;
+			e.age_ms = nd;
+			char *s = ecx_entry_encode(&e);
+			cJSON *t = ecx_entry_to_json(&e);
+			char *ref = cJSON_PrintUnformatted(t);
+			cJSON_Delete(t);
+			assert_string_equal(s, ref);
+			/* cJSON prints numbers of 16 digits or more
+			 * rounded (ecx writes them as raw digits). */
+			if (e.epoch < 1000000000000000ull)
+				assert_cjson_bytes(s);
+			char why[160];
+			assert_int_equal(
+			    ecx_entry_decode(s, strlen(s), &back, why, 160), 0);
+			assert_memory_equal(&back, &e, sizeof(e));
+			free(ref);
+			free(s);
+		}
+	/* A batched answer: found, missing and holders, with an id asked
+	 * twice, exactly as the tree codec laid it out. */
+	ecx_lookup_item it[4] = {
+	    {.id = "a"}, {.id = "m"}, {.id = "a"}, {.id = "b"}};
+	ecx_entry alt = sample_entry();
+	strcpy(alt.producer_zmq, "tcp://other:1");
+	it[0].found = it[2].found = it[3].found = true;
+	it[0].entry = it[2].entry = it[3].entry = sample_entry();
+	it[3].nalt = 1;
+	it[3].alt = &alt;
+	char *resp = ecx_lookup_resp_encode(it, 4);
+	const char *e1 = "{\"nbytes\":9812992,\"shape\":[1369,3584],"
+	                 "\"dtype\":\"bfloat16\",\"producer_zmq\":"
+	                 "\"tcp://10.0.0.2:5555\",\"ecx_epoch\":77}";
+	const char *e2 = "{\"nbytes\":9812992,\"shape\":[1369,3584],"
+	                 "\"dtype\":\"bfloat16\",\"producer_zmq\":"
+	                 "\"tcp://other:1\",\"ecx_epoch\":77}";
+	char want[1024];
+	snprintf(want, sizeof(want),
+	         "{\"found\":{\"a\":%s,\"b\":%s},\"missing\":[\"m\"],"
+	         "\"ecx_holders\":{\"b\":[%s,%s]}}",
+	         e1, e1, e1, e2);
+	assert_string_equal(resp, want);
+	free(resp);
+	ecx_lookup_item none[1] = {{.id = "z"}};
+	resp = ecx_lookup_resp_encode(none, 1);
+	assert_string_equal(resp, "{\"found\":{},\"missing\":[\"z\"]}");
+	free(resp);
+	const char *ids[] = {"a", "b:c"};
+	char *req = ecx_lookup_req_encode(ids, 2);
+	assert_string_equal(req, "{\"ids\":[\"a\",\"b:c\"]}");
+	free(req);
+	req = ecx_lookup_req_encode(ids, 0);
+	assert_string_equal(req, "{\"ids\":[]}");
+	free(req);
+}
+
+/* The reader without a tree: what JSON allows reads as cJSON reads it
+ * (spacing, escapes, unknown and nested fields, the first of a repeated
+ * key, a byte order mark); what the RFC refuses is refused. */
+static void test_reader(void **state)
+{
+	(void)state;
+	char why[160];
+	ecx_entry e;
+	const char *ok =
+	    "\xEF\xBB\xBF \t\r\n{ \"n\\u0062ytes\" : 2 , \"future\": {\"a\": "
+	    "[1, -2.5e+3, true, false, null, {\"b\": []}]}, \"shape\":[ 1 ],"
+	    "\"dtype\":\"fl\\u006fat16\", \"producer_zmq\":"
+	    "\"t\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\","
+	    "\"nbytes\": 999, \"ecx_epoch\": 1.0e1 }\n\0";
+	assert_int_equal(ecx_entry_decode(ok, strlen(ok) + 1, &e, why, 160), 0);
+	assert_int_equal(e.desc.nbytes, 2);
+	assert_int_equal(e.desc.dtype, ECX_DTYPE_FLOAT16);
+	assert_int_equal(e.epoch, 10);
+	assert_string_equal(e.producer_zmq,
+	                    "t\"\\/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80");
+	/* A key longer than any field's name, with escapes after the
+	 * longest name's length: skipped (once looped for ever). */
+	char longkey[256];
+	snprintf(longkey, sizeof(longkey),
+	         "{\"%070d\\\\\\bx\": 1, \"nbytes\":1,\"shape\":[1],"
+	         "\"dtype\":\"uint8\",\"producer_zmq\":\"a\"}",
+	         0);
+	assert_int_equal(
+	    ecx_entry_decode(longkey, strlen(longkey), &e, why, 160), 0);
+	static const char *const bad[] = {
+	    "{\"nbytes\":01,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\"}",
+	    "{\"nbytes\":1.,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\"}",
+	    "{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\x01\"}",
+	    "{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\\u0000b\"}",
+	    "{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\\udc00\"}",
+	    "{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\\ud800x\"}",
+	    "{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\\uZZZZ\"}",
+	    "{\"nbytes\":1,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\\x\"}",
+	    "{\"nbytes\":1,\"shape\":[1,],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\"}",
+	    "{\"nbytes\":1,,\"shape\":[1],\"dtype\":\"uint8\","
+	    "\"producer_zmq\":\"a\"}",
+	    "{\"nbytes\" 1}",
+	    "{\"nbytes\":tru}",
+	    "{nbytes:1}",
+	    "{\"nbytes\":1}}",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		if (ecx_entry_decode(bad[i], strlen(bad[i]), &e, why, 160) !=
+		    ECX_EPROTO)
+			fail_msg("accepted %s", bad[i]);
+	/* Nesting: 999 levels inside the object are read, 1000 refused. */
+	for (int depth = 999; depth <= 1000; depth++) {
+		size_t n = 2 * (size_t)depth + 64;
+		char *deep = malloc(n);
+		int off = sprintf(deep, "{\"x\":");
+		for (int i = 0; i < depth; i++)
+			deep[off++] = '[';
+		for (int i = 0; i < depth; i++)
+			deep[off++] = ']';
+		strcpy(deep + off, "}");
+		ecx_idlist l;
+		int rc =
+		    ecx_lookup_req_decode(deep, strlen(deep), &l, why, 160);
+		assert_int_equal(rc, ECX_EPROTO);
+		assert_non_null(
+		    strstr(why, depth < 1000 ? "missing field" : "not valid"));
+		free(deep);
+	}
+}
+
 static void test_pull_roundtrip(void **state)
 {
 	(void)state;
@@ -723,6 +893,8 @@ int main(void)
 	    cmocka_unit_test(test_lookup),
 	    cmocka_unit_test(test_lookup_batch),
 	    cmocka_unit_test(test_holders),
+	    cmocka_unit_test(test_entry_bytes),
+	    cmocka_unit_test(test_reader),
 	    cmocka_unit_test(test_pull_roundtrip),
 	    cmocka_unit_test(test_pull_rejects),
 	    cmocka_unit_test(test_zmsg),
