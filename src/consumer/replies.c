@@ -342,9 +342,9 @@ ucs_status_t cons_am_landed(void *arg, const void *header, size_t header_len,
 	__atomic_add_fetch(&cons_landed_messages, 1, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&c->lock);
 	pull *p = pull_find(c, h.req);
-	/* Only items of this connection's pull: a notice is a hint to hash
-	 * early, never a reason to take bytes as landed (the reply ends the
-	 * pull), so one that names other items is dropped. */
+	/* Only items of this connection's pull: a notice only moves their
+	 * hashing earlier (the reply still ends the pull); one that names
+	 * anything else is dropped. */
 	if (p != NULL && p->pc->id == h.conn && h.count > 0 && h.first < p->n &&
 	    h.count <= p->n - h.first)
 		items_landed(p, h.first, h.count);

@@ -449,8 +449,10 @@ static bool job_start(ecx_producer *p, job *j)
 	j->hash_kind = want == ECX_HASH_XXH3 ? ECX_HASH_XXH3 : ECX_HASH_XXH64;
 	if (p->integrity && want != ECX_HASH_NONE)
 		j->xxh = calloc(n + 1, sizeof(*j->xxh));
-	j->landed =
-	    j->pr.landed && !j->pr.data_am && !p->test_hash_legacy && n > 1;
+	/* Notices only help a consumer that hashes what this producer
+	 * hashed. */
+	j->landed = p->integrity && j->xxh != NULL && j->pr.landed &&
+	            !j->pr.data_am && !p->test_hash_legacy && n > 1;
 	if (j->pr.data_am || j->landed)
 		j->sends = calloc(n + 1, sizeof(*j->sends));
 	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
