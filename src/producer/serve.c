@@ -27,13 +27,6 @@
  * smaller ones (eager, mostly). Eager 2 MiB messages were slower across
  * the veth (docs/deploy.md). */
 #define AM_RNDV_MIN ((uint64_t)64 << 10)
-/* Except that a pull whose data is one message of at most this much
- * leaves the protocol to UCX, which sends it eagerly (64 KiB over TCP): a
- * load of one small item then crosses the link as its pull, the data and
- * the reply right behind it, without the rendezvous's request and answer
- * in between (docs/deploy.md, "A single small load"). Pulls of several
- * messages keep the rendezvous. */
-#define AM_EAGER_ALONE_MAX ((uint64_t)64 << 10)
 /* Neighbouring items go in one data send of at most this much (an item
  * larger than it goes alone): across the veth one 2 MiB message was much
  * slower than four of 512 KiB in flight at once (docs/deploy.md, "How
@@ -359,9 +352,6 @@ static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 static ucs_status_ptr_t data_send(job *j, size_t i, size_t k, void *src,
                                   uint64_t len)
 {
-	/* The pull's only message: its first, and no item after it. */
-	bool alone =
-	    j->nsends == 0 && k == j->pr.nitems && len <= AM_EAGER_ALONE_MAX;
 	job_send *s = &j->sends[j->nsends++];
 	s->j = j;
 	s->h = (ecx_am_data_hdr){.conn = j->conn_id,
@@ -374,7 +364,7 @@ static ucs_status_ptr_t data_send(job *j, size_t i, size_t k, void *src,
 	                    UCP_OP_ATTR_FIELD_FLAGS,
 	    .cb.send = send_done,
 	    .user_data = s,
-	    .flags = len >= AM_RNDV_MIN && !alone ? UCP_AM_SEND_FLAG_RNDV : 0};
+	    .flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0};
 	ucs_status_ptr_t req = ucp_am_send_nbx(j->c->ep, ECX_AM_DATA, &s->h,
 	                                       sizeof(s->h), src, len, &rp);
 	if (req != NULL && !UCS_PTR_IS_ERR(req))
