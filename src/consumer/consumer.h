@@ -136,6 +136,11 @@ struct ecx_load {
 	 * mine) while the rest of the load was still landing. */
 	unsigned char *hstate;
 	uint64_t *mine;
+	/* Of an item put in pieces, each with a landed notice: the bytes
+	 * the notices say are in (atomic), those the caller has hashed, and
+	 * its XXH3 state meanwhile (NULL: none begun). */
+	uint64_t *hupto, *hashed;
+	void **hst;
 	bool retry; /* a failover to other holders (load.c) */
 };
 
@@ -202,6 +207,13 @@ extern uint64_t cons_landed_messages, cons_hashed_early;
  * and that is not hashed yet; returns 1 if it did, else 0. Called by the
  * thread waiting for l, without the lock. */
 int cons_load_hash_landed(ecx_load *l);
+/* Item i's XXH3 where it landed, every byte of it in: the rest of a hash
+ * begun as its pieces landed, or all of it. Called by the thread waiting
+ * for l, without the lock, once l's pulls are over. */
+uint64_t cons_item_xxh3(ecx_load *l, size_t i);
+/* Allocates (with integrity on) and frees l's hashing state. */
+bool cons_load_hash_init(ecx_load *l, size_t n);
+void cons_load_hash_free(ecx_load *l);
 /* The handlers of ECX_AM_REPLY, ECX_AM_DATA and ECX_AM_LANDED. */
 ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
                            void *data, size_t length,

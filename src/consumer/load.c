@@ -326,18 +326,15 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	if (c->integrity) {
 		l->xxh = calloc(n + 1, sizeof(*l->xxh));
 		l->has_xxh = calloc(n + 1, 1);
-		l->hstate = calloc(n + 1, 1);
-		l->mine = calloc(n + 1, sizeof(*l->mine));
 	}
 	if (l->pulls == NULL || group == NULL ||
 	    (c->integrity && (l->xxh == NULL || l->has_xxh == NULL ||
-	                      l->hstate == NULL || l->mine == NULL))) {
+	                      !cons_load_hash_init(l, n)))) {
 		free(group);
 		free(l->pulls);
 		free(l->xxh);
 		free(l->has_xxh);
-		free(l->hstate);
-		free(l->mine);
+		cons_load_hash_free(l);
 		free(l);
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
 	}
@@ -434,8 +431,8 @@ static void load_verify(ecx_load *l)
 			continue;
 		}
 		int kind = l->has_xxh[i];
-		uint64_t h = kind == ECX_HASH_XXH3 && l->hstate[i] == HASH_DONE
-		                 ? l->mine[i]
+		uint64_t h = kind == ECX_HASH_XXH3
+		                 ? cons_item_xxh3(l, i)
 		                 : ecx_hash_bytes(kind, item_dst(l->c, x),
 		                                  x->desc.nbytes);
 		if (h != l->xxh[i]) {
@@ -566,8 +563,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	free(l->pulls);
 	free(l->xxh);
 	free(l->has_xxh);
-	free(l->hstate);
-	free(l->mine);
+	cons_load_hash_free(l);
 	free(l);
 	return first;
 }

@@ -111,6 +111,7 @@ typedef struct job_send {
 	struct job *j;
 	ecx_am_data_hdr h; /* UCX may read it until the send completes */
 	int status;        /* the send's, for its items */
+	uint64_t upto;     /* a piece's landed notice: its body (else 0) */
 } job_send;
 
 /* One pull, from its arrival to its reply. */

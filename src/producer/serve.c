@@ -34,8 +34,9 @@
  * size was tried, and why one larger message is slower was not found. */
 #define AM_RUN_MAX ((uint64_t)512 << 10)
 /* Puts for a pull that asked for landed notices go at most this much at
- * a time, so that a batch of neighbouring items is hashed by the consumer
- * as it lands rather than all after one long put. */
+ * a time (an item larger than it in pieces of it), so that the consumer
+ * hashes each as it lands, while it is still in the CPU's caches, rather
+ * than all after one long put. */
 #define LANDED_RUN_MAX ((uint64_t)1 << 20)
 
 /* ---- pulls ---- */
@@ -243,8 +244,10 @@ static void landed_post(job_send *s)
 	                          .cb.send = landed_sent,
 	                          .user_data = j,
 	                          .flags = UCP_AM_SEND_FLAG_EAGER};
-	ucs_status_ptr_t req = ucp_am_send_nbx(j->c->ep, ECX_AM_LANDED, &s->h,
-	                                       sizeof(s->h), NULL, 0, &rp);
+	ucs_status_ptr_t req =
+	    ucp_am_send_nbx(j->c->ep, ECX_AM_LANDED, &s->h, sizeof(s->h),
+	                    s->upto != 0 ? &s->upto : NULL,
+	                    s->upto != 0 ? sizeof(s->upto) : 0, &rp);
 	if (req != NULL && !UCS_PTR_IS_ERR(req))
 		__atomic_add_fetch(&j->pending, 1, __ATOMIC_ACQ_REL);
 }
@@ -259,13 +262,15 @@ static void landed_flushed(void *request, ucs_status_t st, void *user_data)
 	job_part_done(j, UCS_OK);
 }
 
-/* After the put of items i..k-1 of job j: once it has completed at the
- * consumer (a flush; over shared memory puts complete as they are made,
- * so at once), tells it those items are in (ECX_AM_LANDED). */
-static void landed_after(job *j, size_t i, size_t k)
+/* After the put of items i..k-1 of job j (or, upto not 0, of item i's
+ * first upto bytes): once it has completed at the consumer (a flush; over
+ * shared memory puts complete as they are made, so at once), tells it
+ * those bytes are in (ECX_AM_LANDED). */
+static void landed_after(job *j, size_t i, size_t k, uint64_t upto)
 {
 	job_send *s = &j->sends[j->nsends++];
 	s->j = j;
+	s->upto = upto;
 	s->h = (ecx_am_data_hdr){.conn = j->conn_id,
 	                         .req = j->req,
 	                         .first = (uint32_t)i,
@@ -453,8 +458,13 @@ static bool job_start(ecx_producer *p, job *j)
 	 * hashed. */
 	j->landed = p->integrity && j->xxh != NULL && j->pr.landed &&
 	            !j->pr.data_am && !p->test_hash_legacy && n > 1;
+	/* One per data send, or landed notice: one per put, at most one
+	 * per LANDED_RUN_MAX of an item put in pieces. */
+	size_t nsends = n + 1;
+	for (size_t i = 0; j->landed && i < n; i++)
+		nsends += (size_t)(j->pr.items[i].nbytes / LANDED_RUN_MAX);
 	if (j->pr.data_am || j->landed)
-		j->sends = calloc(n + 1, sizeof(*j->sends));
+		j->sends = calloc(nsends, sizeof(*j->sends));
 	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
 	    (p->integrity && want != ECX_HASH_NONE && j->xxh == NULL) ||
 	    ((j->pr.data_am || j->landed) && j->sends == NULL)) {
@@ -540,16 +550,28 @@ static bool job_start(ecx_producer *p, job *j)
 			req = data_send(j, i, k, src, len);
 		} else {
 			prod_rkey_prefault(re, j->pr.items[i].addr, len);
-			ucp_request_param_t rp = {.op_attr_mask = 0};
-			req = ucp_put_nbx(j->c->ep, src, len,
-			                  j->pr.items[i].addr, rk, &rp);
-			/* Completion: the flush below. */
-			if (!UCS_PTR_IS_ERR(req) && req != NULL)
-				ucp_request_free(req);
-			/* (The last run's notice would come just before the
-			 * reply: none.) */
-			if (j->landed && k < n && !UCS_PTR_IS_ERR(req))
-				landed_after(j, i, k);
+			/* With notices, an item larger than a run goes in
+			 * pieces, each told as it lands. */
+			uint64_t piece =
+			    j->landed && k == i + 1 ? LANDED_RUN_MAX : len;
+			for (uint64_t off = 0; off < len; off += piece) {
+				uint64_t m =
+				    len - off < piece ? len - off : piece;
+				ucp_request_param_t rp = {.op_attr_mask = 0};
+				req = ucp_put_nbx(j->c->ep, (char *)src + off,
+				                  m, j->pr.items[i].addr + off,
+				                  rk, &rp);
+				/* Completion: the flush below. */
+				if (UCS_PTR_IS_ERR(req))
+					break;
+				if (req != NULL)
+					ucp_request_free(req);
+				/* (The last run's last notice would come just
+				 * before the reply: none.) */
+				if (j->landed && (k < n || off + m < len))
+					landed_after(j, i, k,
+					             piece < len ? off + m : 0);
+			}
 		}
 		for (; i < k; i++)
 			if (UCS_PTR_IS_ERR(req))

@@ -41,6 +41,31 @@ uint64_t ecx_hash_bytes(int kind, const void *p, size_t n)
 	return 0;
 }
 
+void *ecx_xxh3_new(void)
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (st != NULL)
+		XXH3_64bits_reset(st);
+	return st;
+}
+
+void ecx_xxh3_feed(void *st, const void *p, size_t n)
+{
+	XXH3_64bits_update(st, p, n);
+}
+
+uint64_t ecx_xxh3_end(void *st)
+{
+	uint64_t h = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return h;
+}
+
+void ecx_xxh3_free(void *st)
+{
+	XXH3_freeState(st);
+}
+
 /* The kind a request's "hash" names; DEFAULT for none or one unknown. */
 static int hash_kind_of(const cJSON *h)
 {

@@ -120,6 +120,14 @@ enum {
 const char *ecx_hash_name(int kind);
 /* Hash kind XXH64 or XXH3 of n bytes at p (0 for any other kind). */
 uint64_t ecx_hash_bytes(int kind, const void *p, size_t n);
+/* XXH3 of bytes given in pieces, in order: a state from ecx_xxh3_new
+ * (NULL: out of memory), fed, then ended (which frees it and returns the
+ * hash ecx_hash_bytes(ECX_HASH_XXH3, ...) of the whole); ecx_xxh3_free
+ * frees one not ended. */
+void *ecx_xxh3_new(void);
+void ecx_xxh3_feed(void *st, const void *p, size_t n);
+uint64_t ecx_xxh3_end(void *st);
+void ecx_xxh3_free(void *st);
 
 /* A piece of the consumer's memory, registered with UCX, that writes of this
  * pull may land in: [base, base + len), with its packed remote key. */
@@ -215,7 +223,8 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
  * every such send has completed. A pull with "landed" that the producer
  * puts gets, after each put (of one item or neighbours) has completed
  * remotely, ECX_AM_LANDED: header ecx_am_data_hdr naming those items, no
- * body. */
+ * body; an item put in pieces gets one after each piece, with count 1
+ * and an 8-byte body, a u64: how many of its leading bytes are in. */
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
 #define ECX_AM_DATA 19
