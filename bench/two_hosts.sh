@@ -10,8 +10,11 @@
 # ecx sets, 7 MiB and 64 KiB messages) across
 # the same pair, for reference, and raw TCP with 1, 2 and 4 streams (would
 # more lanes help on this link?). Prints per row the min/median/max over
-# the runs of ecx's GB/s, raw TCP's and their ratio. Needs root, ip, unshare,
-# timeout, ucx_perftest and /usr/bin/python3.
+# the runs of ecx's GB/s, raw TCP's and their ratio, and each run's ratio;
+# then ecx's 7 MiB rows against ucx_perftest's ucp_put_bw at 7 MiB of the
+# same run. Each run's load average is printed as it starts (the machine
+# may be shared). Needs root, ip, unshare, timeout, ucx_perftest and
+# /usr/bin/python3.
 #
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
@@ -110,7 +113,7 @@ perftest_client() {
 echo "# two hosts: namespaces joined by a veth, $(nproc) cores, $RUNS runs," \
 	"load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$RUNS"); do
-	echo "## run $r"
+	echo "## run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 	bg_wait timeout -k 5 900 "$work/in_ns" "$B" "$ECX" bench transfer \
 		--via tcp --json --peer-wrap "$work/peer" --peer-addr 192.0.2.1 \
 		>"$work/run$r.json" 2>"$work/run$r.err" || {
@@ -195,6 +198,7 @@ for r in range(1, runs + 1):
         if o.get("bench") != "transfer" or o.get("case") != "tcp":
             continue
         key = (o["size"], o["batch"], o["cache"])
+        o["run"] = r
         rows.setdefault(key, []).append(o)
     pf = open(f"{work}/perftest{r}.txt").read().split("\n")
     for line in pf:
@@ -203,10 +207,10 @@ for r in range(1, runs + 1):
         # overall, then message rate; take the overall bandwidth.
         if len(f) >= 7:
             rows.setdefault(("perftest", int(f[1]), f[0]), []).append(
-                float(f[-3]) * 1048576 / 1e9)
+                (r, float(f[-3]) * 1048576 / 1e9))
 print("%-6s %-5s %-4s  %-23s %-23s %s" % (
-    "item", "batch", "", "ecx GB/s min/med/max", "raw TCP GB/s", 
-    "ecx/raw TCP min/median/max (spread: min vs median)"))
+    "item", "batch", "", "ecx GB/s min/med/max", "raw TCP GB/s",
+    "ecx/raw TCP min/median/max (spread: min vs median); each run's"))
 for key in sorted(k for k in rows if k[0] != "perftest"):
     v = rows[key]
     e = [o["gbps"] for o in v]
@@ -214,14 +218,23 @@ for key in sorted(k for k in rows if k[0] != "perftest"):
     q = [o["ratio"] for o in v]
     med = statistics.median(q)
     print("%-6s x%-4d %-4s  %5.2f %5.2f %5.2f       %5.2f %5.2f %5.2f       "
-          "%.2f %.2f %.2f (min %.0f%% below)" % (
+          "%.2f %.2f %.2f (min %.0f%% below); %s" % (
               key[0], key[1], key[2], min(e), statistics.median(e), max(e),
               min(b), statistics.median(b), max(b), min(q), med, max(q),
-              100 * (1 - min(q) / med)))
+              100 * (1 - min(q) / med), " ".join("%.2f" % x for x in q)))
 for key in sorted(k for k in rows if k[0] == "perftest"):
-    v = rows[key]
+    v = [g for _, g in rows[key]]
     print("ucx_perftest %s %d B over TCP: %.2f %.2f %.2f GB/s "
           "(min/median/max)" % (key[2], key[1], min(v), statistics.median(v),
                                 max(v)))
+# ecx's warm 7 MiB loads against UCX's own puts of 7 MiB in the same run.
+put = dict(rows.get(("perftest", 7340032, "ucp_put_bw"), []))
+for key in sorted(k for k in rows if k[0] == "7MiB" and k[2] == "warm"):
+    q = [o["gbps"] / put[o["run"]] for o in rows[key] if put.get(o["run"])]
+    if q:
+        print("7MiB x%d warm / ucp_put_bw 7 MiB, same run: %.2f %.2f %.2f "
+              "(min/median/max); %s" % (
+                  key[1], min(q), statistics.median(q), max(q),
+                  " ".join("%.2f" % x for x in q)))
 PY
 echo "$line (the streams are Python threads: the sending and receiving are system calls that run in parallel)"

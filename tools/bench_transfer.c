@@ -629,7 +629,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 }
 
 /* The price of integrity: warm loads of nb items of size s into the
- * receive arena by a consumer that checks each item's xxh64 (hashed) beside
+ * receive arena by a consumer that checks each item's hash (hashed) beside
  * the same loads by one that does not (x->c), alternating blocks, each
  * first in turn. */
 static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
@@ -697,7 +697,7 @@ static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
 		         reps_max(&ratio), R);
 	else
 		printf("  %-4s %6s x%-3d %-4s %8.2f %9s %9s %9.2f   %s "
-		       "(integrity: checking xxh64 vs not)\n",
+		       "(integrity: checking XXH3 vs not)\n",
 		       via_label[x->v], sizes[s].name, nb, "hash",
 		       reps_med(&gb[1]), "", "", reps_med(&gb[0]),
 		       fmt_reps(&ratio, 2, buf, sizeof(buf)));
@@ -904,7 +904,7 @@ int bench_transfer(void)
 		    "unused as long (shm*: never-touched memory), baselines "
 		    "alike\n"
 		    "  hash: warm loads into the receive arena by a consumer "
-		    "checking each item's xxh64 (integrity on); base: the "
+		    "checking each item's XXH3 (integrity on); base: the "
 		    "same loads by one that does not, alternating\n",
 		    peer_wrap != NULL ? "producer reached at --peer-addr "
 		                        "through --peer-wrap"

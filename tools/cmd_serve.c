@@ -65,7 +65,7 @@ static const char help[] =
     "                       (default $ECX_TOKEN); without one on an\n"
     "                       address other than loopback, serve warns\n"
     "  --timeout MS         bound on transfers and registry calls (5s)\n"
-    "  --verify-hash        hash each item at put (xxh64) and send the hash\n"
+    "  --verify-hash        hash each item at put (XXH3) and send the hash\n"
     "                       with every pull, for consumers that check it\n"
     "  --json               print the ready line as JSON\n"
     "  -h, --help           this text\n"

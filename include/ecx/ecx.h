@@ -286,9 +286,10 @@ typedef struct ecx_producer_params {
 	                               the registry's own lease on HTTP. With
 	                               the embedded registry: the lease of
 	                               entries other producers PUT into it */
-	int integrity;              /* hash each item at put (xxh64) and send
+	int integrity;              /* hash each item at put (XXH3) and send
 	                               the hash with every pull's answer, for
-	                               consumers that check; default false */
+	                               consumers that check (xxh64 to older
+	                               consumers); default false */
 	int lease_max_ms;    /* longest lease granted (a longer ask is cut to
 	                        it); default ECX_LEASE_MS_DEFAULT */
 	int lease_share_pct; /* at most this percent of the arena leased at
@@ -443,8 +444,9 @@ typedef struct ecx_consumer_params {
 	                           interface; default none */
 	unsigned regcache_max;  /* caller-memory registrations kept, default
 	                           64 */
-	int integrity;          /* check each loaded item against the xxh64
-	                           its producer computed at put: a mismatch
+	int integrity;          /* check each loaded item against the hash
+	                           (XXH3; xxh64 from older producers) its
+	                           producer computed at put: a mismatch
 	                           fails the item with ECX_ECORRUPT, and a
 	                           producer that sends no hash fails it with
 	                           ECX_EUNSUPPORTED; default false */

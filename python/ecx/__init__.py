@@ -569,7 +569,7 @@ class Producer:
     registry_port: embedded registry port (default 9018; 0 picks one; None
     for none, with `registry` given). registry: a remote registry URL to
     publish to instead. token: None reads ECX_TOKEN. integrity: hash
-    each item at put (xxh64) for consumers that check it. registry_ttl_s:
+    each item at put (XXH3) for consumers that check it. registry_ttl_s:
     the lease of this producer's registry entries (default 30). idle_ms:
     a consumer connection with no pull for this long is closed and its
     memory unmapped (default 15000; a live consumer reconnects by itself).

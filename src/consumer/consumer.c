@@ -41,6 +41,7 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	c->timeout_ms =
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
 	c->integrity = HAS(INTEGRITY) && pp->integrity;
+	c->test_hash_legacy = getenv("ECX_TEST_HASH_XXH64") != NULL;
 	int rc = ECX_ENOMEM;
 	const char *data = getenv("ECX_TCP_DATA");
 	c->tcp_data_am =
@@ -71,7 +72,7 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 		goto fail;
 	ecx_ucx_opts uo = {.transport = HAS(TRANSPORT) ? pp->transport : NULL,
 	                   .bind_host = HAS(BIND_HOST) ? pp->bind_host : NULL,
-	                   .nam = 3};
+	                   .nam = 4};
 	uo.am[0].id = ECX_AM_REPLY;
 	uo.am[0].cb = cons_am_reply;
 	uo.am[0].arg = c;
@@ -81,6 +82,9 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	uo.am[2].id = ECX_AM_BYE;
 	uo.am[2].cb = cons_am_bye;
 	uo.am[2].arg = c;
+	uo.am[3].id = ECX_AM_LANDED;
+	uo.am[3].cb = cons_am_landed;
+	uo.am[3].arg = c;
 	rc = ecx_ucx_create(&uo, &c->ucx, why, whylen);
 	if (rc != 0)
 		goto fail;

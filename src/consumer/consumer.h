@@ -155,9 +155,21 @@ struct ecx_load {
 	uint64_t deadline_ns;
 	char why[400]; /* the detail of a failure of error why_err */
 	int why_err;
-	/* With integrity on: each item's xxh64 from its producer's reply. */
+	/* With integrity on: each item's hash from its producer's reply, and
+	 * its kind (ECX_HASH_XXH64 or _XXH3; 0: the reply had none). */
 	uint64_t *xxh;
 	unsigned char *has_xxh;
+	/* With integrity on, per item (atomic): HASH_LANDED once a data
+	 * receive or a landed notice (replies.c) says its bytes are in, then
+	 * HASH_DONE when the waiting caller has hashed them (XXH3, into
+	 * mine) while the rest of the load was still landing. */
+	unsigned char *hstate;
+	uint64_t *mine;
+	/* Of an item put in pieces, each with a landed notice: the bytes
+	 * the notices say are in (atomic), those the caller has hashed, and
+	 * its XXH3 state meanwhile (NULL: none begun). */
+	uint64_t *hupto, *hashed;
+	void **hst;
 	bool retry; /* a failover to other holders (load.c) */
 };
 
@@ -174,7 +186,11 @@ struct ecx_consumer {
 	ecx_regclient *rc;
 	char *token;
 	int timeout_ms;
-	bool integrity; /* check loaded bytes against producers' xxh64 */
+	bool integrity; /* check loaded bytes against producers' hashes */
+	/* Tests only: ECX_TEST_HASH_XXH64, a checking consumer that asks for
+	 * no hash kind and no landed notices, as one older than XXH3 did
+	 * (its producers answer with xxh64). */
+	bool test_hash_legacy;
 	/* Over TCP, ask for the data as active messages received in place
 	 * (replies.c) rather than puts: ECX_TCP_DATA=am (the default) or
 	 * put. */
@@ -214,13 +230,33 @@ void cons_pull_fail(pull *p, int err);
 void cons_pull_data_init(pull *p);
 /* ECX_AM_DATA messages taken in this process (atomic; for tests). */
 extern uint64_t cons_data_messages;
-/* The handlers of ECX_AM_REPLY and ECX_AM_DATA. */
+/* ECX_AM_LANDED notices taken, and items hashed by a waiting caller
+ * before their load's end, in this process (atomic; for tests). */
+extern uint64_t cons_landed_messages, cons_hashed_early;
+/* An item's hstate (ecx_load): its bytes are in; hashed. */
+#define HASH_LANDED 1
+#define HASH_DONE 2
+/* With integrity on: hashes (XXH3) one item of l whose bytes have landed
+ * and that is not hashed yet; returns 1 if it did, else 0. Called by the
+ * thread waiting for l, without the lock. */
+int cons_load_hash_landed(ecx_load *l);
+/* Item i's XXH3 where it landed, every byte of it in: the rest of a hash
+ * begun as its pieces landed, or all of it. Called by the thread waiting
+ * for l, without the lock, once l's pulls are over. */
+uint64_t cons_item_xxh3(ecx_load *l, size_t i);
+/* Allocates (with integrity on) and frees l's hashing state. */
+bool cons_load_hash_init(ecx_load *l, size_t n);
+void cons_load_hash_free(ecx_load *l);
+/* The handlers of ECX_AM_REPLY, ECX_AM_DATA and ECX_AM_LANDED. */
 ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
                            void *data, size_t length,
                            const ucp_am_recv_param_t *param);
 ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
                           void *data, size_t length,
                           const ucp_am_recv_param_t *param);
+ucs_status_t cons_am_landed(void *arg, const void *header, size_t header_len,
+                            void *data, size_t length,
+                            const ucp_am_recv_param_t *param);
 
 /* conns.c */
 /* Gives every pull of l a working connection (p->pc) to its producer and

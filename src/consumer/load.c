@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #define MOD "consumer"
 
@@ -257,6 +256,12 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		r.expires_ms = e;
 	}
 	r.data_am = p->dstat != NULL;
+	/* XXH3, and notices of what landed so it is hashed as it lands; no
+	 * hashes at all for a consumer that does not check. */
+	r.hash = !c->integrity         ? ECX_HASH_NONE
+	         : c->test_hash_legacy ? ECX_HASH_DEFAULT
+	                               : ECX_HASH_XXH3;
+	r.landed = c->integrity && !c->test_hash_legacy;
 	r.regions = regs;
 	r.nregions = p->nregs;
 	r.items = it;
@@ -345,11 +350,13 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 		l->has_xxh = calloc(n + 1, 1);
 	}
 	if (l->pulls == NULL || group == NULL ||
-	    (c->integrity && (l->xxh == NULL || l->has_xxh == NULL))) {
+	    (c->integrity && (l->xxh == NULL || l->has_xxh == NULL ||
+	                      !cons_load_hash_init(l, n)))) {
 		free(group);
 		free(l->pulls);
 		free(l->xxh);
 		free(l->has_xxh);
+		cons_load_hash_free(l);
 		free(l);
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
 	}
@@ -433,8 +440,9 @@ int ecx_load_test(ecx_load *l)
 	           : ECX_EBUSY;
 }
 
-/* With integrity on: every item that arrived is hashed where it landed and
- * compared with the producer's hash of its arena copy. */
+/* With integrity on: every item that arrived is hashed where it landed (or
+ * was, as it landed: cons_load_hash_landed) and compared with the
+ * producer's hash of its arena copy, of the kind the producer sent. */
 static void load_verify(ecx_load *l)
 {
 	for (size_t i = 0; i < l->n; i++) {
@@ -449,12 +457,17 @@ static void load_verify(ecx_load *l)
 			x->status = ECX_EUNSUPPORTED;
 			continue;
 		}
-		uint64_t h = XXH64(item_dst(l->c, x), x->desc.nbytes, 0);
+		int kind = l->has_xxh[i];
+		uint64_t h = kind == ECX_HASH_XXH3
+		                 ? cons_item_xxh3(l, i)
+		                 : ecx_hash_bytes(kind, item_dst(l->c, x),
+		                                  x->desc.nbytes);
 		if (h != l->xxh[i]) {
 			ecx_warn(MOD,
-			         "%s from %s: xxh64 %016llx, the producer's "
+			         "%s from %s: %s %016llx, the producer's "
 			         "%016llx: bytes corrupted",
-			         x->id, x->producer, (unsigned long long)h,
+			         x->id, x->producer, ecx_hash_name(kind),
+			         (unsigned long long)h,
 			         (unsigned long long)l->xxh[i]);
 			x->status = ECX_ECORRUPT;
 		}
@@ -477,7 +490,10 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		uint64_t now = ecx_now_ns();
 		if (now >= until)
 			break;
-		if (ecx_ucx_progress(c->ucx) == 0 && now > spin_until)
+		/* With integrity on, what has landed is hashed meanwhile. */
+		int did = (int)ecx_ucx_progress(c->ucx);
+		did += cons_load_hash_landed(l);
+		if (did == 0 && now > spin_until)
 			usleep(20);
 		/* A producer over shared memory that exits says nothing:
 		 * its process is watched (conns.c). */
@@ -577,6 +593,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	free(l->pulls);
 	free(l->xxh);
 	free(l->has_xxh);
+	cons_load_hash_free(l);
 	free(l);
 	return first;
 }

@@ -10,6 +10,13 @@
  * fails. Data for a pull that is no longer waited for (its load timed out,
  * or it is unknown) is refused, and the producer's send fails with it: no
  * byte lands after a load has returned.
+ *
+ * With integrity on, each item whose bytes are in (a data receive done, or
+ * ECX_AM_LANDED from a producer that puts) is marked for the caller
+ * waiting for its load, which hashes it between progress calls while the
+ * rest of the batch lands (cons_load_hash_landed): then, where it sits in
+ * the CPU's caches, and beside the producer's copy of the next item rather
+ * than after the last.
  */
 #include "consumer/consumer.h"
 
@@ -29,6 +36,7 @@
 /* Data messages taken, by every consumer of this process (atomic): what
  * tests read to tell which way a pull's data came. */
 uint64_t cons_data_messages;
+uint64_t cons_landed_messages, cons_hashed_early;
 
 static pull *pull_find(ecx_consumer *c, uint64_t req)
 {
@@ -62,6 +70,109 @@ void cons_pull_fail(pull *p, int err)
 {
 	pull_fail_items(p, err);
 	__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
+}
+
+/* Items first..first+count-1 of p (checked by the caller to be p's) have
+ * landed: marked for the waiting caller to hash, with integrity on. Called
+ * with the lock. */
+static void items_landed(pull *p, uint32_t first, uint32_t count)
+{
+	if (p->zombie || p->load == NULL || p->load->hstate == NULL)
+		return;
+	for (uint32_t k = 0; k < count; k++)
+		__atomic_store_n(&p->load->hstate[p->idx[first + k]],
+		                 HASH_LANDED, __ATOMIC_RELEASE);
+}
+
+/* Item first of p (checked by the caller to be p's) has its first upto
+ * bytes in: marked for the waiting caller to hash on, or as landed when
+ * that is all of it. A count past the item, or one that goes back, is
+ * dropped. Called with the lock. */
+static void item_piece_landed(pull *p, uint32_t first, uint64_t upto)
+{
+	if (p->zombie || p->load == NULL || p->load->hupto == NULL)
+		return;
+	ecx_load *l = p->load;
+	size_t i = p->idx[first];
+	uint64_t nb = l->items[i].desc.nbytes;
+	if (upto > nb ||
+	    upto <= __atomic_load_n(&l->hupto[i], __ATOMIC_RELAXED))
+		return;
+	if (upto == nb)
+		items_landed(p, first, 1);
+	else
+		__atomic_store_n(&l->hupto[i], upto, __ATOMIC_RELEASE);
+}
+
+bool cons_load_hash_init(ecx_load *l, size_t n)
+{
+	l->hstate = calloc(n + 1, 1);
+	l->mine = calloc(n + 1, sizeof(*l->mine));
+	l->hupto = calloc(n + 1, sizeof(*l->hupto));
+	l->hashed = calloc(n + 1, sizeof(*l->hashed));
+	l->hst = calloc(n + 1, sizeof(*l->hst));
+	return l->hstate != NULL && l->mine != NULL && l->hupto != NULL &&
+	       l->hashed != NULL && l->hst != NULL;
+}
+
+void cons_load_hash_free(ecx_load *l)
+{
+	for (size_t i = 0; l->hst != NULL && i < l->n; i++)
+		if (l->hst[i] != NULL)
+			ecx_xxh3_free(l->hst[i]);
+	free(l->hstate);
+	free(l->mine);
+	free(l->hupto);
+	free(l->hashed);
+	free(l->hst);
+}
+
+uint64_t cons_item_xxh3(ecx_load *l, size_t i)
+{
+	const ecx_item *x = &l->items[i];
+	if (l->hstate[i] == HASH_DONE)
+		return l->mine[i];
+	/* Landed and not written again (a repeat is refused): its bytes
+	 * stay as they are while the load is waited for. */
+	void *st = l->hst[i];
+	l->hst[i] = NULL;
+	if (st == NULL) {
+		l->mine[i] = ecx_hash_bytes(ECX_HASH_XXH3, x->dst,
+		                            (size_t)x->desc.nbytes);
+	} else {
+		ecx_xxh3_feed(st, (const char *)x->dst + l->hashed[i],
+		              (size_t)(x->desc.nbytes - l->hashed[i]));
+		l->mine[i] = ecx_xxh3_end(st);
+	}
+	l->hashed[i] = x->desc.nbytes;
+	__atomic_store_n(&l->hstate[i], HASH_DONE, __ATOMIC_RELEASE);
+	return l->mine[i];
+}
+
+int cons_load_hash_landed(ecx_load *l)
+{
+	for (size_t i = 0; l->hstate != NULL && i < l->n; i++) {
+		int s = __atomic_load_n(&l->hstate[i], __ATOMIC_ACQUIRE);
+		if (s == HASH_LANDED) {
+			cons_item_xxh3(l, i);
+			__atomic_add_fetch(&cons_hashed_early, 1,
+			                   __ATOMIC_RELAXED);
+			return 1;
+		}
+		uint64_t up = __atomic_load_n(&l->hupto[i], __ATOMIC_ACQUIRE);
+		if (s == HASH_DONE || up <= l->hashed[i])
+			continue;
+		/* A piece has landed: hashed on from where the last one
+		 * stopped (pieces come in order). */
+		if (l->hst[i] == NULL && (l->hst[i] = ecx_xxh3_new()) == NULL)
+			continue; /* hashed whole once all is in, then */
+		const char *b = l->items[i].dst;
+		ecx_xxh3_feed(l->hst[i], b + l->hashed[i],
+		              (size_t)(up - l->hashed[i]));
+		l->hashed[i] = up;
+		return 1;
+	}
+	return 0;
 }
 
 void cons_pull_data_init(pull *p)
@@ -120,7 +231,8 @@ static void reply_apply(pull *p, int rc, const ecx_pull_resp *r,
 			if (l->xxh != NULL && r->hash != NULL &&
 			    r->has_hash[i]) {
 				l->xxh[p->idx[i]] = r->hash[i];
-				l->has_xxh[p->idx[i]] = 1;
+				l->has_xxh[p->idx[i]] =
+				    (unsigned char)r->hash_kind;
 			}
 		}
 	}
@@ -183,6 +295,8 @@ static void data_recv_done(void *request, ucs_status_t st, size_t length,
 		p->recving--;
 		for (uint32_t k = 0; k < d->count; k++)
 			p->dstat[d->first + k] = s;
+		if (s == 0)
+			items_landed(p, d->first, d->count);
 		if (p->answered && p->recving == 0) {
 			cons_pull_take(c, d->req);
 			pull_end(c, p);
@@ -246,6 +360,7 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 		memcpy(dst, data, len);
 		for (uint32_t k = 0; k < h.count; k++)
 			p->dstat[h.first + k] = 0;
+		items_landed(p, h.first, h.count);
 		pthread_mutex_unlock(&c->lock);
 		return UCS_OK;
 	}
@@ -280,5 +395,37 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 		data_recv_done(NULL, UCS_PTR_STATUS(r), 0, d);
 		return UCS_PTR_STATUS(r);
 	}
+	return UCS_OK;
+}
+
+/* ---- landed notices (a producer that puts, for a pull with "landed") ---- */
+
+ucs_status_t cons_am_landed(void *arg, const void *header, size_t header_len,
+                            void *data, size_t len,
+                            const ucp_am_recv_param_t *param)
+{
+	ecx_consumer *c = arg;
+	(void)param;
+	ecx_am_data_hdr h;
+	if (header_len != sizeof(h))
+		return UCS_OK;
+	memcpy(&h, header, sizeof(h));
+	__atomic_add_fetch(&cons_landed_messages, 1, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&c->lock);
+	pull *p = pull_find(c, h.req);
+	/* Only items of this connection's pull: a notice only moves their
+	 * hashing earlier (the reply still ends the pull); one that names
+	 * anything else is dropped. */
+	uint64_t upto = 0;
+	if (len == sizeof(upto))
+		memcpy(&upto, data, sizeof(upto));
+	bool ours = p != NULL && p->pc->id == h.conn && h.count > 0 &&
+	            h.first < p->n && h.count <= p->n - h.first &&
+	            (len == 0 || (len == sizeof(upto) && h.count == 1));
+	if (ours && upto != 0)
+		item_piece_landed(p, h.first, upto);
+	else if (ours && len == 0)
+		items_landed(p, h.first, h.count);
+	pthread_mutex_unlock(&c->lock);
 	return UCS_OK;
 }

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -274,13 +273,16 @@ int ecx_producer_commit(ecx_producer *p, const char *id)
 		return ecx_set_error(ECX_ENOTFOUND, "commit %s: not reserved",
 		                     id != NULL ? id : "(null)");
 	/* Hashed from the arena, after the copy: what pulls will send. */
-	uint64_t xxh =
-	    p->integrity ? XXH64((char *)p->base + off, desc.nbytes, 0) : 0;
+	uint64_t xxh = p->integrity
+	                   ? ecx_hash_bytes(ECX_HASH_XXH3,
+	                                    (char *)p->base + off, desc.nbytes)
+	                   : 0;
 	char why[256];
 	int rc = prod_publish(p, id, &desc, why, sizeof(why));
 	pthread_mutex_lock(&p->lock);
 	if (rc == 0) {
-		it->xxh = xxh;
+		it->xxh3 = xxh;
+		it->has_xxh64 = false;
 		it->ready = true;
 	} else {
 		prod_item_unlink(p, it);

@@ -88,6 +88,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	const char *delay = getenv("ECX_TEST_PULL_DELAY_MS");
 	p->test_delay_ms = delay != NULL ? (unsigned)atoi(delay) : 0;
 	p->test_put_only = getenv("ECX_TEST_PUT_ONLY") != NULL;
+	p->test_hash_legacy = getenv("ECX_TEST_HASH_XXH64") != NULL;
 	p->st.capacity = cap;
 	p->lease_max_ms = (uint64_t)lease_ms;
 	p->lease_cap = cap * (uint64_t)lease_pct / 100;

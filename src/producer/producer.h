@@ -44,7 +44,11 @@ typedef struct item {
 	unsigned leases; /* leases on it now: not evicted while any */
 	bool ready;      /* bytes in place and published */
 	bool doomed;     /* removed while pinned: freed at the last unpin */
-	uint64_t xxh;    /* of the bytes, set at put with integrity on */
+	/* With integrity on, hashes of the bytes: XXH3 set at put; xxh64,
+	 * which older consumers check, made at the first pull that asks for
+	 * it (serve.c, on the progress thread) and kept. */
+	uint64_t xxh3, xxh64;
+	bool has_xxh64;
 	ecx_tensor_desc desc;
 	char id[ECX_ID_MAX + 1];
 } item;
@@ -111,6 +115,7 @@ typedef struct job_send {
 	struct job *j;
 	ecx_am_data_hdr h; /* UCX may read it until the send completes */
 	int status;        /* the send's, for its items */
+	uint64_t upto;     /* a piece's landed notice: its body (else 0) */
 } job_send;
 
 /* One pull, from its arrival to its reply. */
@@ -121,13 +126,18 @@ typedef struct job {
 	size_t len;
 	/* while writing: */
 	ecx_pull_req pr;
-	item **items;     /* pinned item per request item, NULL if failed */
-	int *status;      /* per request item */
-	uint64_t *xxh;    /* per request item, with integrity on */
+	item **items;  /* pinned item per request item, NULL if failed */
+	int *status;   /* per request item */
+	uint64_t *xxh; /* per request item, with integrity on */
+	int hash_kind; /* what xxh holds: ECX_HASH_XXH64 or _XXH3 */
+	/* Puts followed by landed notices (the pull asked "landed"): sends
+	 * holds one per notice. */
+	bool landed;
 	rkey_ent **rkeys; /* per region, entries of the connection's cache */
 	rkey_ent *own;    /* per region, the job's own when the cache is full */
 	conn *c;
-	job_send *sends; /* data_am: one per send posted (freed with j) */
+	job_send *sends; /* data_am or landed: one per send posted (freed
+	                    with j) */
 	size_t nsends;
 	/* Completions still to come (atomic): the flush, or each send of the
 	 * data and the end of posting them. The last one marks j done. */
@@ -172,6 +182,10 @@ struct ecx_producer {
 	/* Tests only: ECX_TEST_PUT_ONLY, a producer that puts whatever the
 	 * pull asks, as one older than data_am does. */
 	bool test_put_only;
+	/* Tests only: ECX_TEST_HASH_XXH64, a producer that answers every
+	 * pull with xxh64 and sends no landed notices, as one older than
+	 * XXH3 did. */
+	bool test_hash_legacy;
 	bool redis;
 	bool hold_ready; /* the embedded registry is starting until set_ready */
 	/* The publisher (publish.c) alone uses `remote`. Its queue and state

@@ -33,6 +33,11 @@
  * 64 KiB x32 got past 0.7x"). 512 KiB was measured, not derived; no other
  * size was tried, and why one larger message is slower was not found. */
 #define AM_RUN_MAX ((uint64_t)512 << 10)
+/* Puts for a pull that asked for landed notices go at most this much at
+ * a time (an item larger than it in pieces of it), so that the consumer
+ * hashes each as it lands, while it is still in the CPU's caches, rather
+ * than all after one long put. */
+#define LANDED_RUN_MAX ((uint64_t)1 << 20)
 
 /* ---- pulls ---- */
 
@@ -86,6 +91,7 @@ static void job_reply(job *j, int err, const char *detail)
 	                   .nitems = j->pr.nitems,
 	                   .status = j->status,
 	                   .hash = j->xxh,
+	                   .hash_kind = j->hash_kind,
 	                   .data_am = j->pr.data_am};
 	if (detail != NULL)
 		ecx_strlcpy(r.detail, detail, sizeof(r.detail));
@@ -214,6 +220,107 @@ static void send_done(void *request, ucs_status_t st, void *user_data)
 	job_part_done(s->j, UCS_OK);
 }
 
+/* A landed notice went (or failed: the reply tells the consumer all the
+ * same). */
+static void landed_sent(void *request, ucs_status_t st, void *user_data)
+{
+	(void)st;
+	ucp_request_free(request);
+	job_part_done(user_data, UCS_OK);
+}
+
+/* Sends the landed notice s (items s->h.first.. of its job), their put
+ * having completed at the consumer, counting it in flight as one of the
+ * job's completions. */
+static void landed_post(job_send *s)
+{
+	job *j = s->j;
+	if (j->abandoned || j->c == NULL ||
+	    __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
+		return;
+	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                                          UCP_OP_ATTR_FIELD_USER_DATA |
+	                                          UCP_OP_ATTR_FIELD_FLAGS,
+	                          .cb.send = landed_sent,
+	                          .user_data = j,
+	                          .flags = UCP_AM_SEND_FLAG_EAGER};
+	ucs_status_ptr_t req =
+	    ucp_am_send_nbx(j->c->ep, ECX_AM_LANDED, &s->h, sizeof(s->h),
+	                    s->upto != 0 ? &s->upto : NULL,
+	                    s->upto != 0 ? sizeof(s->upto) : 0, &rp);
+	if (req != NULL && !UCS_PTR_IS_ERR(req))
+		__atomic_add_fetch(&j->pending, 1, __ATOMIC_ACQ_REL);
+}
+
+static void landed_flushed(void *request, ucs_status_t st, void *user_data)
+{
+	job_send *s = user_data;
+	job *j = s->j;
+	ucp_request_free(request);
+	if (st == UCS_OK)
+		landed_post(s);
+	job_part_done(j, UCS_OK);
+}
+
+/* After the put of items i..k-1 of job j (or, upto not 0, of item i's
+ * first upto bytes): once it has completed at the consumer (a flush; over
+ * shared memory puts complete as they are made, so at once), tells it
+ * those bytes are in (ECX_AM_LANDED). */
+static void landed_after(job *j, size_t i, size_t k, uint64_t upto)
+{
+	job_send *s = &j->sends[j->nsends++];
+	s->j = j;
+	s->upto = upto;
+	s->h = (ecx_am_data_hdr){.conn = j->conn_id,
+	                         .req = j->req,
+	                         .first = (uint32_t)i,
+	                         .count = (uint32_t)(k - i)};
+	ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                                          UCP_OP_ATTR_FIELD_USER_DATA,
+	                          .cb.send = landed_flushed,
+	                          .user_data = s};
+	ucs_status_ptr_t req = ucp_ep_flush_nbx(j->c->ep, &fp);
+	if (req == NULL)
+		landed_post(s);
+	else if (!UCS_PTR_IS_ERR(req))
+		__atomic_add_fetch(&j->pending, 1, __ATOMIC_ACQ_REL);
+}
+
+/* The xxh64 of each item of j that has none yet (a pull from an older
+ * consumer), made once and kept. Its bytes are checked against the XXH3
+ * taken at put first: an item whose bytes changed since then fails with
+ * ECX_ECORRUPT rather than get a hash of the changed bytes. Called from the
+ * progress thread without the lock, the items pinned. */
+static void job_hash_legacy(ecx_producer *p, job *j)
+{
+	size_t n = j->pr.nitems;
+	for (size_t i = 0; i < n; i++) {
+		item *it = j->items[i];
+		if (it == NULL || it->has_xxh64)
+			continue;
+		const char *b = (const char *)p->base + it->off;
+		size_t len = (size_t)it->desc.nbytes;
+		if (ecx_hash_bytes(ECX_HASH_XXH3, b, len) != it->xxh3) {
+			ecx_warn(MOD,
+			         "%s: bytes changed since put (XXH3 differs): "
+			         "failed, not hashed",
+			         it->id);
+			j->status[i] = ECX_ECORRUPT;
+			continue;
+		}
+		j->xxh[i] = ecx_hash_bytes(ECX_HASH_XXH64, b, len);
+	}
+	pthread_mutex_lock(&p->lock);
+	for (size_t i = 0; i < n; i++) {
+		item *it = j->items[i];
+		if (it != NULL && !it->has_xxh64 && j->status[i] == 0) {
+			it->xxh64 = j->xxh[i];
+			it->has_xxh64 = true;
+		}
+	}
+	pthread_mutex_unlock(&p->lock);
+}
+
 /* Whether job j's pull is past its expiry, judged on the monotonic clock:
  * the expiry is in the wall clock this producer sent in the hello, turned
  * into monotonic time by the pair recorded then. */
@@ -236,7 +343,9 @@ static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 {
 	const item *a = j->items[i], *b = j->items[k];
 	const ecx_pull_item *pa = &j->pr.items[i], *pb = &j->pr.items[k];
-	uint64_t max = j->pr.data_am ? AM_RUN_MAX : PUT_RUN_MAX;
+	uint64_t max = j->pr.data_am ? AM_RUN_MAX
+	               : j->landed   ? LANDED_RUN_MAX
+	                             : PUT_RUN_MAX;
 	return b != NULL && b->desc.nbytes > 0 && j->status[k] == 0 &&
 	       len + b->desc.nbytes <= max && pb->region == pa->region &&
 	       b->off == a->off + len && pb->addr == pa->addr + len;
@@ -341,13 +450,27 @@ static bool job_start(ecx_producer *p, job *j)
 	j->items = calloc(n + 1, sizeof(*j->items));
 	j->status = calloc(n + 1, sizeof(*j->status));
 	j->rkeys = calloc(j->pr.nregions + 1, sizeof(*j->rkeys));
-	if (p->integrity)
+	/* Hashes of the kind the pull asks for: XXH3, or xxh64 for one that
+	 * does not say (an older consumer); none for one that does not
+	 * check. */
+	int want = p->test_hash_legacy ? ECX_HASH_DEFAULT : j->pr.hash;
+	j->hash_kind = want == ECX_HASH_XXH3 ? ECX_HASH_XXH3 : ECX_HASH_XXH64;
+	if (p->integrity && want != ECX_HASH_NONE)
 		j->xxh = calloc(n + 1, sizeof(*j->xxh));
-	if (j->pr.data_am)
-		j->sends = calloc(n + 1, sizeof(*j->sends));
+	/* Notices only help a consumer that hashes what this producer
+	 * hashed. */
+	j->landed = p->integrity && j->xxh != NULL && j->pr.landed &&
+	            !j->pr.data_am && !p->test_hash_legacy && n > 1;
+	/* One per data send, or landed notice: one per put, at most one
+	 * per LANDED_RUN_MAX of an item put in pieces. */
+	size_t nsends = n + 1;
+	for (size_t i = 0; j->landed && i < n; i++)
+		nsends += (size_t)(j->pr.items[i].nbytes / LANDED_RUN_MAX);
+	if (j->pr.data_am || j->landed)
+		j->sends = calloc(nsends, sizeof(*j->sends));
 	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
-	    (p->integrity && j->xxh == NULL) ||
-	    (j->pr.data_am && j->sends == NULL)) {
+	    (p->integrity && want != ECX_HASH_NONE && j->xxh == NULL) ||
+	    ((j->pr.data_am || j->landed) && j->sends == NULL)) {
 		job_reply(j, ECX_ENOMEM, "out of memory");
 		pthread_mutex_lock(&p->lock);
 		job_release(p, j);
@@ -374,9 +497,12 @@ static bool job_start(ecx_producer *p, job *j)
 		prod_lru_push(p, it);
 		j->items[i] = it;
 		if (j->xxh != NULL)
-			j->xxh[i] = it->xxh;
+			j->xxh[i] = j->hash_kind == ECX_HASH_XXH3 ? it->xxh3
+			                                          : it->xxh64;
 	}
 	pthread_mutex_unlock(&p->lock);
+	if (j->xxh != NULL && j->hash_kind == ECX_HASH_XXH64)
+		job_hash_legacy(p, j);
 	/* Data sent as active messages needs no remote key. */
 	for (size_t g = 0; g < j->pr.nregions && !j->pr.data_am; g++) {
 		j->rkeys[g] = prod_rkey_get(j->c, &j->pr.regions[g]);
@@ -393,7 +519,7 @@ static bool job_start(ecx_producer *p, job *j)
 	}
 	for (size_t i = 0; i < n;) {
 		item *it = j->items[i];
-		if (it == NULL || it->desc.nbytes == 0) {
+		if (it == NULL || it->desc.nbytes == 0 || j->status[i] != 0) {
 			i++;
 			continue;
 		}
@@ -427,12 +553,28 @@ static bool job_start(ecx_producer *p, job *j)
 			req = data_send(j, i, k, src, len);
 		} else {
 			prod_rkey_prefault(re, j->pr.items[i].addr, len);
-			ucp_request_param_t rp = {.op_attr_mask = 0};
-			req = ucp_put_nbx(j->c->ep, src, len,
-			                  j->pr.items[i].addr, rk, &rp);
-			/* Completion: the flush below. */
-			if (!UCS_PTR_IS_ERR(req) && req != NULL)
-				ucp_request_free(req);
+			/* With notices, an item larger than a run goes in
+			 * pieces, each told as it lands. */
+			uint64_t piece =
+			    j->landed && k == i + 1 ? LANDED_RUN_MAX : len;
+			for (uint64_t off = 0; off < len; off += piece) {
+				uint64_t m =
+				    len - off < piece ? len - off : piece;
+				ucp_request_param_t rp = {.op_attr_mask = 0};
+				req = ucp_put_nbx(j->c->ep, (char *)src + off,
+				                  m, j->pr.items[i].addr + off,
+				                  rk, &rp);
+				/* Completion: the flush below. */
+				if (UCS_PTR_IS_ERR(req))
+					break;
+				if (req != NULL)
+					ucp_request_free(req);
+				/* (The last run's last notice would come just
+				 * before the reply: none.) */
+				if (j->landed && (k < n || off + m < len))
+					landed_after(j, i, k,
+					             piece < len ? off + m : 0);
+			}
 		}
 		for (; i < k; i++)
 			if (UCS_PTR_IS_ERR(req))

@@ -4,6 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
+#ifdef ECX_HAVE_XXH3_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 with the widest vectors the CPU has */
+#endif
 
 int ecx_json_id(const cJSON *n, const char *what, char *out, char *why,
                 size_t whylen);
@@ -13,6 +17,64 @@ static char *json_print_free(cJSON *o)
 	char *s = o != NULL ? cJSON_PrintUnformatted(o) : NULL;
 	cJSON_Delete(o);
 	return s;
+}
+
+static const char *const hash_names[] = {
+    [ECX_HASH_NONE] = "none",
+    [ECX_HASH_XXH64] = "xxh64",
+    [ECX_HASH_XXH3] = "xxh3",
+};
+
+const char *ecx_hash_name(int kind)
+{
+	return kind == ECX_HASH_XXH64 || kind == ECX_HASH_XXH3
+	           ? hash_names[kind]
+	           : NULL;
+}
+
+uint64_t ecx_hash_bytes(int kind, const void *p, size_t n)
+{
+	if (kind == ECX_HASH_XXH64)
+		return XXH64(p, n, 0);
+	if (kind == ECX_HASH_XXH3)
+		return XXH3_64bits(p, n);
+	return 0;
+}
+
+void *ecx_xxh3_new(void)
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (st != NULL)
+		XXH3_64bits_reset(st);
+	return st;
+}
+
+void ecx_xxh3_feed(void *st, const void *p, size_t n)
+{
+	XXH3_64bits_update(st, p, n);
+}
+
+uint64_t ecx_xxh3_end(void *st)
+{
+	uint64_t h = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return h;
+}
+
+void ecx_xxh3_free(void *st)
+{
+	XXH3_freeState(st);
+}
+
+/* The kind a request's "hash" names; DEFAULT for none or one unknown. */
+static int hash_kind_of(const cJSON *h)
+{
+	if (!cJSON_IsString(h) || h->valuestring == NULL)
+		return ECX_HASH_DEFAULT;
+	for (int k = ECX_HASH_NONE; k <= ECX_HASH_XXH3; k++)
+		if (strcmp(h->valuestring, hash_names[k]) == 0)
+			return k;
+	return ECX_HASH_DEFAULT;
 }
 
 char *ecx_pull_req_encode(const ecx_pull_req *r)
@@ -27,6 +89,10 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 		                      ecx_json_u64(r->expires_ms));
 	if (r->data_am)
 		cJSON_AddStringToObject(o, "data", "am");
+	if (r->hash >= ECX_HASH_NONE && r->hash <= ECX_HASH_XXH3)
+		cJSON_AddStringToObject(o, "hash", hash_names[r->hash]);
+	if (r->landed)
+		cJSON_AddBoolToObject(o, "landed", true);
 	if (r->token[0] != '\0')
 		cJSON_AddStringToObject(o, "token", r->token);
 	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
@@ -112,6 +178,10 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 	const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "data");
 	r.data_am = cJSON_IsString(d) && d->valuestring != NULL &&
 	            strcmp(d->valuestring, "am") == 0;
+	/* As "data": a hash this producer does not know is answered with
+	 * xxh64, which every checking consumer takes. */
+	r.hash = hash_kind_of(cJSON_GetObjectItemCaseSensitive(o, "hash"));
+	r.landed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "landed"));
 	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
 	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,
 	                           whylen)) != 0)
@@ -262,6 +332,7 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 	cJSON *items = cJSON_AddArrayToObject(o, "items");
 	if (items == NULL)
 		goto fail;
+	const char *hname = r->hash_kind == ECX_HASH_XXH3 ? "xxh3" : "xxh64";
 	for (size_t i = 0; i < r->nitems; i++) {
 		cJSON *x = cJSON_CreateObject();
 		if (x == NULL)
@@ -273,7 +344,7 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 			char hex[17];
 			snprintf(hex, sizeof(hex), "%016llx",
 			         (unsigned long long)r->hash[i]);
-			if (!cJSON_AddStringToObject(x, "xxh64", hex))
+			if (!cJSON_AddStringToObject(x, hname, hex))
 				goto fail;
 		}
 		if (r->status[i] != 0) {
@@ -355,15 +426,38 @@ int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
 			             r.nitems);
 			goto fail;
 		}
+		int kind = ECX_HASH_XXH64;
 		const cJSON *h = cJSON_GetObjectItemCaseSensitive(x, "xxh64");
+		if (cJSON_GetObjectItemCaseSensitive(x, "xxh3") != NULL) {
+			kind = ECX_HASH_XXH3;
+			h = h == NULL
+			        ? cJSON_GetObjectItemCaseSensitive(x, "xxh3")
+			        : NULL;
+			if (h == NULL) {
+				rc = ecx_why(why, whylen, ECX_EPROTO,
+				             "item %zu has two hashes",
+				             r.nitems);
+				goto fail;
+			}
+		}
 		if (h != NULL) {
+			const char *hn = hash_names[kind];
 			char *end = NULL;
+			if (r.hash_kind != 0 && r.hash_kind != kind) {
+				rc = ecx_why(
+				    why, whylen, ECX_EPROTO,
+				    "item %zu's hash is %s, an earlier "
+				    "one's %s",
+				    r.nitems, hn, hash_names[r.hash_kind]);
+				goto fail;
+			}
+			r.hash_kind = kind;
 			if (!cJSON_IsString(h) ||
 			    strlen(h->valuestring) != 16) {
 				rc = ecx_why(why, whylen, ECX_EPROTO,
-				             "item %zu's \"xxh64\" is not 16 "
+				             "item %zu's \"%s\" is not 16 "
 				             "hex digits",
-				             r.nitems);
+				             r.nitems, hn);
 				goto fail;
 			}
 			if (r.hash == NULL)
@@ -378,8 +472,8 @@ int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
 			r.hash[r.nitems] = strtoull(h->valuestring, &end, 16);
 			if (end == NULL || *end != '\0') {
 				rc = ecx_why(why, whylen, ECX_EPROTO,
-				             "item %zu's \"xxh64\" is not hex",
-				             r.nitems);
+				             "item %zu's \"%s\" is not hex",
+				             r.nitems, hn);
 				goto fail;
 			}
 			r.has_hash[r.nitems] = 1;

@@ -11,8 +11,9 @@
  * return a malloc'd NUL-terminated string (free with free()), or NULL when
  * out of memory. Nothing here blocks or keeps state.
  *
- * May include: core/ and cJSON. Never: I/O of any kind (wire/ is pure, so
- * the fuzzers drive it directly).
+ * May include: core/, cJSON and libxxhash (the item hashes a reply names).
+ * Never: I/O of any kind (wire/ is pure, so the fuzzers drive it
+ * directly).
  */
 #ifndef ECX_WIRE_H
 #define ECX_WIRE_H
@@ -116,6 +117,31 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 
 /* ---- ecx's batched pull (UCX active message) ---- */
 
+/* The hash of an item's bytes that a pull asks for ("hash") and that its
+ * reply carries. */
+enum {
+	/* A pull that does not say (an older consumer): a producer with
+	 * integrity on answers with xxh64, as before "hash" existed. */
+	ECX_HASH_DEFAULT = 0,
+	ECX_HASH_NONE = 1,  /* "none": no hashes in the reply */
+	ECX_HASH_XXH64 = 2, /* "xxh64": XXH64, seed 0 */
+	ECX_HASH_XXH3 = 3,  /* "xxh3": XXH3_64bits, no seed */
+};
+
+/* The wire name of hash kind XXH64 or XXH3 (the reply's field), else
+ * NULL. */
+const char *ecx_hash_name(int kind);
+/* Hash kind XXH64 or XXH3 of n bytes at p (0 for any other kind). */
+uint64_t ecx_hash_bytes(int kind, const void *p, size_t n);
+/* XXH3 of bytes given in pieces, in order: a state from ecx_xxh3_new
+ * (NULL: out of memory), fed, then ended (which frees it and returns the
+ * hash ecx_hash_bytes(ECX_HASH_XXH3, ...) of the whole); ecx_xxh3_free
+ * frees one not ended. */
+void *ecx_xxh3_new(void);
+void ecx_xxh3_feed(void *st, const void *p, size_t n);
+uint64_t ecx_xxh3_end(void *st);
+void ecx_xxh3_free(void *st);
+
 /* A piece of the consumer's memory, registered with UCX, that writes of this
  * pull may land in: [base, base + len), with its packed remote key. */
 typedef struct ecx_region {
@@ -146,6 +172,14 @@ typedef struct ecx_pull_req {
 	 * both sides; rendezvous active messages land in the destination
 	 * from the socket. Producers that do not know it put as before. */
 	bool data_am;
+	/* "hash": the item hash the consumer checks (ECX_HASH_*; DEFAULT:
+	 * absent, or a name this producer does not know). */
+	int hash;
+	/* "landed": true: where the producer puts, it tells the consumer
+	 * which items have landed as it goes (ECX_AM_LANDED, below), so they
+	 * can be checked while the rest of the pull is written. Producers
+	 * that do not know it send none. */
+	bool landed;
 	char token[ECX_TOKEN_MAX];
 	size_t nregions;
 	ecx_region *regions;
@@ -172,11 +206,16 @@ typedef struct ecx_pull_resp {
 	char detail[160];
 	size_t nitems;
 	int *status; /* ecx_err per item */
-	/* The xxh64 of each item's bytes, from a producer with integrity on
-	 * (sent as "xxh64": 16 hex digits, on items that succeeded); NULL
+	/* The hash of each item's bytes, from a producer with integrity on
+	 * (on items that succeeded, as 16 hex digits in the field named by
+	 * the kind: "xxh64", or "xxh3" for a pull that asked for it); NULL
 	 * when the reply carries none, else has_hash[i] says which do. */
 	uint64_t *hash;
 	unsigned char *has_hash;
+	/* Their kind, ECX_HASH_XXH64 or ECX_HASH_XXH3, one for the whole
+	 * reply (the decoder refuses a mix); encoding DEFAULT sends
+	 * "xxh64". */
+	int hash_kind;
 } ecx_pull_resp;
 
 char *ecx_pull_resp_encode(const ecx_pull_resp *r);
@@ -194,7 +233,11 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
  * data_am gets its items as ECX_AM_DATA messages instead of puts: header
  * ecx_am_data_hdr, body the bytes of items first..first+count-1 (neighbours
  * in both memories), sent by rendezvous from 64 KiB; the reply goes when
- * every such send has completed. */
+ * every such send has completed. A pull with "landed" that the producer
+ * puts gets, after each put (of one item or neighbours) has completed
+ * remotely, ECX_AM_LANDED: header ecx_am_data_hdr naming those items, no
+ * body; an item put in pieces gets one after each piece, with count 1
+ * and an 8-byte body, a u64: how many of its leading bytes are in. */
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
 #define ECX_AM_DATA 19
@@ -203,6 +246,7 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
  * with conn and, in req, the producer's epoch; body "{}". Sent only where
  * no pull of the connection is in progress, after which none starts. */
 #define ECX_AM_BYE 20
+#define ECX_AM_LANDED 21
 
 typedef struct ecx_am_hdr {
 	uint64_t conn; /* the connection number the hello gave */

@@ -603,6 +603,49 @@ static void test_pull_roundtrip(void **state)
 	assert_false(b.data_am);
 	ecx_pull_req_free(&b);
 	free(s);
+	r.data_am = false;
+	/* The hash a consumer checks: not said (an older consumer) reads as
+	 * DEFAULT, each named kind survives the round trip, a name this
+	 * producer does not know reads as DEFAULT (it answers xxh64). */
+	const char *older = "{\"op\":\"pullv\",\"req\":1,\"regions\":[],"
+	                    "\"items\":[]}";
+	assert_int_equal(
+	    ecx_pull_req_decode(older, strlen(older), &b, why, 160), 0);
+	assert_int_equal(b.hash, ECX_HASH_DEFAULT);
+	assert_false(b.landed);
+	ecx_pull_req_free(&b);
+	static const struct {
+		int kind;
+		const char *field;
+	} kinds[] = {{ECX_HASH_NONE, "\"hash\":\"none\""},
+	             {ECX_HASH_XXH64, "\"hash\":\"xxh64\""},
+	             {ECX_HASH_XXH3, "\"hash\":\"xxh3\""}};
+	for (size_t k = 0; k < 3; k++) {
+		r.hash = kinds[k].kind;
+		r.landed = k == 2;
+		s = ecx_pull_req_encode(&r);
+		assert_non_null(strstr(s, kinds[k].field));
+		assert_true((strstr(s, "\"landed\":true") != NULL) == r.landed);
+		assert_int_equal(
+		    ecx_pull_req_decode(s, strlen(s), &b, why, 160), 0);
+		assert_int_equal(b.hash, kinds[k].kind);
+		assert_int_equal(b.landed, r.landed);
+		ecx_pull_req_free(&b);
+		free(s);
+	}
+	const char *later = "{\"op\":\"pullv\",\"req\":1,\"hash\":\"xxh128\","
+	                    "\"landed\":1,\"regions\":[],\"items\":[]}";
+	assert_int_equal(
+	    ecx_pull_req_decode(later, strlen(later), &b, why, 160), 0);
+	assert_int_equal(b.hash, ECX_HASH_DEFAULT);
+	assert_false(b.landed); /* only true is true */
+	ecx_pull_req_free(&b);
+	r.hash = ECX_HASH_DEFAULT;
+	r.landed = false;
+	s = ecx_pull_req_encode(&r);
+	assert_null(strstr(s, "\"hash\""));
+	assert_null(strstr(s, "\"landed\""));
+	free(s);
 
 	int st[3] = {0, ECX_ENOTFOUND, ECX_ESIZE};
 	ecx_pull_resp p = {.req = 42, .nitems = 3, .status = st};
@@ -635,8 +678,53 @@ static void test_pull_roundtrip(void **state)
 	assert_int_equal(pb.has_hash[0], 1);
 	assert_int_equal(pb.has_hash[1], 0);
 	assert_true(pb.hash[0] == h[0]);
+	assert_int_equal(pb.hash_kind, ECX_HASH_XXH64);
 	ecx_pull_resp_free(&pb);
 	free(s);
+	/* XXH3, for a pull that asked for it: its own field, and "xxh64"
+	 * keeps meaning xxh64. */
+	p.hash_kind = ECX_HASH_XXH3;
+	s = ecx_pull_resp_encode(&p);
+	assert_non_null(strstr(s, "\"xxh3\":\"fedcba9876543210\""));
+	assert_null(strstr(s, "\"xxh64\""));
+	assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &pb, why, 160), 0);
+	assert_int_equal(pb.hash_kind, ECX_HASH_XXH3);
+	assert_int_equal(pb.has_hash[0], 1);
+	assert_int_equal(pb.has_hash[1], 0);
+	assert_true(pb.hash[0] == h[0]);
+	ecx_pull_resp_free(&pb);
+	free(s);
+	p.hash = NULL;
+	p.hash_kind = 0;
+	/* A fixture as a producer of either kind sends it. */
+	const char *x3 = "{\"req\":9,\"ok\":true,\"items\":[{\"ok\":true,"
+	                 "\"xxh3\":\"00000000000000ff\"},{\"ok\":true}]}";
+	assert_int_equal(ecx_pull_resp_decode(x3, strlen(x3), &pb, why, 160),
+	                 0);
+	assert_int_equal(pb.hash_kind, ECX_HASH_XXH3);
+	assert_true(pb.hash[0] == 0xff && pb.has_hash[0] && !pb.has_hash[1]);
+	ecx_pull_resp_free(&pb);
+	/* One kind per reply, one hash per item. */
+	const char *mixed[] = {
+	    "{\"req\":1,\"ok\":true,\"items\":[{\"ok\":true,\"xxh3\":"
+	    "\"0000000000000001\"},{\"ok\":true,\"xxh64\":"
+	    "\"0000000000000002\"}]}",
+	    "{\"req\":1,\"ok\":true,\"items\":[{\"ok\":true,\"xxh3\":"
+	    "\"0000000000000001\",\"xxh64\":\"0000000000000002\"}]}",
+	    "{\"req\":1,\"ok\":true,\"items\":[{\"ok\":true,\"xxh3\":7}]}"};
+	for (size_t k = 0; k < 3; k++)
+		assert_int_equal(ecx_pull_resp_decode(
+		                     mixed[k], strlen(mixed[k]), &pb, why, 160),
+		                 ECX_EPROTO);
+	/* The hashes themselves: XXH64 seed 0 and XXH3_64bits of "abc"
+	 * (xxHash's own published values), and nothing for other kinds. */
+	assert_true(ecx_hash_bytes(ECX_HASH_XXH64, "abc", 3) ==
+	            0x44bc2cf5ad770999ull);
+	assert_true(ecx_hash_bytes(ECX_HASH_XXH3, "abc", 3) ==
+	            0x78af5f94892f3950ull);
+	assert_true(ecx_hash_bytes(ECX_HASH_NONE, "abc", 3) == 0);
+	assert_string_equal(ecx_hash_name(ECX_HASH_XXH3), "xxh3");
+	assert_null(ecx_hash_name(ECX_HASH_NONE));
 	const char *bad = "{\"req\":1,\"ok\":true,\"items\":[{\"ok\":true,"
 	                  "\"xxh64\":\"12345678zz345678\"}]}";
 	assert_int_equal(ecx_pull_resp_decode(bad, strlen(bad), &pb, why, 160),
