@@ -169,6 +169,8 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		return;
 	}
 	size_t nspans = spans_make(l, p, spans);
+	for (size_t k = 0; k < nspans; k++)
+		cons_span_populate(c, spans[k].lo, spans[k].hi);
 	pthread_mutex_lock(&c->lock);
 	size_t nz = 0;
 	for (pull *q = c->inflight; q != NULL; q = q->next)
