@@ -573,6 +573,9 @@ typedef struct ecx_consumer_stats {
 	uint64_t registrations; /* memory registrations made */
 	uint64_t regcache_hits; /* caller memory found registered */
 	uint64_t connections;   /* producer handshakes made */
+	/* pages of the caller's memory that were not resident, faulted in
+	 * by the consumer before a pull into them */
+	uint64_t pages_populated;
 } ecx_consumer_stats;
 
 ECX_API void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out);

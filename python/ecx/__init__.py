@@ -126,7 +126,8 @@ _PRODUCER_STATS = ["items", "bytes_used", "capacity", "pinned", "evictions",
                    "leases_granted", "leases_refused", "leases_expired",
                    "leases_released", "leases_used"]
 _CONSUMER_STATS = ["lookups", "loads", "loaded", "failed", "bytes",
-                   "registrations", "regcache_hits", "connections"]
+                   "registrations", "regcache_hits", "connections",
+                   "pages_populated"]
 
 
 class _ProducerStats(ctypes.Structure):

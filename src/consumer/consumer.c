@@ -70,8 +70,13 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	rc = ecx_regclient_create(&ro, &c->rc, why, whylen);
 	if (rc != 0)
 		goto fail;
+	/* Loads are waited for by their callers, who progress the worker
+	 * themselves; the progress thread stays asleep for a while after
+	 * each (ECX_LINGER_NS) so that a caller loading again finds the
+	 * worker free of it. */
 	ecx_ucx_opts uo = {.transport = HAS(TRANSPORT) ? pp->transport : NULL,
 	                   .bind_host = HAS(BIND_HOST) ? pp->bind_host : NULL,
+	                   .linger_ns = ECX_LINGER_NS,
 	                   .nam = 4};
 	uo.am[0].id = ECX_AM_REPLY;
 	uo.am[0].cb = cons_am_reply;

@@ -35,6 +35,11 @@
 /* How long a load waits past its deadline for the answers of producers
  * that stopped writing at the pull's expiry. */
 #define ECX_LOAD_GRACE_NS (100u * 1000000u)
+/* How long the UCX progress thread leaves the worker to callers after the
+ * last wait on a load ends (xfer/ucx.h, linger_ns): what arrives for a
+ * load nobody waits on meanwhile is taken at the next wait, test, or
+ * when it looks again. */
+#define ECX_LINGER_NS (5u * 1000000u)
 /* Timed-out pulls to one producer address that may still write (zombies):
  * at this many, loads from that address fail with ECX_EBUSY until some
  * end, so a stalled producer cannot take the whole receive arena. */
@@ -171,6 +176,10 @@ struct ecx_load {
 	uint64_t *hupto, *hashed;
 	void **hst;
 	bool retry; /* a failover to other holders (load.c) */
+	/* The caller waits as soon as the pulls are sent (ecx_consumer_load,
+	 * a failover): it progresses the worker in place of the progress
+	 * thread from the send of the last pull on (waiting: since then). */
+	bool sync, waiting;
 };
 
 typedef struct arena_alloc {
@@ -274,10 +283,12 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc);
 void cons_pconns_bye(ecx_consumer *c);
 
 /* load.c: a load that ends by deadline_ns (retry: a failover's, not
- * counted as new loads), and its wait without failover, which frees it;
- * why gets the detail of a failure the load recorded (may be NULL). */
+ * counted as new loads; sync: waited for at once, see ecx_load), and its
+ * wait without failover, which frees it; why gets the detail of a failure
+ * the load recorded (may be NULL). */
 int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
-                    uint64_t deadline_ns, bool retry, ecx_load **out);
+                    uint64_t deadline_ns, bool retry, bool sync,
+                    ecx_load **out);
 int cons_load_wait_once(ecx_load *l, char *why, size_t whylen);
 
 /* failover.c: whether an item that failed with s may be tried at another
@@ -298,5 +309,14 @@ void cons_zombie_make(ecx_consumer *c, pull *p);
 void cons_zombie_end(ecx_consumer *c, pull *p);
 region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n, uint64_t lo,
                         uint64_t hi, int *err);
+/* Before a pull into [lo, hi) that neither the receive arena nor a cached
+ * registration covers: makes the pages of it that are not resident
+ * (mincore) resident and writable (MADV_POPULATE_WRITE), in the caller's
+ * thread, as a reader of a file faults its own buffer in. Else the
+ * producer's writes into memory never touched fault it in a page at a
+ * time (over shared memory with cma, from the producer's process, at a
+ * fraction of this speed). Returns the pages populated (counted in the
+ * stats). Called without c->lock. */
+uint64_t cons_span_populate(ecx_consumer *c, uint64_t lo, uint64_t hi);
 
 #endif /* ECX_CONSUMER_H */

@@ -170,7 +170,8 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 			break;
 		ecx_debug(MOD, "failing over %zu items to other holders", ns);
 		ecx_load *l;
-		if (cons_load_start(c, sub, ns, deadline_ns, true, &l) != 0)
+		if (cons_load_start(c, sub, ns, deadline_ns, true, true, &l) !=
+		    0)
 			break;
 		cons_load_wait_once(l, NULL, 0);
 		for (size_t t = 0; t < ns; t++) {

@@ -6,6 +6,7 @@
 #include "consumer/consumer.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,8 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		return;
 	}
 	size_t nspans = spans_make(l, p, spans);
+	for (size_t k = 0; k < nspans; k++)
+		cons_span_populate(c, spans[k].lo, spans[k].hi);
 	pthread_mutex_lock(&c->lock);
 	size_t nz = 0;
 	for (pull *q = c->inflight; q != NULL; q = q->next)
@@ -284,7 +287,23 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	if (ep != NULL)
 		pc->sending++;
 	p->pc->used_ms = ecx_now_ms();
+	/* The load's last pull to go (the others sent or failed): a caller
+	 * that waits at once goes to progress the worker itself now. */
+	bool last = true;
+	for (size_t k = 0; k < l->npulls && last; k++)
+		last = l->pulls[k] == p || l->pulls[k]->req != 0 ||
+		       l->pulls[k]->done;
 	pthread_mutex_unlock(&c->lock);
+	/* Then it progresses the worker from before the send: the progress
+	 * thread, should the answer wake it, leaves the worker alone instead
+	 * of taking its lock from under the caller (on a busy core, for as
+	 * long as the scheduler lets it spin). Earlier pulls of the load go
+	 * while hellos are still being answered, with no caller progressing
+	 * the worker: their sends are the progress thread's. */
+	if (l->sync && last && !l->waiting) {
+		ecx_ucx_waiting(c->ucx, true);
+		l->waiting = true;
+	}
 	bool pending = false;
 	int err = ep != NULL ? ecx_ucx_am_send(ep, ECX_AM_PULL, pc->id, p->req,
 	                                       msg, &pending)
@@ -309,11 +328,12 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		pthread_mutex_unlock(&c->lock);
 	}
 	/* A send still in flight needs progress, which the caller may not
-	 * give (it need not wait): the progress thread does. One that went
-	 * at once needs none, and the answer wakes the thread by itself (its
-	 * event descriptor); waking it here anyway cost a context switch per
-	 * load, on two cores often on the core of the producer's copy. */
-	if (pending)
+	 * give (it need not wait, or has hellos to finish first): the
+	 * progress thread does. One that went at once needs none, and the
+	 * answer wakes the thread by itself (its event descriptor); waking
+	 * it here anyway cost a context switch per load, on two cores often
+	 * on the core of the producer's copy. */
+	if (pending && !l->waiting)
 		ecx_ucx_wake(c->ucx);
 }
 
@@ -333,7 +353,7 @@ static void pull_ready(ecx_consumer *c, ecx_load *l, pull *p)
 /* Starts a load that ends by deadline_ns; a retry (a failover) is not
  * counted as new loads. */
 int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
-                    uint64_t deadline_ns, bool retry, ecx_load **out)
+                    uint64_t deadline_ns, bool retry, bool sync, ecx_load **out)
 {
 	ecx_load *l = calloc(1, sizeof(*l));
 	if (l == NULL)
@@ -342,6 +362,7 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	l->items = items;
 	l->n = n;
 	l->retry = retry;
+	l->sync = sync;
 	l->deadline_ns = deadline_ns;
 	l->pulls = calloc(n + 1, sizeof(*l->pulls));
 	size_t *group = calloc(n + 1, sizeof(*group));
@@ -417,7 +438,7 @@ int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 		return ECX_EFORK;
 	return cons_load_start(
 	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u,
-	    false, out);
+	    false, false, out);
 }
 
 static bool load_done(ecx_load *l)
@@ -481,7 +502,8 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 {
 	ecx_consumer *c = l->c;
 	uint64_t spin_until = ecx_now_ns() + 2000000u;
-	ecx_ucx_waiting(c->ucx, true);
+	if (!l->waiting)
+		ecx_ucx_waiting(c->ucx, true);
 	/* A producer stops writing a pull at its expiry (the deadline) and
 	 * then answers; the grace lets that answer arrive, so a load from a
 	 * live producer returns with nothing left to write. */
@@ -493,11 +515,18 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		/* With integrity on, what has landed is hashed meanwhile. */
 		int did = (int)ecx_ucx_progress(c->ucx);
 		did += cons_load_hash_landed(l);
-		if (did == 0 && now > spin_until)
-			usleep(20);
 		/* A producer over shared memory that exits says nothing:
 		 * its process is watched (conns.c). */
 		cons_pconns_watch(c, false);
+		if (did != 0)
+			continue;
+		/* Nothing yet: poll on, but let a thread that waits for
+		 * this CPU run first (on a shared core, the producer that
+		 * is to answer), then, after 2 ms, sleep between polls. */
+		if (now > spin_until)
+			usleep(20);
+		else
+			sched_yield();
 	}
 	int first = 0;
 	uint64_t ok = 0, bad = 0, bytes = 0;
@@ -636,6 +665,8 @@ int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n)
 	if (ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	ecx_load *l;
-	int rc = ecx_consumer_load_start(c, items, n, &l);
+	int rc = cons_load_start(
+	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u,
+	    false, true, &l);
 	return rc != 0 ? rc : ecx_load_wait(l);
 }

@@ -3,12 +3,20 @@
  * out by ecx_consumer_alloc) and a bounded cache of registrations of the
  * caller's own memory, invalidated by UCX's unmap events.
  */
+#define _GNU_SOURCE /* process_vm_readv, process_vm_writev */
 #include "consumer/consumer.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 #define MOD "consumer"
 
@@ -112,6 +120,110 @@ region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n,
 	__atomic_store_n(&r->len, end - base, __ATOMIC_RELEASE);
 	c->st.registrations++;
 	return r;
+}
+
+/* Pages of residency asked of mincore at a time: 16 MiB. */
+#define POP_VEC 4096
+
+/* Write-faults the pages [a, a + npages * PAGE) in, keeping their bytes,
+ * where the kernel has no MADV_POPULATE_WRITE (before 5.14): one byte of
+ * each page, the first at or past lo (the destination's own, so no other
+ * thread's write to the page can be lost), read and written back by this
+ * process's own process_vm_readv/writev, which fail (EFAULT) where a
+ * touch would crash (memory not writable). False when they cannot. */
+static bool touch_pages(uintptr_t a, size_t npages, uintptr_t lo)
+{
+	enum { N = 512 };
+	unsigned char b[N];
+	struct iovec loc[N], rem[N];
+	pid_t self = getpid();
+	for (size_t k = 0; k < npages;) {
+		size_t m = npages - k < N ? npages - k : N;
+		for (size_t i = 0; i < m; i++) {
+			uintptr_t at = a + (k + i) * PAGE;
+			loc[i] =
+			    (struct iovec){.iov_base = &b[i], .iov_len = 1};
+			rem[i] = (struct iovec){.iov_base =
+			                            (void *)(at > lo ? at : lo),
+			                        .iov_len = 1};
+		}
+		if (process_vm_readv(self, loc, m, rem, m, 0) != (ssize_t)m ||
+		    process_vm_writev(self, loc, m, rem, m, 0) != (ssize_t)m)
+			return false;
+		k += m;
+	}
+	return true;
+}
+
+/* Makes the pages of [a, a + npages * PAGE) resident and writable (lo:
+ * where the destination starts, in the first of them). */
+static bool populate(uintptr_t a, size_t npages, uintptr_t lo)
+{
+	if (madvise((void *)a, npages * PAGE, MADV_POPULATE_WRITE) == 0)
+		return true;
+	return errno == EINVAL && touch_pages(a, npages, lo);
+}
+
+uint64_t cons_span_populate(ecx_consumer *c, uint64_t lo, uint64_t hi)
+{
+	uintptr_t a = (uintptr_t)(lo / PAGE * PAGE);
+	uintptr_t end = (uintptr_t)((hi + PAGE - 1) / PAGE * PAGE);
+	if (end <= a)
+		return 0;
+	/* Memory registered already was populated before it was. */
+	bool known = false;
+	pthread_mutex_lock(&c->lock);
+	if (c->arena.live && a >= c->arena.base &&
+	    end <= c->arena.base + c->arena.len)
+		known = true;
+	for (unsigned i = 0; i < c->ncache && !known; i++) {
+		region *r = &c->cache[i];
+		known = r->live &&
+		        !__atomic_load_n(&r->stale, __ATOMIC_ACQUIRE) &&
+		        a >= r->base && end <= r->base + r->len;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (known)
+		return 0;
+	unsigned char vec[POP_VEC];
+	uint64_t done = 0;
+	bool failed = false;
+	while (a < end && !failed) {
+		size_t np =
+		    (end - a) / PAGE < POP_VEC ? (end - a) / PAGE : POP_VEC;
+		/* What is resident costs nothing more: populating pages
+		 * that are already there walks them all again. */
+		if (mincore((void *)a, np * PAGE, vec) != 0) {
+			ecx_debug(MOD, "mincore: %m; pages left to the write");
+			break;
+		}
+		for (size_t i = 0; i < np && !failed;) {
+			if (vec[i] & 1) {
+				i++;
+				continue;
+			}
+			size_t j = i;
+			while (j < np && !(vec[j] & 1))
+				j++;
+			if (populate(a + i * PAGE, j - i, (uintptr_t)lo)) {
+				done += j - i;
+			} else {
+				ecx_debug(MOD,
+				          "cannot populate %zu pages: %m; "
+				          "left to the write",
+				          j - i);
+				failed = true;
+			}
+			i = j;
+		}
+		a += np * PAGE;
+	}
+	if (done > 0) {
+		pthread_mutex_lock(&c->lock);
+		c->st.pages_populated += done;
+		pthread_mutex_unlock(&c->lock);
+	}
+	return done;
 }
 
 void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity)

@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,12 +164,52 @@ static bool ucx_arm(ecx_ucx *u, size_t *n)
 	return armed;
 }
 
-/* Whether a caller progresses the worker itself and u is not stopping:
- * the progress thread then has nothing to do. */
-static bool caller_polls(ecx_ucx *u)
+/* Whether the progress thread stays asleep now, leaving the worker to
+ * callers: while one progresses it itself (waiters), and for linger_ns
+ * after the last of them is done, unless woken (ecx_ucx_wake). */
+static bool ucx_parks(ecx_ucx *u)
 {
-	return __atomic_load_n(&u->waiters, __ATOMIC_ACQUIRE) > 0 &&
-	       !__atomic_load_n(&u->stop, __ATOMIC_ACQUIRE);
+	if (__atomic_load_n(&u->waiters, __ATOMIC_ACQUIRE) > 0)
+		return true;
+	return u->linger_ns > 0 &&
+	       !__atomic_load_n(&u->kick, __ATOMIC_ACQUIRE) &&
+	       ecx_now_ns() < __atomic_load_n(&u->waited_ns, __ATOMIC_ACQUIRE) +
+	                          u->linger_ns;
+}
+
+/* The progress thread's sleep while it parks (ucx_parks): a caller polls
+ * the worker, and a second poller would only take its time and the
+ * worker's lock; after the caller, the next load of a caller that loads
+ * again and again (within linger_ns) finds the worker to itself, the
+ * thread neither woken by that load's answer (its event descriptor is not
+ * armed) nor at the end of each wait: on two cores each wake-up can take
+ * the core of the producer's copy. With linger_ns, a parked thread looks
+ * again every linger_ns; stop and ecx_ucx_wake end the sleep. */
+static void ucx_park(ecx_ucx *u)
+{
+	pthread_mutex_lock(&u->wait_lock);
+	while (!__atomic_load_n(&u->stop, __ATOMIC_ACQUIRE) && ucx_parks(u)) {
+		if (u->linger_ns == 0) {
+			pthread_cond_wait(&u->wait_cv, &u->wait_lock);
+			continue;
+		}
+		uint64_t now = ecx_now_ns(), until = now + u->linger_ns;
+		if (__atomic_load_n(&u->waiters, __ATOMIC_ACQUIRE) == 0)
+			until =
+			    __atomic_load_n(&u->waited_ns, __ATOMIC_ACQUIRE) +
+			    u->linger_ns;
+		if (until <= now)
+			continue;
+		struct timespec ts; /* wait_cv's clock: the realtime one */
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t t = (uint64_t)ts.tv_sec * 1000000000u +
+		             (uint64_t)ts.tv_nsec + (until - now);
+		ts.tv_sec = (time_t)(t / 1000000000u);
+		ts.tv_nsec = (long)(t % 1000000000u);
+		pthread_cond_timedwait(&u->wait_cv, &u->wait_lock, &ts);
+	}
+	__atomic_store_n(&u->kick, false, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&u->wait_lock);
 }
 
 static void *ucx_thread(void *p)
@@ -176,17 +217,8 @@ static void *ucx_thread(void *p)
 	ecx_ucx *u = p;
 	uint64_t active = ecx_now_ns();
 	while (!__atomic_load_n(&u->stop, __ATOMIC_ACQUIRE)) {
-		if (__atomic_load_n(&u->waiters, __ATOMIC_ACQUIRE) > 0) {
-			/* A caller polls the worker: a second poller would
-			 * only take its time and the lock. It sleeps until
-			 * the last caller is done, without waking in between:
-			 * waking every 200 us (as it did) preempted the
-			 * producer's copy on the other core and halved a
-			 * 7 MiB load's speed on two cores. */
-			pthread_mutex_lock(&u->wait_lock);
-			while (caller_polls(u))
-				pthread_cond_wait(&u->wait_cv, &u->wait_lock);
-			pthread_mutex_unlock(&u->wait_lock);
+		if (ucx_parks(u)) {
+			ucx_park(u);
 			active = ecx_now_ns();
 			continue;
 		}
@@ -198,8 +230,14 @@ static void *ucx_thread(void *p)
 			active = now;
 			continue;
 		}
-		if (now - active < u->spin_ns)
+		if (now - active < u->spin_ns) {
+			/* Polls, but lets a thread that waits for this CPU
+			 * run first: on a shared core, the consumer of the
+			 * answer just sent, which a poll without a yield
+			 * kept off the core for the whole spin. */
+			sched_yield();
 			continue;
+		}
 		size_t npfd = 0;
 		if (!ucx_arm(u, &npfd))
 			continue;
@@ -312,6 +350,7 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 	}
 	u->on_progress = o->on_progress;
 	u->spin_ns = o->spin_ns;
+	u->linger_ns = o->linger_ns;
 	u->arg = o->arg;
 	ucp_config_t *cfg = NULL;
 	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
@@ -321,6 +360,10 @@ int ecx_ucx_create(const ecx_ucx_opts *o, ecx_ucx **out, char *why,
 		             ucs_status_string(st));
 		goto fail;
 	}
+	/* Threads that progress a worker take its lock: as a spinlock (UCX's
+	 * default), one that finds it taken spins until the holder, maybe
+	 * preempted by it on a busy core, runs again (a time slice). */
+	ucx_default(cfg, "USE_MT_MUTEX", "y");
 	/* Measured here: 8 MiB puts over TCP go from 0.2-0.9 GB/s to
 	 * 1.2-3.4 GB/s with these segment sizes. */
 	const char *tr = o->transport != NULL ? o->transport : "auto";
@@ -465,12 +508,22 @@ ucp_worker_h ecx_ucx_worker(ecx_ucx *u)
 void ecx_ucx_wake(ecx_ucx *u)
 {
 	ucp_worker_signal(u->worker);
+	if (u->linger_ns > 0) {
+		pthread_mutex_lock(&u->wait_lock);
+		__atomic_store_n(&u->kick, true, __ATOMIC_RELEASE);
+		pthread_cond_signal(&u->wait_cv);
+		pthread_mutex_unlock(&u->wait_lock);
+	}
 }
 
 void ecx_ucx_waiting(ecx_ucx *u, bool on)
 {
 	if (on) {
 		__atomic_add_fetch(&u->waiters, 1, __ATOMIC_ACQ_REL);
+	} else if (u->linger_ns > 0) {
+		/* The thread lingers on by itself (ucx_park): no wake-up. */
+		__atomic_store_n(&u->waited_ns, ecx_now_ns(), __ATOMIC_RELEASE);
+		__atomic_sub_fetch(&u->waiters, 1, __ATOMIC_ACQ_REL);
 	} else if (__atomic_sub_fetch(&u->waiters, 1, __ATOMIC_ACQ_REL) == 0) {
 		/* Under the lock, so the thread cannot miss it between its
 		 * test of waiters and its wait. */
@@ -661,6 +714,8 @@ static int ucx_wait_on(ucp_worker_h w, ucs_status_ptr_t req,
 	while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
 		if (ecx_now_ns() > spin_until)
 			usleep(20);
+		else
+			sched_yield();
 		if (ecx_now_ns() >= deadline_ns) {
 			ucp_request_cancel(w, req);
 			/* Cancelled requests complete on a later progress. */

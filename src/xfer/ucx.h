@@ -38,6 +38,12 @@ typedef struct ecx_ucx_opts {
 	 * pulls without wake-ups; the consumer's is 0, since a waiting caller
 	 * polls the worker itself and two pollers on two cores starve TCP. */
 	unsigned spin_ns;
+	/* How long the progress thread stays asleep after the last caller
+	 * that progressed the worker itself is done (ecx_ucx_waiting),
+	 * unless ecx_ucx_wake wakes it: a caller that waits on load after
+	 * load then has the worker to itself, without a wake-up of the
+	 * thread per load. 0: it takes the worker back at once. */
+	unsigned linger_ns;
 	/* Active-message handlers to set before the thread starts. */
 	struct {
 		unsigned id;
@@ -61,11 +67,13 @@ ucp_worker_h ecx_ucx_worker(ecx_ucx *u);
 /* One progress of the worker and of every side (below); the number of
  * events. For a caller that waits on a load itself (ecx_ucx_waiting). */
 unsigned ecx_ucx_progress(ecx_ucx *u);
-/* Wakes the progress thread (after queueing work for on_progress). */
+/* Wakes the progress thread (after queueing work for on_progress, or an
+ * operation that needs progress when no caller may wait for it). */
 void ecx_ucx_wake(ecx_ucx *u);
 
 /* A caller starts (on) or stops (off) progressing the worker itself while
- * it waits; meanwhile the progress thread stands aside. */
+ * it waits; meanwhile, and for linger_ns after, the progress thread
+ * stands aside. */
 void ecx_ucx_waiting(ecx_ucx *u, bool on);
 
 /* The worker's packed address (valid until destroy). */

@@ -45,8 +45,12 @@ struct ecx_ucx {
 	void (*on_progress)(void *arg);
 	void *arg;
 	uint64_t spin_ns;
-	int waiters; /* callers progressing the worker themselves */
-	/* The progress thread sleeps on wait_cv while waiters > 0 */
+	int waiters;        /* callers progressing the worker themselves */
+	uint64_t linger_ns; /* ecx_ucx_opts */
+	uint64_t waited_ns; /* when the last of them was done */
+	bool kick;          /* ecx_ucx_wake: the thread stops lingering */
+	/* The progress thread sleeps on wait_cv while waiters > 0, and for
+	 * linger_ns after (ucx.c, ucx_park) */
 	pthread_mutex_t wait_lock;
 	pthread_cond_t wait_cv;
 	unsigned transports; /* ECX_TR_* this context may use */

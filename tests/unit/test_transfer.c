@@ -1294,6 +1294,96 @@ static void test_reused_address(void **state)
 	producer_stop(&p);
 }
 
+/* Pages of [p, p + n) that are resident. */
+static size_t resident_pages(const void *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p / 4096 * 4096;
+	size_t np = ((uintptr_t)p + n - a + 4095) / 4096;
+	unsigned char *vec = calloc(np, 1);
+	assert_non_null(vec);
+	assert_int_equal(mincore((void *)a, np * 4096, vec), 0);
+	size_t k = 0;
+	for (size_t i = 0; i < np; i++)
+		k += vec[i] & 1;
+	free(vec);
+	return k;
+}
+
+/* Loads into fresh memory of the caller (never touched, so no page of it
+ * is resident): the bytes land, and the consumer made the pages resident
+ * itself before the pull (pages_populated counts exactly the pages the
+ * item covers, at an offset that is not page-aligned); memory already
+ * resident, registered or not, is not populated again; memory half
+ * touched gets only its other half. */
+static void fresh_memory(const char *transport)
+{
+	const size_t n = 3 * MiB + 100, off = 100;
+	const size_t pages = (off + n + 4095) / 4096;
+	producer p;
+	producer_start(&p, transport, NULL);
+	producer_put(&p, "f1", "uint8", "3145828", "ok");
+	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
+	ecx_item it = {.id = "f1"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	char *m = mmap(NULL, 4 * MiB, PROT_READ | PROT_WRITE,
+	               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m != MAP_FAILED);
+	assert_int_equal(resident_pages(m, 4 * MiB), 0);
+	ecx_consumer_stats s0, s1, s2, s3;
+	ecx_consumer_stats_get(c, &s0);
+	it.dst = m + off;
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("f1", m + off, n));
+	ecx_consumer_stats_get(c, &s1);
+	assert_int_equal(s1.pages_populated - s0.pages_populated, pages);
+	/* The same memory again: resident and registered. */
+	memset(m, 0, 4 * MiB);
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("f1", m + off, n));
+	ecx_consumer_stats_get(c, &s2);
+	assert_int_equal(s2.pages_populated, s1.pages_populated);
+	/* Populating is no unmap: the registration stayed. */
+	assert_int_equal(s2.registrations, s1.registrations);
+	munmap(m, 4 * MiB);
+	/* Resident but never registered: nothing to populate. */
+	char *w = malloc(n);
+	assert_non_null(w);
+	memset(w, 1, n);
+	it.dst = w;
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("f1", w, n));
+	ecx_consumer_stats_get(c, &s3);
+	assert_int_equal(s3.pages_populated, s2.pages_populated);
+	free(w);
+	/* Half touched: the other half is populated. */
+	char *h = mmap(NULL, 4 * MiB, PROT_READ | PROT_WRITE,
+	               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(h != MAP_FAILED);
+	memset(h, 2, 2 * MiB);
+	it.dst = h;
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("f1", h, n));
+	ecx_consumer_stats_get(c, &s0);
+	assert_int_equal(s0.pages_populated - s3.pages_populated,
+	                 (n + 4095) / 4096 - 2 * MiB / 4096);
+	assert_int_equal(s0.failed, 0);
+	munmap(h, 4 * MiB);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
+static void test_fresh_memory_shm(void **state)
+{
+	(void)state;
+	fresh_memory("shm");
+}
+
+static void test_fresh_memory_tcp(void **state)
+{
+	(void)state;
+	fresh_memory("tcp");
+}
+
 /* A producer restarted under the same address: the consumer reconnects. */
 static void test_producer_restart(void **state)
 {
@@ -1836,6 +1926,8 @@ int main(void)
 	    cmocka_unit_test(test_no_registration_per_item),
 	    cmocka_unit_test(test_many_regions),
 	    cmocka_unit_test(test_reused_address),
+	    cmocka_unit_test(test_fresh_memory_shm),
+	    cmocka_unit_test(test_fresh_memory_tcp),
 	    cmocka_unit_test(test_producer_restart),
 	    cmocka_unit_test(test_token),
 	    cmocka_unit_test(test_late_write_shm_arena),
