@@ -1,10 +1,11 @@
 /*
  * producer.h - the producer role's internal header: its state and what its
- * files share. The role is one object (ecx_producer) in eight files:
+ * files share. The role is one object (ecx_producer) in nine files:
  *   producer.c  lifecycle (create, destroy), stats
  *   items.c     the item table, LRU list, pins, put and remove, eviction
  *   publish.c   publishing to the embedded or a remote registry
  *   serve.c     the pull service: jobs, puts or data sends, replies
+ *   completions.c  a job's completions: flush, sends, landed notices
  *   conns.c     consumer connections: failure, idle close, reaping
  *   rkeys.c     a connection's remote keys and prefaulting
  *   hello.c     the rendezvous requests (hello, the reference's pull)
@@ -274,6 +275,18 @@ void prod_serve_shutdown(ecx_producer *p);
  * failed, frees each at its last callback). Called with p->lock, on the
  * progress thread. */
 void prod_jobs_abandon(ecx_producer *p, conn *c);
+
+/* completions.c: UCX callbacks of a job's flush and data sends (user
+ * data: the job; for sends, its job_send), and prod_landed_after, which
+ * after the put of items i..k-1 of j (or, upto not 0, of item i's first
+ * upto bytes) sends the landed notice once the put has completed at the
+ * consumer. Each counts in j->pending; the last frees an abandoned job.
+ * Progress thread only. */
+void prod_job_free(job *j);
+void prod_job_part_done(job *j, ucs_status_t st);
+void prod_flush_done(void *request, ucs_status_t st, void *user_data);
+void prod_send_done(void *request, ucs_status_t st, void *user_data);
+void prod_landed_after(job *j, size_t i, size_t k, uint64_t upto);
 
 /* conns.c */
 /* The endpoint error callback of a connection (arg: the conn). */

@@ -171,3 +171,16 @@ void ecx_ucx_sides_stop(ecx_ucx *u)
 	while (u->sides != NULL)
 		ecx_ucx_side_destroy(u, u->sides);
 }
+
+void ecx_ucx_side_destroy_forced(ecx_ucx *u, ecx_ucx_side *side, ucp_ep_h ep)
+{
+	if (ep != NULL) {
+		ucp_request_param_t p = {.op_attr_mask =
+		                             UCP_OP_ATTR_FIELD_FLAGS,
+		                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
+		ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
+		if (req != NULL && !UCS_PTR_IS_ERR(req))
+			ucp_request_free(req); /* not waited for: see ucx.h */
+	}
+	ecx_ucx_side_destroy(u, side);
+}
