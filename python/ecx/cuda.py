@@ -130,6 +130,23 @@ class Driver:
         finally:
             f["cuDevicePrimaryCtxRelease"](dev)
 
+    def retain_primary(self, ordinal=0):
+        """Retains device ordinal's primary context (the one the CUDA
+        runtime, and so torch, uses): a registration made in it lives as
+        long as the context, and a context nobody retains is destroyed
+        with its registrations. Undone by release_primary."""
+        f = self._f
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        self._check(f["cuDeviceGet"](ctypes.byref(dev), int(ordinal)),
+                    f"cuDeviceGet({ordinal})")
+        self._check(f["cuDevicePrimaryCtxRetain"](ctypes.byref(ctx), dev),
+                    "cuDevicePrimaryCtxRetain")
+
+    def release_primary(self, ordinal=0):
+        dev = ctypes.c_int()
+        if self._f["cuDeviceGet"](ctypes.byref(dev), int(ordinal)) == 0:
+            self._f["cuDevicePrimaryCtxRelease"](dev)
+
     def register(self, base, size, ordinal=0):
         """cuMemHostRegister(base, size, PORTABLE): returns its code (0,
         712 for memory already registered, or another failure)."""
@@ -179,11 +196,16 @@ def driver():
 class Pin:
     """A page-locked range: ours is False where someone else (UCX) had
     registered it, which ecx then never unregisters."""
-    __slots__ = ("base", "size", "ours", "code", "seconds", "ordinal")
+    __slots__ = ("base", "size", "ours", "code", "seconds", "ordinal",
+                 "retained")
 
-    def __init__(self, base, size, ours, code, seconds, ordinal):
+    def __init__(self, base, size, ours, code, seconds, ordinal,
+                 retained=False):
         self.base, self.size, self.ours = base, size, ours
         self.code, self.seconds, self.ordinal = code, seconds, ordinal
+        # The primary context of ordinal, retained while the range is
+        # page-locked (Driver.retain_primary).
+        self.retained = retained
 
     def __repr__(self):
         return (f"Pin({self.base:#x}, {self.size}, "
@@ -210,12 +232,19 @@ def pin(base, size, what="arena", drv=None, ordinal=None):
     if ordinal is None:
         ordinal = _current_ordinal()
     t0 = time.perf_counter()
-    rc = drv.register(base, size, ordinal)
+    # Pinned before torch's first CUDA call, the registration would be made
+    # in a primary context that nobody holds, and go with it.
+    drv.retain_primary(ordinal)
+    try:
+        rc = drv.register(base, size, ordinal)
+    except BaseException:
+        drv.release_primary(ordinal)
+        raise
     seconds = time.perf_counter() - t0
     if rc == CUDA_SUCCESS:
         logger.info("ecx: page-locked the %s for CUDA (%d MiB) in %.2f s",
                     what, size >> 20, seconds)
-        return Pin(base, size, True, rc, seconds, ordinal)
+        return Pin(base, size, True, rc, seconds, ordinal, True)
     name = drv.error_name(rc)
     if rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED and \
             drv.host_flags(base, ordinal) is not None and \
@@ -223,7 +252,8 @@ def pin(base, size, what="arena", drv=None, ordinal=None):
         logger.info("ecx: the %s (%d MiB) was page-locked already (%s, "
                     "%d: by UCX's CUDA support?); used as it is and never "
                     "unregistered here", what, size >> 20, name, rc)
-        return Pin(base, size, False, rc, seconds, ordinal)
+        return Pin(base, size, False, rc, seconds, ordinal, True)
+    drv.release_primary(ordinal)
     logger.warning("ecx: cannot page-lock the %s (%d MiB at %#x) for CUDA: "
                    "cuMemHostRegister returned %s (%d)", what, size >> 20,
                    base, name, rc)
@@ -248,6 +278,9 @@ def unpin(p, drv=None):
             if rc not in (CUDA_SUCCESS, CUDA_ERROR_DEINITIALIZED):
                 logger.warning("ecx: cuMemHostUnregister returned %s (%d)",
                                drv.error_name(rc), rc)
+        if p.retained:
+            p.retained = False
+            drv.release_primary(p.ordinal)
     except Exception as e:  # noqa: BLE001 - a close must not raise
         logger.warning("ecx: unpinning the arena failed: %s", e)
 

@@ -464,7 +464,9 @@ class ECXConnector(ECConnectorBase):
             if self._buffer_device.type == "cuda":
                 self._copies = ecx.cuda.ToDevice(self._api,
                                                  self._buffer_device)
-                self._pin(self._ensure_consumer(), "receive arena")
+                cons = self._ensure_consumer()
+                if cons.arena()[1] > 0:  # recv_capacity_bytes 0: none
+                    self._pin(cons, "receive arena")
         if self._producer is not None and model in (None, "cuda"):
             api = self._api or _device_api()
             if api.available():

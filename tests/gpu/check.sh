@@ -36,4 +36,14 @@ if ! command -v "$py" >/dev/null 2>&1; then
 	echo "FAIL: a GPU is here but ECX_PYTHON=$py is not an interpreter"
 	exit 1
 fi
+# Bounded by itself too (by hand, outside ctest): five minutes at most.
+if command -v timeout >/dev/null 2>&1; then
+	rc=0
+	timeout -k 5 290 "$py" "$here/check.py" || rc=$?
+	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+		echo "FAIL: the check ran past 290 s and was stopped"
+		exit 1
+	fi
+	exit "$rc"
+fi
 exec "$py" "$here/check.py"

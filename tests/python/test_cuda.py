@@ -138,9 +138,12 @@ def test_without_a_current_context_the_primary_one_is_pushed(fake):
     fake.set("current_ctx", 0)
     p = ecx.cuda.pin(base, n)
     assert p.ours and fake.log == "PRp"
-    assert fake.get("retained") == 0 and fake.get("pushed") == 0
+    # The primary context stays retained while the range is pinned: one
+    # nobody holds would be destroyed, and the registration with it.
+    assert fake.get("retained") == 1 and fake.get("pushed") == 0
     ecx.cuda.unpin(p)
     assert fake.log == "PRpPSpPUp" and not fake.registered(base, n)
+    assert fake.get("retained") == 0
 
 
 def test_unpin_does_nothing_while_the_interpreter_exits(fake, monkeypatch):
