@@ -76,7 +76,8 @@ while time.monotonic() - t0 < %(seconds)f:
     pause = t0 + k * %(save_s)f - time.monotonic()
     if pause > 0:
         time.sleep(pause)
-print("saved", k, "evictions", w._worker._producer.stats()["evictions"], flush=True)
+print("saved", k, "evictions", w._worker._producer.stats()["evictions"],
+      flush=True)
 sys.stdin.read()
 w.shutdown()
 """
