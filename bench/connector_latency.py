@@ -68,7 +68,7 @@ for name, shape in %r.items():
     for i in range(%d):
         h = f"{name}-{i}"
         w.save_caches({h: torch.randn(shape).to(torch.bfloat16)}, h)
-print("ready", w._producer.registry_port, flush=True)
+print("ready", w._worker._producer.registry_port, flush=True)
 sys.stdin.read()
 """
 

@@ -65,7 +65,7 @@ w = ECXConnector(cfg, ECConnectorRole.WORKER)
 f = open(%(progress)r, "r+b")
 last = mmap.mmap(f.fileno(), 8)
 src = torch.randn(512, 1024).to(torch.bfloat16)  # 1 MiB
-print("ready", w._producer.registry_port, flush=True)
+print("ready", w._worker._producer.registry_port, flush=True)
 t0 = time.monotonic()
 k = 0
 while time.monotonic() - t0 < %(seconds)f:
@@ -76,7 +76,8 @@ while time.monotonic() - t0 < %(seconds)f:
     pause = t0 + k * %(save_s)f - time.monotonic()
     if pause > 0:
         time.sleep(pause)
-print("saved", k, "evictions", w._producer.stats()["evictions"], flush=True)
+print("saved", k, "evictions", w._worker._producer.stats()["evictions"],
+      flush=True)
 sys.stdin.read()
 w.shutdown()
 """

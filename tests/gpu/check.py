@@ -305,8 +305,9 @@ def run_requests(torch, sched, w, ids, cycles, hold_side=0):
         while (waiting or h not in cache) and time.monotonic() < deadline \
                 and not lost:
             torch.cuda._sleep(cycles)
-            if hold_side and w._copies is not None and w._copies._side:
-                with torch.cuda.stream(w._copies._side):
+            copies = w._worker._copies
+            if hold_side and copies is not None and copies._side:
+                with torch.cuda.stream(copies._side):
                     torch.cuda._sleep(hold_side)
             t0 = time.perf_counter()
             lost |= step(sched, w, cache, waiting)

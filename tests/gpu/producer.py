@@ -129,7 +129,7 @@ def main():
                                    "capacity_bytes": "512MiB"}))
     w = ECXConnector(cfg, ECConnectorRole.WORKER)
     out["conn_registry"] = \
-        f"http://127.0.0.1:{w._producer.registry_port}"
+        f"http://127.0.0.1:{w._worker._producer.registry_port}"
     items = [(conn_id(s), connector_tensor(torch, s, rows))
              for s, rows in CONNECTOR_ITEMS]
     cur = torch.cuda.current_stream()
@@ -141,11 +141,11 @@ def main():
         slowest = max(slowest, time.perf_counter() - t0)
     out["save_caches_max_ms"] = slowest * 1e3
     out["save_caches_busy_after"] = not cur.query()
-    out["saves_pending_while_busy"] = w._saves.pending
+    out["saves_pending_while_busy"] = w._worker._saves.pending
     deadline = time.monotonic() + 10
-    while w._saves.pending and time.monotonic() < deadline:
+    while w._worker._saves.pending and time.monotonic() < deadline:
         time.sleep(0.005)
-    out["saves_committed"] = w._saves.committed
+    out["saves_committed"] = w._worker._saves.committed
     print(json.dumps(out), flush=True)
     sys.stdin.read()
     w.shutdown()

@@ -95,6 +95,21 @@ def test_registry_down_is_an_error_with_what_others_found(registry):
     c.close()
 
 
+def test_consumer_lookup_with_a_registry_down_keeps_what_others_found(
+        registry):
+    # Consumer.lookup and Client.lookup share one path: both attach what
+    # the registries that answered found to the error.
+    r1, r2 = registry(), registry()
+    with ecx.Client(r1.url) as c:
+        c.publish(item(1))
+    r2.stop()
+    with ecx.Consumer(f"{r1.url},{r2.url}", timeout_ms=1000) as cons:
+        with pytest.raises(ecx.EcxError) as e:
+            cons.lookup(["id-001", "id-009"])
+    assert e.value.found[0].id == "id-001" and e.value.found[1] is None
+    r1.stop()
+
+
 def test_registry_entry_json_round_trips():
     a = item(3, "tcp://10.1.2.3:4567")
     text = a.to_json()

@@ -228,7 +228,7 @@ def test_copies_keep_their_ranges_and_never_wait_for_compute():
 @pytest.fixture
 def standin(monkeypatch, fake):
     dev = StandInCuda(latency_s=0.05)
-    monkeypatch.setattr(ecx.vllm, "_device_api", lambda: dev)
+    monkeypatch.setattr(ecx.vllm.worker, "_device_api", lambda: dev)
     return dev
 
 
@@ -279,7 +279,7 @@ def test_connector_on_a_busy_device(registry, producers, standin,
     cfg = gpu_config(reg.url, async_load=async_load)
     sched = ECXConnector(cfg, ECConnectorRole.SCHEDULER)
     w = ECXConnector(cfg, ECConnectorRole.WORKER)
-    assert w._copies is not None and w._consumer._cuda_pinned
+    assert w._worker._copies is not None and w._worker._consumer._cuda_pinned
     busy = standin.busy()
     handed = {}
     slowest = 0.0
@@ -312,7 +312,7 @@ def test_connector_on_a_busy_device(registry, producers, standin,
             assert torch.equal(t.view(torch.uint8),
                                steps.expected(h).view(torch.uint8)), h
         step(sched, w, {}, [])
-        assert w._copies.kept == 0  # let go at the next step's poll
+        assert w._worker._copies.kept == 0  # let go at the next step's poll
     finally:
         busy.set()
         w.shutdown()
@@ -337,7 +337,7 @@ def test_shutdown_ends_copies_before_unpinning(registry, producers,
     while waiting and time.monotonic() < deadline:
         step(sched, w, cache, waiting)
     assert standin.copies == 1 and standin.copied == 0
-    base, size = w._consumer.arena()
+    base, size = w._worker._consumer.arena()
     w.shutdown()
     assert standin.copied == 1  # drained before anything was closed
     cache.clear()
@@ -353,7 +353,7 @@ def test_saves_commit_once_their_copies_completed(registry, standin):
     reg = registry()
     w = ECXConnector(gpu_config(reg.url, role="ec_producer"),
                      ECConnectorRole.WORKER)
-    assert w._saves is not None and w._producer._cuda_pinned
+    assert w._worker._saves is not None and w._worker._producer._cuda_pinned
     client = ecx.Client(reg.url, token="tok")
     h = steps.mm_hash("saved-0")
     src = standin.tensor(steps.expected(h))
@@ -365,7 +365,7 @@ def test_saves_commit_once_their_copies_completed(registry, standin):
     time.sleep(0.3)
     # The copy waits for the compute stream: nothing is published yet.
     assert client.lookup([h])[0] is None
-    assert w._saves.pending == 1 and standin.copied == 0
+    assert w._worker._saves.pending == 1 and standin.copied == 0
     busy.set()
     deadline = time.monotonic() + 5
     while client.lookup([h])[0] is None and time.monotonic() < deadline:
@@ -412,12 +412,12 @@ def test_each_rank_uses_its_own_gpu(registry, standin, caplog):
     standin.index = 1  # this rank's device
     w = ECXConnector(gpu_config(reg.url, device="cuda:0"),
                      ECConnectorRole.WORKER)
-    assert w._buffer_device == torch.device("cuda", 1)
+    assert w._worker._buffer_device == torch.device("cuda", 1)
     assert "runs on cuda:1" in caplog.text
     w.shutdown()
     w = ECXConnector(gpu_config(reg.url, device="cuda"),
                      ECConnectorRole.WORKER)
-    assert w._buffer_device == torch.device("cuda", 1)
+    assert w._worker._buffer_device == torch.device("cuda", 1)
     w.shutdown()
 
 
@@ -429,7 +429,7 @@ def test_cpu_buffers_are_refused_where_the_model_runs_on_cuda(registry):
         ECXConnector(cfg, ECConnectorRole.WORKER)
     cfg.device_config = types.SimpleNamespace(device_type="cpu")
     w = ECXConnector(cfg, ECConnectorRole.WORKER)
-    assert w._buffer_device == torch.device("cpu") and w._copies is None
+    assert w._worker._buffer_device == torch.device("cpu") and w._worker._copies is None
     w.shutdown()
 
 
@@ -447,7 +447,7 @@ def test_cuda_without_a_device_fails_the_start(registry, monkeypatch):
     reg = registry()
     api = StandInCuda()
     api.available = lambda: False
-    monkeypatch.setattr(ecx.vllm, "_device_api", lambda: api)
+    monkeypatch.setattr(ecx.vllm.worker, "_device_api", lambda: api)
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         ECXConnector(gpu_config(reg.url), ECConnectorRole.WORKER)
 

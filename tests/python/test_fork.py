@@ -77,9 +77,10 @@ def test_inherited_handles_are_refused_in_the_child(pair):
                 lines.append(f"{name}: {'ok' if ok else e}")
         # The C library refuses too, when Python's check is passed by:
         # the load's items are left alone.
-        arr = (ecx._Item * 1)()
-        rc = ecx._consumer_load(c._h, arr, 1)
-        detail = ecx._last_error().decode()
+        from ecx import _cdefs
+        arr = (_cdefs.ecx_item * 1)()
+        rc = _cdefs.ecx_consumer_load(c._h, arr, 1)
+        detail = _cdefs.ecx_last_error().decode()
         lines.append(f"c: {rc} " + ("ok" if want in detail else detail))
         c.close()  # forgets the parent's consumer, touches nothing
         p.close()

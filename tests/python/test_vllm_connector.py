@@ -60,7 +60,7 @@ PRODUCER = textwrap.dedent("""
     w = ECXConnector(cfg, ECConnectorRole.WORKER)
     for h in t.ITEMS:
         w.save_caches({{h: t.expected(h)}}, h)
-    print("ready", w._producer.registry_port, flush=True)
+    print("ready", w._worker._producer.registry_port, flush=True)
     sys.stdin.read()
     w.shutdown()
 """)
@@ -190,7 +190,7 @@ def test_has_cache_item_is_cheap_and_persistent(producer):
     per_call = (time.monotonic() - t0) / 600
     assert per_call < 0.01  # a bound, not a benchmark: see bench/
     # One persistent registry connection, reused.
-    assert sched._client.connections == 1
+    assert sched._scheduler._client.connections == 1
     assert sched.stats()["lookups"] == 401
     sched.shutdown()
 
@@ -222,7 +222,7 @@ def test_reference_keys_are_understood(producer, caplog):
 
 
 def test_sizes_take_units_and_default_from_ec_buffer_size():
-    from ecx.vllm import _Config, parse_size
+    from ecx.vllm.config import Config as _Config, parse_size
     assert parse_size("8GiB", "k") == 8 << 30
     assert parse_size("1.5 MiB", "k") == 3 << 19
     assert parse_size("2GB", "k") == 2 * 10 ** 9
@@ -260,10 +260,10 @@ def test_producer_arena_is_made_at_construction(monkeypatch):
         ec_connector_extra_config={"registry_http_port": 0,
                                    "bind_host": "127.0.0.1"}))
     w = ECXConnector(cfg, ECConnectorRole.WORKER)
-    assert w._producer is not None  # before any save_caches
-    assert w._producer.stats()["capacity"] == 3 << 20  # ec_buffer_size
+    assert w._worker._producer is not None  # before any save_caches
+    assert w._worker._producer.stats()["capacity"] == 3 << 20  # ec_buffer_size
     w.save_caches({"x": torch.ones(4)}, "x")
-    url = f"http://127.0.0.1:{w._producer.registry_port}"
+    url = f"http://127.0.0.1:{w._worker._producer.registry_port}"
     # The token came from ECX_TOKEN: a pull without it is refused.
     with ecx.Consumer(url, token="") as c:
         it = c.lookup(["x"])[0]

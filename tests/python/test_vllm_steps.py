@@ -238,7 +238,7 @@ def test_remote_items_load_in_the_background(registry, producers):
     # Each hit was leased at lookup, and released once every rank held it.
     assert st["leases"] == 24 and st["leases_released"] == 24
     # Looked up once: the waiting steps asked nobody.
-    assert sched._client.connections == 1
+    assert sched._scheduler._client.connections == 1
     assert st["bytes_remote"] == sum(expected(h).numel() * 2 for h in hashes)
     for w in workers:
         assert w.stats()["bytes_loaded"] == st["bytes_remote"]
@@ -251,8 +251,8 @@ def test_remote_items_load_in_the_background(registry, producers):
     for r in reqs + [local]:
         eng.finish(r)
     eng.step()
-    assert all(not w._held for w in workers)
-    assert not sched._items and not sched._reqs
+    assert all(not w._worker._held for w in workers)
+    assert not sched._scheduler._items and not sched._scheduler._reqs
     shutdown(sched, workers)
 
 
@@ -310,7 +310,7 @@ def test_one_rank_failing_fails_the_request(registry, producers):
     assert eng.unavailable.keys() == {"r"} and not eng.scheduled
     assert eng.unavailable["r"] < 3
     eng.step()  # the release reaches the ranks
-    assert not good._held and not bad._held
+    assert not good._worker._held and not bad._worker._held
     # Merging: held where every rank holds, failed where any failed.
     a = ECXWorkerMetadata(held={("x", 1), ("y", 2)}, failed={})
     b = ECXWorkerMetadata(held={("x", 1)}, failed={("y", 2): "EAUTH"})
@@ -392,10 +392,10 @@ def test_an_item_two_requests_share_stays_until_both_let_go(registry,
     eng.add(b)
     eng.step()  # the Engine checks b's item is in every rank's cache
     assert eng.scheduled["b"] == eng.steps
-    assert all(w._held for w in workers)
+    assert all(w._worker._held for w in workers)
     eng.finish(b)
     eng.step()
-    assert all(not w._held for w in workers) and not sched._items
+    assert all(not w._worker._held for w in workers) and not sched._scheduler._items
     shutdown(sched, workers)
 
 

@@ -1,0 +1,156 @@
+"""ECXConnector: vLLM's EC connector on ecx.
+
+Start vLLM with
+
+    --ec-transfer-config '{"ec_connector": "ECXConnector",
+      "ec_connector_module_path": "ecx.vllm", "ec_role": "ec_producer",
+      "ec_connector_extra_config": {"registry_http_port": 9018}}'
+
+on an encoder instance, and with "ec_role": "ec_consumer" and
+{"remote_registry_url": "http://ENCODER:9018"} on a prefill instance.
+../../docs/vllm.md has the full guide, every key, and the mapping of the
+reference connector's keys.
+
+The producer keeps encoder outputs in an arena registered once (LRU
+eviction, pins while a pull reads) and publishes them to an HTTP registry
+whose GET /ec/info/{mm_hash} is the reference's.
+
+On today's vLLM (a base class with ensure_cache_available) a consumer never
+blocks a step and never ends the engine: the scheduler looks a request's
+items up once (one batched call, ecx.Client), defers the request while its
+workers pull them in the background into their receive arenas, reports
+what every rank holds back through the worker metadata, and reports a
+request it cannot serve through take_unavailable_requests. start_load_caches
+then only hands the tensors over (zero copy on the CPU).
+
+On an older vLLM (no such hooks) it works as before: has_cache_item asks
+the registry, start_load_caches loads the step's items in one batched call
+and raises RuntimeError naming each item that failed.
+
+The package: config (ec_connector_extra_config), metadata (what travels
+between scheduler and workers), scheduler (today's flow), scheduler_sync
+(the synchronous flow), leases (the scheduler's leases), worker (pulls,
+saves, device copies). ECXConnector picks its parts at construction and
+hands each hook to one of them.
+"""
+import logging
+
+from vllm.distributed.ec_transfer.ec_connector.base import (
+    ECConnectorBase, ECConnectorMetadata, ECConnectorRole)
+
+from .config import (VLLM_HAS_ASYNC_HOOKS, Config, parse_size,  # noqa: F401
+                     rank, tp_size)
+from .metadata import (Counters, ECXConnectorMetadata,  # noqa: F401
+                       ECXConnectorStats, ECXLoadSpec, ECXWorkerMetadata)
+from .scheduler import AsyncScheduler, Scheduler
+from .scheduler_sync import SyncScheduler
+from .worker import NoWorker, Worker
+
+logger = logging.getLogger("ecx.vllm")
+
+__all__ = ["ECXConnector", "ECXConnectorMetadata", "ECXWorkerMetadata",
+           "ECXLoadSpec", "ECXConnectorStats", "VLLM_HAS_ASYNC_HOOKS",
+           "parse_size"]
+
+_ROLES = ("ec_producer", "ec_consumer", "ec_both")
+
+
+class ECXConnector(ECConnectorBase):
+    """vLLM EC connector on ecx (see the package's docstring): the
+    scheduler's part (today's flow, the synchronous one, or none) and the
+    worker's (or none), chosen here; every hook is one of theirs."""
+
+    def __init__(self, vllm_config, role: ECConnectorRole):
+        cfg = vllm_config.ec_transfer_config
+        if cfg is None:
+            raise ValueError("ECXConnector needs ec_transfer_config")
+        if cfg.ec_role not in _ROLES:
+            raise ValueError(f"ECXConnector: unknown ec_role "
+                             f"{cfg.ec_role!r}; expected one of {_ROLES}")
+        super().__init__(vllm_config=vllm_config, role=role)
+        self._role = role
+        self._cfg = Config(cfg.ec_connector_extra_config,
+                           getattr(cfg, "ec_buffer_size", None))
+        if self.is_consumer and not self._cfg.registry:
+            raise ValueError(
+                "an ec_consumer with ECXConnector needs "
+                "ec_connector_extra_config['remote_registry_url'] (one URL, "
+                "a list, or a comma-separated string)")
+        self._stats = Counters()
+        self._rank = rank(vllm_config)
+        tp = tp_size(vllm_config)
+        sched = Scheduler
+        if role == ECConnectorRole.SCHEDULER and self.is_consumer:
+            sched = AsyncScheduler if self._cfg.async_load else SyncScheduler
+        self._scheduler = sched(self._cfg, self._stats, tp)
+        self._worker = NoWorker()
+        if role == ECConnectorRole.WORKER:
+            self._worker = Worker(vllm_config, cfg, self._cfg, self._stats,
+                                  self._rank, tp, self.is_producer,
+                                  self.is_consumer,
+                                  bool(self._cfg.async_load))
+
+    # ---- worker side ----
+
+    def save_caches(self, encoder_cache: dict, mm_hash: str,
+                    **kwargs) -> None:
+        self._worker.save_caches(encoder_cache, mm_hash, **kwargs)
+
+    def start_load_caches(self, encoder_cache: dict, **kwargs) -> None:
+        self._worker.start_load_caches(self._get_connector_metadata,
+                                       encoder_cache, **kwargs)
+
+    def build_connector_worker_meta(self):
+        return self._worker.build_connector_worker_meta(
+            self._connector_metadata)
+
+    # ---- scheduler side ----
+
+    def has_cache_item(self, identifier: str) -> bool:
+        return self._scheduler.has_cache_item(identifier)
+
+    def ensure_cache_available(self, request, num_computed_tokens: int
+                               ) -> bool:
+        return self._scheduler.ensure_cache_available(request,
+                                                      num_computed_tokens)
+
+    def take_unavailable_requests(self) -> set:
+        return self._scheduler.take_unavailable_requests()
+
+    def update_state_after_alloc(self, request, index: int) -> None:
+        self._scheduler.update_state_after_alloc(request, index)
+
+    def update_state_after_free(self, request, index: int):
+        self._scheduler.update_state_after_free(request, index)
+
+    def build_connector_meta(self, scheduler_output) -> ECConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request):
+        return self._scheduler.request_finished(request)
+
+    # ---- both ----
+
+    def get_ec_connector_stats(self):
+        data = self._stats.take_interval()
+        return ECXConnectorStats(data=data) if data else None
+
+    @classmethod
+    def build_ec_connector_stats(cls, data=None):
+        return ECXConnectorStats(data=dict(data or {}))
+
+    def stats(self) -> dict:
+        """Counters since start (lookups, pulls, bytes, failures, seconds
+        waited), of this instance."""
+        return dict(self._stats.total)
+
+    def shutdown(self):
+        if self._stats.total:
+            logger.info("ECXConnector %s: %s",
+                        "scheduler" if self._role == ECConnectorRole.SCHEDULER
+                        else f"worker rank {self._rank}", self._stats.line())
+        self._worker.shutdown()
+        self._scheduler.shutdown()

@@ -1,0 +1,166 @@
+"""ec_connector_extra_config: its keys, their defaults and checks, and what
+the connector reads of vLLM's config (ranks, devices)."""
+import logging
+import re
+from typing import Optional
+
+import torch
+
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorBase
+
+logger = logging.getLogger("ecx.vllm")
+
+_ROLES = ("ec_producer", "ec_consumer", "ec_both")
+
+# True where vLLM's scheduler calls ensure_cache_available and friends.
+VLLM_HAS_ASYNC_HOOKS = all(
+    hasattr(ECConnectorBase, n) for n in
+    ("ensure_cache_available", "take_unavailable_requests",
+     "build_connector_worker_meta"))
+
+
+# ---- configuration ---------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1,
+          "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
+          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+
+
+def parse_size(value, key="size"):
+    """Bytes from an int, a float, or a string with a unit: B, KiB, MiB,
+    GiB, TiB (and K, M, G, T: binary, as the ecx command line reads them)
+    or KB, MB, GB, TB (decimal). "8GiB", "1.5 GB", 1 << 30. Raises
+    ValueError naming key otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: expected a size, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"{key}: a size cannot be negative ({value!r})")
+        return int(value)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*"
+                         r"([A-Za-z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(
+        f"{key}: {value!r} is not a size: write bytes (an integer) or a "
+        f"number with a unit, B, KiB, MiB, GiB, TiB or KB, MB, GB, TB "
+        f"(\"8GiB\")")
+
+
+def _check_urls(urls, key):
+    for u in urls.split(","):
+        u = u.strip()
+        if not (u.startswith("http://") or u.startswith("redis://")):
+            raise ValueError(
+                f"ECXConnector: ec_connector_extra_config[{key!r}] has "
+                f"{u!r}, which is not a registry URL: write "
+                f"http://HOST:PORT or redis://HOST:PORT[/DB]")
+
+
+_KEYS = {"remote_registry_url", "registry", "registry_http_port",
+         "capacity_bytes", "recv_capacity_bytes", "token", "timeout_ms",
+         "bind_host", "advertise_host", "transport", "mooncake_protocol",
+         "load_timeout_s", "async_load", "log_interval_s", "lease_ms",
+         "lease_max_ms", "lease_share_pct"}
+
+
+class Config:
+    """ec_connector_extra_config, with the reference's keys kept; sizes
+    default from vLLM's ec_buffer_size."""
+
+    def __init__(self, extra: dict, buffer_size=None):
+        extra = dict(extra or {})
+        key = "remote_registry_url" if extra.get("remote_registry_url") \
+            else "registry"
+        urls = extra.get(key)
+        if isinstance(urls, (list, tuple)):
+            urls = ",".join(urls)
+        if urls:
+            _check_urls(urls, key)
+        # http://HOST:PORT or redis://HOST:PORT[/DB], one or several.
+        self.registry: Optional[str] = urls or None
+        self.registry_http_port = int(extra.get("registry_http_port", 9018))
+        default = parse_size(buffer_size if buffer_size is not None
+                             else 1e9, "ec_buffer_size")
+        self.capacity_bytes = parse_size(
+            extra.get("capacity_bytes", default), "capacity_bytes")
+        # The worker's receive arena: loads land in it (registered once,
+        # shared-memory mapped) while it has room, in fresh tensors after.
+        self.recv_capacity_bytes = parse_size(
+            extra.get("recv_capacity_bytes", default), "recv_capacity_bytes")
+        self.token = extra.get("token")  # None: ECX_TOKEN
+        self.timeout_ms = int(extra.get("timeout_ms", 5000))
+        self.bind_host = extra.get("bind_host", "0.0.0.0")
+        self.advertise_host = extra.get("advertise_host")
+        self.transport = extra.get("transport")
+        self.load_timeout_s = float(extra.get("load_timeout_s", 30))
+        # The scheduler's lookups lease what they find (ecx's "a hit will
+        # load": the producer pins it until every rank has it, the request
+        # is freed, or this many ms pass); 0 turns leases off.
+        self.lease_ms = int(extra.get("lease_ms", 30000))
+        if self.lease_ms < 0:
+            raise ValueError("ECXConnector: lease_ms is 0 (no leases) or "
+                             f"more, not {self.lease_ms}")
+        # A producer's bounds on leases: the longest it grants, and the
+        # share of its arena leased items may take (None: ecx's defaults,
+        # 30 s and 50 %).
+        self.lease_max_ms = extra.get("lease_max_ms")
+        self.lease_share_pct = extra.get("lease_share_pct")
+        self.log_interval_s = float(extra.get("log_interval_s", 60))
+        mode = extra.get("async_load", "auto")
+        if mode not in ("auto", True, False):
+            raise ValueError("ECXConnector: async_load is \"auto\", true or "
+                             f"false, not {mode!r}")
+        self.async_load = VLLM_HAS_ASYNC_HOOKS if mode == "auto" else mode
+        if self.async_load and not VLLM_HAS_ASYNC_HOOKS:
+            raise ValueError("ECXConnector: async_load needs a vLLM whose "
+                             "EC connector base has ensure_cache_available")
+        proto = extra.get("mooncake_protocol")
+        if proto is not None and self.transport is None:
+            # The reference's transport choice: TCP maps over; RDMA is
+            # UCX's to pick ("auto") where UCX has it.
+            if proto == "tcp":
+                self.transport = "tcp"
+            else:
+                logger.warning("ECXConnector: mooncake_protocol=%r is "
+                               "mapped to transport 'auto' (UCX picks "
+                               "shared memory, RDMA or TCP)", proto)
+        unknown = set(extra) - _KEYS
+        if unknown:
+            logger.warning("ECXConnector: ignoring unknown "
+                           "ec_connector_extra_config keys %s",
+                           sorted(unknown))
+
+
+def tp_size(vllm_config) -> int:
+    pc = getattr(vllm_config, "parallel_config", None)
+    return max(1, int(getattr(pc, "tensor_parallel_size", 1) or 1))
+
+
+def model_device_type(vllm_config):
+    """The device type the model runs on, from vLLM's device_config
+    ("cuda", "cpu", ...), or None where the config does not say."""
+    dc = getattr(vllm_config, "device_config", None)
+    kind = getattr(dc, "device_type", None)
+    if not kind:
+        kind = getattr(getattr(dc, "device", None), "type", None)
+    return str(kind) if kind else None
+
+
+def rank(vllm_config) -> int:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    pc = getattr(vllm_config, "parallel_config", None)
+    return int(getattr(pc, "rank", 0) or 0)
+
+
+def first_rank() -> bool:
+    """True on the first tensor-parallel rank (or outside torch.distributed):
+    the ranks of an encoder instance compute the same outputs."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return True

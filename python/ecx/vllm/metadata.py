@@ -1,0 +1,139 @@
+"""What travels between the scheduler and its workers (load specs, the
+step's metadata both ways), and the connector's counters."""
+import logging
+import time
+from dataclasses import dataclass, field
+
+from vllm.distributed.ec_transfer.ec_connector.base import (
+    ECConnectorMetadata)
+
+import ecx
+
+try:  # today's vLLM
+    from vllm.distributed.ec_transfer.ec_connector.base import (
+        ECConnectorWorkerMetadata)
+except ImportError:  # an older vLLM: the connector never builds one
+    ECConnectorWorkerMetadata = object
+try:
+    from vllm.distributed.ec_transfer.ec_connector.metrics import (
+        ECConnectorStats)
+except ImportError:
+    ECConnectorStats = None
+
+
+logger = logging.getLogger("ecx.vllm")
+
+
+@dataclass
+class ECXLoadSpec:
+    """One item for a worker to load (pickled from scheduler to worker).
+    attempt tells a fresh pull of an id from an older one. leases: in the
+    synchronous flow, the item's leases, one per tensor-parallel rank: a
+    rank's pull names its own, which ends it."""
+    mm_hash: str
+    num_token: int
+    nbytes: int
+    shape: tuple
+    dtype: str
+    producer_zmq: str
+    epoch: int = 0
+    attempt: int = 0
+    leases: tuple = ()
+
+    def item(self, rank=None) -> ecx.Item:
+        """The item to load; with rank, naming that rank's lease."""
+        lease = self.leases[rank % len(self.leases)] \
+            if rank is not None and self.leases else 0
+        return ecx.Item(self.mm_hash, self.dtype, self.shape, self.nbytes,
+                        self.producer_zmq, self.epoch, lease)
+
+    @classmethod
+    def of(cls, found: ecx.Item, attempt=0, num_token=0) -> "ECXLoadSpec":
+        return cls(mm_hash=found.id, num_token=num_token,
+                   nbytes=found.nbytes, shape=tuple(found.shape),
+                   dtype=found.dtype, producer_zmq=found.producer,
+                   epoch=found.epoch, attempt=attempt)
+
+
+@dataclass
+class ECXConnectorMetadata(ECConnectorMetadata):
+    """Scheduler -> workers, one step.
+
+    loads: items to load now, synchronously (older vLLM, or async_load
+    false). starts: items whose pulls workers start now, in the background.
+    ready: ids every rank holds that this step needs in encoder_cache.
+    releases: ids workers drop (their receive-arena space comes back once
+    vLLM's encoder cache lets go of the tensor too)."""
+    loads: list = field(default_factory=list)
+    starts: list = field(default_factory=list)
+    ready: list = field(default_factory=list)
+    releases: list = field(default_factory=list)
+
+    def add_load(self, spec: ECXLoadSpec) -> None:
+        self.loads.append(spec)
+
+
+@dataclass
+class ECXWorkerMetadata(ECConnectorWorkerMetadata):
+    """Workers -> scheduler, each step. held: (id, attempt) pairs the rank
+    holds now; failed: (id, attempt) -> why, for pulls that ended badly
+    since the last report. Merged over ranks, an item is held when every
+    rank holds it and failed when any rank failed it."""
+    held: set = field(default_factory=set)
+    failed: dict = field(default_factory=dict)
+
+    def aggregate(self, other):
+        if not isinstance(other, ECXWorkerMetadata):
+            return self
+        return ECXWorkerMetadata(held=self.held & other.held,
+                                 failed={**self.failed, **other.failed})
+
+
+_STATS_BASE = ECConnectorStats if ECConnectorStats is not None else object
+
+
+@dataclass
+class ECXConnectorStats(_STATS_BASE):
+    """Counters of an interval (sums over workers when aggregated)."""
+    data: dict = field(default_factory=dict)
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        for k, v in (getattr(other, "data", None) or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
+class Counters:
+    """Totals since start and since the last get_ec_connector_stats."""
+
+    def __init__(self):
+        self.total: dict = {}
+        self.interval: dict = {}
+        self._logged = time.monotonic()
+
+    def add(self, name, n=1):
+        self.total[name] = self.total.get(name, 0) + n
+        self.interval[name] = self.interval.get(name, 0) + n
+
+    def take_interval(self):
+        out, self.interval = self.interval, {}
+        return out
+
+    def maybe_log(self, interval_s, who):
+        now = time.monotonic()
+        if interval_s > 0 and now - self._logged >= interval_s:
+            self._logged = now
+            logger.info("ECXConnector %s: %s", who, self.line())
+
+    def line(self):
+        return ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else
+                         f"{k} {v}" for k, v in sorted(self.total.items()))

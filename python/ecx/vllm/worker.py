@@ -1,0 +1,473 @@
+"""The worker's side: the producer's saves (save_caches) and the
+consumer's pulls, in the background (today's flow: started from the step's
+metadata, settled each step, handed to vLLM's encoder cache once every rank
+holds them) or in the step (the synchronous flow); device copies through
+ecx.cuda."""
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Optional
+
+import torch
+
+import ecx
+import ecx.cuda
+
+from .config import first_rank, model_device_type
+from .metadata import ECXConnectorMetadata, ECXWorkerMetadata
+
+logger = logging.getLogger("ecx.vllm")
+
+
+class NoWorker:
+    """The worker hooks of a connector that is no worker (a scheduler's)."""
+
+    def save_caches(self, encoder_cache, mm_hash, **kwargs):
+        pass
+
+    def start_load_caches(self, get_metadata, encoder_cache, **kwargs):
+        pass
+
+    def build_connector_worker_meta(self, metadata):
+        return None
+
+    def shutdown(self):
+        pass
+
+
+class Worker(NoWorker):
+    """A worker's pulls, saves and device copies."""
+
+    def __init__(self, vllm_config, ec_cfg, cfg, stats, rank, tp,
+                 is_producer, is_consumer, async_load):
+        self._ec_cfg = ec_cfg
+        self._cfg = cfg
+        self._stats = stats
+        self._rank = rank
+        self._tp = tp
+        self._is_producer = is_producer
+        self._is_consumer = is_consumer
+        self._async = async_load
+        self._lock = threading.Lock()
+        self._producer: Optional[ecx.Producer] = None
+        self._consumer: Optional[ecx.Consumer] = None
+        self._want: dict = {}       # id -> ECXLoadSpec, pulls started
+        self._held: dict = {}       # id -> (attempt, tensor)
+        self._inflight: list = []   # (Load or Future of a Load, specs)
+        self._connected: set = set()  # producers pulled from, no handshake
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._failed_new: dict = {}
+        self._seen_meta = None
+        # Device copies (ecx.cuda): the device interface, where vLLM's
+        # tensors live, copies to it (consumer) and saves from it
+        # (producer); set at the start.
+        self._api = None
+        self._buffer_device = None
+        self._copies: Optional[ecx.cuda.ToDevice] = None
+        self._saves: Optional[ecx.cuda.Saves] = None
+        # Now, not at the first request: mapping and touching an arena of
+        # GiBs takes seconds.
+        if is_consumer:
+            self._ensure_consumer()
+        if is_producer and rank == 0:
+            self._ensure_producer()
+        self._start_device(vllm_config)
+
+    def _ensure_producer(self) -> ecx.Producer:
+        with self._lock:
+            if self._producer is None:
+                c = self._cfg
+                self._producer = ecx.Producer(
+                    capacity_bytes=c.capacity_bytes, bind_host=c.bind_host,
+                    advertise_host=c.advertise_host,
+                    registry_port=None if c.registry else
+                    c.registry_http_port,
+                    registry=c.registry, token=c.token,
+                    transport=c.transport, timeout_ms=c.timeout_ms,
+                    lease_max_ms=c.lease_max_ms,
+                    lease_share_pct=c.lease_share_pct)
+                logger.info("ECXConnector producer at %s, registry %s, "
+                            "arena %d bytes", self._producer.address,
+                            c.registry or
+                            f"embedded on port {c.registry_http_port}",
+                            c.capacity_bytes)
+            return self._producer
+
+    def _ensure_consumer(self) -> ecx.Consumer:
+        with self._lock:
+            if self._consumer is None:
+                c = self._cfg
+                self._consumer = ecx.Consumer(
+                    c.registry, token=c.token, timeout_ms=c.timeout_ms,
+                    transport=c.transport,
+                    recv_capacity=c.recv_capacity_bytes)
+            return self._consumer
+
+    def save_caches(self, encoder_cache: dict, mm_hash: str,
+                    **kwargs: Any) -> None:
+        # Every instance calls this for what it encoded; only a producer's
+        # workers keep it.
+        if not self._is_producer:
+            return
+        if not first_rank():
+            return  # tensor-parallel ranks hold the same output
+        # A CUDA tensor is copied once, from the device straight into its
+        # place in the producer's (page-locked) arena.
+        tensor = encoder_cache[mm_hash]
+        try:
+            self._save(mm_hash, tensor)
+        except Exception as e:  # noqa: BLE001 - logged, never raised
+            # An item that cannot be kept (arena full, a dtype ecx does not
+            # carry, a CUDA error) is one consumers encode again; it must
+            # not fail the encoder's request.
+            logger.warning("ECXConnector: not saving %s: %s: %s", mm_hash,
+                           type(e).__name__, e)
+
+    def _start_device(self, vllm_config) -> None:
+        """Where this worker's tensors live, and its arenas page-locked for
+        them, decided now: a bad setting or a failed pin ends the start,
+        not a step (page-locking GiBs takes seconds, logged)."""
+        model = model_device_type(vllm_config)
+        if self._is_consumer:
+            self._buffer_device = self._choose_device(model)
+            if self._buffer_device.type == "cuda":
+                self._copies = ecx.cuda.ToDevice(self._api,
+                                                 self._buffer_device)
+                cons = self._ensure_consumer()
+                if cons.arena()[1] > 0:  # recv_capacity_bytes 0: none
+                    self._pin(cons, "receive arena")
+        if self._producer is not None and model in (None, "cuda"):
+            api = self._api or _device_api()
+            if api.available():
+                self._api = api
+                self._pin(self._producer, "arena")
+                self._saves = ecx.cuda.Saves(self._producer, api,
+                                             api.current_device())
+
+    def _choose_device(self, model):
+        """The device of the tensors handed to vLLM: the CPU, or this
+        rank's current GPU whatever index ec_buffer_device names (each
+        tensor-parallel rank reads its own GPU's encoder cache)."""
+        want = torch.device(self._ec_cfg.ec_buffer_device or "cuda")
+        if want.type == "cpu":
+            if model == "cuda":
+                raise ValueError(
+                    "ECXConnector: ec_buffer_device is \"cpu\" but the model "
+                    "runs on CUDA: vLLM would merge CPU tensors from the "
+                    "encoder cache into CUDA ones; set ec_buffer_device to "
+                    "\"cuda\" (each rank then uses its own GPU)")
+            return want
+        if want.type != "cuda":
+            raise ValueError(f"ECXConnector: ec_buffer_device {str(want)!r} "
+                             f"is not supported: \"cuda\" or \"cpu\"")
+        self._api = self._api or _device_api()
+        if not self._api.available():
+            raise RuntimeError("ECXConnector: ec_buffer_device is cuda but "
+                               "CUDA is not available")
+        dev = self._api.current_device()
+        if want.index is not None and want.index != dev.index:
+            logger.warning("ECXConnector: ec_buffer_device is %s but worker "
+                           "rank %d runs on %s: its tensors go to %s",
+                           want, self._rank, dev, dev)
+        return dev
+
+    def _pin(self, handle, what) -> None:
+        t0 = time.perf_counter()
+        try:
+            ok = handle.pin_for_cuda(required=True)
+        except Exception as e:
+            raise RuntimeError(f"ECXConnector: cannot page-lock the {what} "
+                               f"for CUDA copies: {e}") from e
+        if not ok:
+            raise RuntimeError(f"ECXConnector: cannot page-lock the {what} "
+                               f"for CUDA copies: the CUDA driver is not "
+                               f"available")
+        logger.info("ECXConnector worker rank %d: the %s is page-locked for "
+                    "CUDA (%.2f s)", self._rank, what,
+                    time.perf_counter() - t0)
+
+    def _device(self):
+        if self._buffer_device is None:
+            self._buffer_device = self._choose_device(None)
+        return self._buffer_device
+
+    def _to_device(self, t, device):
+        """A loaded host tensor as vLLM reads it: itself on the CPU; on a
+        GPU, a copy made on a side stream from the page-locked receive
+        arena, which the current stream waits for (on the device) before
+        reading it. The arena range stays held until the copy has
+        completed (ecx.cuda.ToDevice, polled each step)."""
+        if device.type == "cpu":
+            return t
+        if self._copies is None:
+            self._copies = ecx.cuda.ToDevice(self._api, device)
+        return self._copies.copy([t])[0]
+
+    def _poll_copies(self) -> None:
+        if self._copies is not None:
+            self._copies.poll()
+
+    def _save(self, mm_hash, tensor) -> None:
+        """A device tensor is reserved now and committed once its copy has
+        completed (ecx.cuda.Saves, off the step); anything else is put."""
+        producer = self._ensure_producer()
+        if self._saves is not None and self._api.owns(tensor):
+            self._saves.save(mm_hash, tensor)
+        else:
+            producer.put(mm_hash, tensor)
+
+    def _new_tensor(self, cons, spec):
+        t = cons.arena_tensor(spec.item())
+        # Past the arena, a GPU's copies still come from page-locked
+        # memory (torch's own, which it keeps until they are read): one
+        # from pageable memory would wait for the copy stream in the step.
+        return t if t is not None else torch.empty(
+            tuple(spec.shape), dtype=getattr(torch, spec.dtype),
+            pin_memory=self._copies is not None and self._api.pinned_host())
+
+    def _process_metadata(self, meta) -> None:
+        """Releases and starts of a step, once per metadata object."""
+        if meta is self._seen_meta or not isinstance(
+                meta, ECXConnectorMetadata):
+            return
+        self._seen_meta = meta
+        # A copy still reading a released tensor keeps it (ToDevice).
+        for h in meta.releases:
+            self._held.pop(h, None)
+            self._want.pop(h, None)
+        if not meta.starts:
+            return
+        cons = self._ensure_consumer()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4,
+                                            thread_name_prefix="ecx-pull")
+        # One pull per producer. The first pull from a producer waits for
+        # its handshake (up to timeout_ms where it is gone), which must not
+        # hold up the step or the other producers: it starts from a thread
+        # of the pool. Pulls from producers already connected start here
+        # and return at once; they are polled, never waited for.
+        groups: dict = {}
+        for s in meta.starts:
+            self._want[s.mm_hash] = s
+            groups.setdefault(s.producer_zmq, []).append(s)
+        for producer, specs in groups.items():
+            pairs = [(s.item(), self._new_tensor(cons, s)) for s in specs]
+            self._stats.add("pulls_started")
+            if producer in self._connected:
+                try:
+                    self._inflight.append((cons.load_start(pairs), specs))
+                except (ecx.EcxError, ValueError) as e:
+                    self._inflight.append((_failed_future(e), specs))
+            else:
+                self._inflight.append(
+                    (self._pool.submit(_pull, cons, pairs), specs))
+
+    def _fail(self, spec, why):
+        if self._want.get(spec.mm_hash) is spec:
+            del self._want[spec.mm_hash]
+        self._failed_new[(spec.mm_hash, spec.attempt)] = str(why)
+        self._stats.add("items_failed")
+
+    def _settle(self, pull, specs) -> None:
+        try:
+            load = pull if isinstance(pull, ecx.Load) else pull.result()
+        except Exception as e:  # noqa: BLE001 - reported, never raised
+            self._connected.discard(specs[0].producer_zmq)
+            for s in specs:
+                if self._want.get(s.mm_hash) is s:
+                    self._fail(s, f"could not start the pull: {e}")
+            logger.warning("ECXConnector: pull of %d items from %s could "
+                           "not start: %s", len(specs),
+                           specs[0].producer_zmq, e)
+            return
+        for s, t, e in zip(specs, load.tensors, load.errors):
+            if self._want.get(s.mm_hash) is not s:
+                continue  # released, or pulled again, meanwhile
+            if e is None:
+                self._connected.add(s.producer_zmq)
+                del self._want[s.mm_hash]
+                self._held[s.mm_hash] = (s.attempt, t)
+                self._stats.add("items_loaded")
+                self._stats.add("bytes_loaded", s.nbytes)
+            else:
+                if e.name not in ("ENOTFOUND", "ESIZE"):
+                    # Its connection is suspect: the next pull from it
+                    # starts from the pool again.
+                    self._connected.discard(s.producer_zmq)
+                self._fail(s, e)
+                logger.warning("ECXConnector: pull of %s from %s failed: "
+                               "%s", s.mm_hash, s.producer_zmq, e)
+
+    def _poll(self) -> None:
+        """Settles the pulls that have ended. It waits for no pull, but a
+        load whose producer is gone tries the item's other holders as it
+        is settled (bounded by the load's deadline): that happens here,
+        in the step. Moving it off the step is left to do."""
+        still = []
+        for pull, specs in self._inflight:
+            if pull.test() if isinstance(pull, ecx.Load) else pull.done():
+                self._settle(pull, specs)
+            else:
+                still.append((pull, specs))
+        self._inflight = still
+
+    def _wait_for(self, h) -> None:
+        """Waits for the pull that brings h (bounded: a handshake and a
+        load, each within timeout_ms)."""
+        for k, (pull, specs) in enumerate(self._inflight):
+            if any(s.mm_hash == h for s in specs):
+                if isinstance(pull, ecx.Load):
+                    pull.wait()
+                else:
+                    try:
+                        pull.result(
+                            timeout=2 * self._cfg.timeout_ms / 1000 + 1)
+                    except Exception:  # noqa: BLE001 - settled below
+                        pass
+                    if not pull.done():
+                        return
+                self._settle(pull, specs)
+                del self._inflight[k]
+                return
+
+    def start_load_caches(self, get_metadata, encoder_cache: dict,
+                          **kwargs: Any) -> None:
+        if not self._is_consumer:
+            return
+        metadata = get_metadata()
+        assert isinstance(metadata, ECXConnectorMetadata)
+        self._poll_copies()  # arena ranges whose copies have completed
+        if metadata.ready and metadata is not self._seen_meta:
+            # The hand-over comes before the step's releases: an item one
+            # request lets go of may be the one another starts using.
+            self._hand_over(encoder_cache, metadata.ready)
+        self._process_metadata(metadata)
+        if metadata.loads:
+            self._load_now(encoder_cache, metadata.loads)
+        self._poll()
+
+    def _hand_over(self, encoder_cache: dict, ready: list) -> None:
+        t0 = time.perf_counter()
+        device = self._device()
+        self._poll()
+        for h in ready:
+            if h in encoder_cache:
+                continue
+            held = self._held.get(h)
+            if held is None and h in self._want:
+                self._wait_for(h)  # the scheduler says every rank holds it
+                held = self._held.get(h)
+            if held is None:
+                # Cannot happen while ranks report truthfully; vLLM then
+                # reports the cache miss itself.
+                logger.error("ECXConnector: %s was scheduled as loaded but "
+                             "rank %d does not hold it", h, self._rank)
+                continue
+            encoder_cache[h] = self._to_device(held[1], device)
+        self._stats.add("items_handed_over", len(ready))
+        self._stats.add("step_wait_s", time.perf_counter() - t0)
+
+    def _load_now(self, encoder_cache: dict, loads: list) -> None:
+        """The synchronous flow: loads the step's items, raises
+        RuntimeError naming each that failed."""
+        specs = [s for s in loads if s.mm_hash not in encoder_cache]
+        if not specs:
+            return
+        device = self._device()
+        # Loads land in host memory, in the receive arena while it has
+        # room; a GPU buffer device gets a copy.
+        cons = self._ensure_consumer()
+        outs = [self._new_tensor(cons, s) for s in specs]
+        # Each pull names this rank's lease, and so ends it.
+        items = [s.item(self._rank % self._tp) for s in specs]
+        errors = cons.load_into(list(zip(items, outs)))
+        self._release_failed(cons, items, errors)
+        failed = [(s.mm_hash, e) for s, e in zip(specs, errors)
+                  if e is not None]
+        for s, t, e in zip(specs, outs, errors):
+            if e is None:
+                encoder_cache[s.mm_hash] = self._to_device(t, device)
+                self._stats.add("items_loaded")
+                self._stats.add("bytes_loaded", s.nbytes)
+        if failed:
+            self._stats.add("items_failed", len(failed))
+            raise RuntimeError(
+                f"ECXConnector: {len(failed)} of {len(specs)} encoder "
+                f"outputs could not be loaded: " +
+                "; ".join(f"{h}: {e}" for h, e in failed[:4]))
+
+    @staticmethod
+    def _release_failed(cons, items, errors) -> None:
+        """Ends the leases of the loads that failed (the pulls of the
+        others ended theirs)."""
+        left = [it for it, e in zip(items, errors)
+                if e is not None and it.lease]
+        if left:
+            try:
+                cons.release(left)
+            except ecx.EcxError as e:
+                logger.warning("ECXConnector: releasing %d leases failed "
+                               "(they expire): %s", len(left), e)
+
+    def build_connector_worker_meta(self, metadata):
+        if not self._is_consumer or not self._async:
+            return None
+        if metadata is not None:
+            self._process_metadata(metadata)
+        self._poll()
+        self._poll_copies()
+        failed, self._failed_new = self._failed_new, {}
+        self._stats.maybe_log(self._cfg.log_interval_s,
+                              f"worker rank {self._rank}")
+        # Always an object, so a rank holding nothing is not skipped
+        # when ranks are merged.
+        return ECXWorkerMetadata(
+            held={(h, a) for h, (a, _) in self._held.items()},
+            failed=failed)
+
+    def shutdown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # pulls end within timeouts
+            self._pool = None
+        for pull, _ in self._inflight:
+            if isinstance(pull, ecx.Load):
+                pull.wait()
+        self._inflight = []
+        # Device copies end before the arenas are unpinned and unmapped:
+        # the receive arena's copies to the GPU, the producer's saves
+        # (committed, or left reserved after their bound).
+        if self._copies is not None:
+            self._copies.drain()
+        if self._saves is not None:
+            left = self._saves.close()
+            if left:
+                logger.warning("ECXConnector: %d saves still copying at "
+                               "shutdown were dropped", left)
+            self._saves = None
+        self._held.clear()
+        with self._lock:
+            for h in (self._producer, self._consumer):
+                if h is not None:
+                    h.close()
+            self._producer = self._consumer = None
+
+
+def _failed_future(e):
+    f = Future()
+    f.set_exception(e)
+    return f
+
+
+def _pull(cons, pairs):
+    """Starts a load and waits for its end (in a pool thread; ctypes lets
+    the GIL go while libecx waits)."""
+    load = cons.load_start(pairs)
+    load.wait()
+    return load
+
+
+def _device_api():
+    """The device interface of the worker's copies (ecx.cuda.TorchCuda;
+    tests put a stand-in here)."""
+    return ecx.cuda.TorchCuda()
