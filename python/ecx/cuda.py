@@ -35,6 +35,10 @@ import sys
 import threading
 import time
 
+from . import _torch_cuda
+
+TorchCuda = _torch_cuda.TorchCuda  # the device interface on torch.cuda
+
 logger = logging.getLogger("ecx")
 
 CUDA_SUCCESS = 0
@@ -296,68 +300,6 @@ def _current_ordinal():
 # ---- streams, events, copies ----------------------------------------------
 
 
-class TorchCuda:
-    """The device interface of ToDevice and Saves, on torch.cuda. A test
-    gives them a stand-in with these methods instead."""
-
-    def __init__(self):
-        import torch
-        self._torch = torch
-
-    def available(self):
-        return self._torch.cuda.is_available()
-
-    def current_device(self):
-        """This rank's device (vLLM sets it per worker before the
-        connector starts)."""
-        t = self._torch
-        return t.device("cuda", t.cuda.current_device())
-
-    def device_count(self):
-        return self._torch.cuda.device_count()
-
-    def owns(self, tensor):
-        """True for a tensor on a CUDA device."""
-        return getattr(tensor, "is_cuda", False)
-
-    def pinned_host(self):
-        """Whether host tensors can be made page-locked (pin_memory)."""
-        return True
-
-    def new_stream(self, device):
-        return self._torch.cuda.Stream(device)
-
-    def current_stream(self, device):
-        return self._torch.cuda.current_stream(device)
-
-    def record(self, stream):
-        ev = self._torch.cuda.Event()
-        ev.record(stream)
-        return ev
-
-    def done(self, event):
-        return event.query()
-
-    def wait(self, stream, event):
-        """stream waits for event, on the device; the CPU goes on."""
-        stream.wait_event(event)
-
-    def synchronize(self, event):
-        event.synchronize()
-
-    def to_device(self, t, device, stream):
-        with self._torch.cuda.stream(stream):
-            return t.to(device, non_blocking=True)
-
-    def to_host(self, dst, src, stream):
-        with self._torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-
-    def keep_for(self, t, stream):
-        """t's device memory is not reused before stream's work so far."""
-        t.record_stream(stream)
-
-
 class ToDevice:
     """Copies host tensors to a device on a side stream (see the module's
     docstring): copy() returns the device tensors, poll() lets go of the
@@ -422,6 +364,10 @@ class Saves:
         self._cv = threading.Condition()
         self._thread = None
         self._stop = False
+        # Set by a close that gave up waiting, under _commit_lock: no
+        # commit runs after it (the producer is destroyed next).
+        self._abandoned = False
+        self._commit_lock = threading.Lock()
         self.committed = 0
         self.failed = 0
 
@@ -461,6 +407,7 @@ class Saves:
             return len(self._queue)
 
     def _run(self):
+        self._api.use_device(self._device)
         while True:
             with self._cv:
                 while not self._queue and not self._stop:
@@ -469,13 +416,19 @@ class Saves:
                     return
                 ev, id, _, _ = self._queue[0]
             while not self._api.done(ev):
+                if self._abandoned:
+                    return
                 time.sleep(self._poll_s)
-            try:
-                self._producer.commit(id)
-                self.committed += 1
-            except Exception as e:  # noqa: BLE001 - logged; never raised
-                self.failed += 1
-                logger.warning("ECXConnector: not saving %s: %s", id, e)
+            with self._commit_lock:
+                if self._abandoned:
+                    return
+                try:
+                    self._producer.commit(id)
+                    self.committed += 1
+                except Exception as e:  # noqa: BLE001 - logged, not raised
+                    self.failed += 1
+                    logger.warning("ECXConnector: not saving %s: %s", id,
+                                   e)
             with self._cv:
                 self._queue.popleft()
                 self._ids.discard(id)
@@ -484,10 +437,14 @@ class Saves:
     def close(self, timeout_s=10.0):
         """Commits what is queued, waiting at most timeout_s for its
         copies, and stops the thread; returns how many saves were still
-        queued then (their room stays reserved: the producer is closing)."""
+        queued then (their room stays reserved: the producer is closing).
+        Past timeout_s no commit runs any more, so the producer can go."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                with self._commit_lock:
+                    self._abandoned = True
         return self.pending

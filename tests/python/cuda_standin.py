@@ -75,6 +75,9 @@ class StandInCuda:
     def device_count(self):
         return self.count
 
+    def use_device(self, device):
+        self.used_device = device
+
     def owns(self, tensor):
         return getattr(tensor, "_standin", False)
 

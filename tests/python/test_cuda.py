@@ -507,3 +507,25 @@ def test_threads_left():
     gc.collect()
     assert not [t for t in threading.enumerate()
                 if t.name == "ecx-commit" and t.is_alive()]
+
+
+def test_a_close_that_gives_up_commits_nothing_after(registry, standin):
+    # shutdown destroys the producer once Saves.close returns: a commit
+    # after it would use a freed producer.
+    reg = registry()
+    w = ECXConnector(gpu_config(reg.url, role="ec_producer"),
+                     ECConnectorRole.WORKER)
+    saves = w._worker._saves
+    h = steps.mm_hash("late-0")
+    busy = standin.busy()  # its copy waits for the compute stream
+    w.save_caches({h: standin.tensor(steps.expected(h))}, h)
+    assert saves.close(timeout_s=0.2) == 1
+    busy.set()
+    deadline = time.monotonic() + 2
+    while standin.copied == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert standin.copied == 1 and saves.committed == 0
+    # The commit thread ran on the saving device, not on device 0.
+    assert standin.used_device == w._worker._saves._device
+    w.shutdown()
