@@ -14,19 +14,18 @@
 
 #define MOD "redis"
 
-int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
-                            const ecx_entry *entries, size_t n, char *why,
-                            size_t whylen)
+/* Writes entries[i] as ids[i] for each i where which is NULL or which[i],
+ * in one pipeline (one round trip), each with its own TTL or the store's;
+ * *written: how many. The replies of what was sent are read even after a
+ * failure. Called with r->lock, connected (rc: rs_connect's). */
+static int rs_put_many(redis_store *r, int rc, const char *const *ids,
+                       const ecx_entry *entries, const bool *which, size_t n,
+                       size_t *written, char *why, size_t whylen)
 {
-	redis_store *r = rs_of(s);
-	if (r == NULL || n == 0)
-		return 0;
-	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	/* One round trip for all of them: a pipeline of SETs, which also puts
-	 * back what a restarted (emptied) Redis lost. */
 	size_t sent = 0;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
+		if (which != NULL && !which[i])
+			continue;
 		char *json = ecx_entry_encode(&entries[i]);
 		if (json == NULL) {
 			rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
@@ -40,12 +39,28 @@ int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
 			sent++;
 		free(json);
 	}
-	/* The replies of what was sent are read even after a failure. */
 	if (r->ctx != NULL && sent > 0) {
 		int rr = rs_replies(r, 3 * sent, why, whylen);
 		if (rc == 0)
 			rc = rr;
 	}
+	*written = sent;
+	return rc;
+}
+
+int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
+                            const ecx_entry *entries, size_t n, char *why,
+                            size_t whylen)
+{
+	redis_store *r = rs_of(s);
+	if (r == NULL || n == 0)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	int rc = rs_connect(r, why, whylen);
+	/* One round trip for all of them, which also puts back what a
+	 * restarted (emptied) Redis lost. */
+	size_t sent;
+	rc = rs_put_many(r, rc, ids, entries, NULL, n, &sent, why, whylen);
 	pthread_mutex_unlock(&r->lock);
 	return rc;
 }
@@ -88,28 +103,8 @@ int ecx_store_redis_restore(ecx_store *s, const char *const *ids,
 			gone[i / 2] = true;
 		freeReplyObject(rep);
 	}
-	size_t put = 0;
-	for (size_t i = 0; rc == 0 && i < n; i++) {
-		if (!gone[i])
-			continue;
-		char *json = ecx_entry_encode(&entries[i]);
-		if (json == NULL) {
-			rc = ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
-			break;
-		}
-		int ttl =
-		    entries[i].ttl_s > 0 ? (int)entries[i].ttl_s : r->ttl_s;
-		if (rs_append_put(r, ids[i], &entries[i], json, ttl) != 0)
-			rc = rs_fail(r, NULL, why, whylen);
-		else
-			put++;
-		free(json);
-	}
-	if (r->ctx != NULL && put > 0) {
-		int rr = rs_replies(r, 3 * put, why, whylen);
-		if (rc == 0)
-			rc = rr;
-	}
+	size_t put;
+	rc = rs_put_many(r, rc, ids, entries, gone, n, &put, why, whylen);
 	pthread_mutex_unlock(&r->lock);
 	free(gone);
 	if (rc == 0)
