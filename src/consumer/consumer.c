@@ -138,7 +138,7 @@ fail:
 
 void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
 {
-	if (ecx_forked(c->pid, "consumer")) {
+	if (c != NULL && ecx_forked(c->pid, "consumer")) {
 		memset(out, 0, sizeof(*out));
 		return;
 	}
@@ -152,7 +152,7 @@ void ecx_consumer_destroy(ecx_consumer *c)
 	if (c == NULL)
 		return;
 	/* In a forked child: the parent's state, left as it is (leaked). */
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return;
 	if (c->hooked)
 		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,

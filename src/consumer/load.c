@@ -33,7 +33,7 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
                            uint64_t lease_ms)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	char why[256];
 	if (n == 0)
@@ -73,7 +73,7 @@ static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
 int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
                               int lease_ms)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	if (lease_ms < 0)
 		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
@@ -88,7 +88,7 @@ int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
 
 int ecx_consumer_release(ecx_consumer *c, ecx_item *items, size_t n)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	char why[256];
 	if (c == NULL || (items == NULL && n > 0))
@@ -434,7 +434,7 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                             ecx_load **out)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	return cons_load_start(
 	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u,
@@ -451,7 +451,7 @@ static bool load_done(ecx_load *l)
 
 int ecx_load_test(ecx_load *l)
 {
-	if (ecx_forked(l->c->pid, "consumer"))
+	if (l != NULL && ecx_forked(l->c->pid, "consumer"))
 		return ECX_EFORK;
 	ecx_ucx_progress(l->c->ucx);
 	cons_pconns_watch(l->c, false);
@@ -629,7 +629,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 
 int ecx_load_wait(ecx_load *l)
 {
-	if (ecx_forked(l->c->pid, "consumer"))
+	if (l != NULL && ecx_forked(l->c->pid, "consumer"))
 		return ECX_EFORK;
 	ecx_consumer *c = l->c;
 	ecx_item *items = l->items;
@@ -662,7 +662,7 @@ int ecx_load_wait(ecx_load *l)
 
 int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	ecx_load *l;
 	int rc = cons_load_start(

@@ -228,7 +228,7 @@ uint64_t cons_span_populate(ecx_consumer *c, uint64_t lo, uint64_t hi)
 
 void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return NULL;
 	bool live = c->arena.live;
 	if (capacity != NULL)
@@ -238,7 +238,7 @@ void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity)
 
 void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return NULL;
 	uint64_t off;
 	pthread_mutex_lock(&c->lock);
@@ -268,7 +268,7 @@ void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
 
 void ecx_consumer_free(ecx_consumer *c, void *ptr)
 {
-	if (ecx_forked(c->pid, "consumer"))
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return;
 	if (c == NULL || ptr == NULL)
 		return;

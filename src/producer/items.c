@@ -239,7 +239,7 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 int ecx_producer_reserve(ecx_producer *p, const char *id,
                          const ecx_tensor_desc *desc, void **dst)
 {
-	if (ecx_forked(p->pid, "producer"))
+	if (p != NULL && ecx_forked(p->pid, "producer"))
 		return ECX_EFORK;
 	if (p == NULL || desc == NULL || dst == NULL)
 		return ecx_set_error(ECX_EINVAL, "reserve: missing argument");
@@ -256,7 +256,7 @@ static item *reserved(ecx_producer *p, const char *id)
 
 int ecx_producer_commit(ecx_producer *p, const char *id)
 {
-	if (ecx_forked(p->pid, "producer"))
+	if (p != NULL && ecx_forked(p->pid, "producer"))
 		return ECX_EFORK;
 	if (p == NULL)
 		return ecx_set_error(ECX_EINVAL, "commit: missing argument");
@@ -298,7 +298,7 @@ int ecx_producer_commit(ecx_producer *p, const char *id)
 
 int ecx_producer_cancel(ecx_producer *p, const char *id)
 {
-	if (ecx_forked(p->pid, "producer"))
+	if (p != NULL && ecx_forked(p->pid, "producer"))
 		return ECX_EFORK;
 	if (p == NULL)
 		return ecx_set_error(ECX_EINVAL, "cancel: missing argument");
@@ -317,7 +317,7 @@ int ecx_producer_cancel(ecx_producer *p, const char *id)
 
 void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity)
 {
-	if (ecx_forked(p->pid, "producer"))
+	if (p != NULL && ecx_forked(p->pid, "producer"))
 		return NULL;
 	if (capacity != NULL)
 		*capacity = p->alloc.capacity;
@@ -360,7 +360,7 @@ static void copy_into_arena(void *dst, const void *src, uint64_t n)
 static int put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
                const void *src, int *stored)
 {
-	if (ecx_forked(p->pid, "producer"))
+	if (p != NULL && ecx_forked(p->pid, "producer"))
 		return ECX_EFORK;
 	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
 		return ecx_set_error(ECX_EINVAL, "put: missing argument");
@@ -398,8 +398,10 @@ int ecx_producer_put_stored(ecx_producer *p, const char *id,
 
 int ecx_producer_remove(ecx_producer *p, const char *id)
 {
-	if (ecx_forked(p->pid, "producer"))
+	if (p != NULL && ecx_forked(p->pid, "producer"))
 		return ECX_EFORK;
+	if (p == NULL || id == NULL)
+		return ecx_set_error(ECX_EINVAL, "remove: missing argument");
 	pthread_mutex_lock(&p->lock);
 	item *it = prod_item_find(p, id);
 	if (it == NULL || !it->ready) {

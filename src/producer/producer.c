@@ -213,7 +213,7 @@ uint16_t ecx_producer_registry_port(const ecx_producer *p)
 
 void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
 {
-	if (ecx_forked(p->pid, "producer")) {
+	if (p != NULL && ecx_forked(p->pid, "producer")) {
 		memset(out, 0, sizeof(*out));
 		return;
 	}
@@ -274,7 +274,7 @@ void ecx_producer_destroy(ecx_producer *p)
 	if (p == NULL)
 		return;
 	/* In a forked child: the parent's state, left as it is (leaked). */
-	if (ecx_forked(p->pid, "producer"))
+	if (p != NULL && ecx_forked(p->pid, "producer"))
 		return;
 	pthread_mutex_lock(&p->lock);
 	p->closing = true;

@@ -491,6 +491,7 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 {
 	/* Output only: what items held before is not freed here. */
 	for (size_t i = 0; i < n; i++) {
+		items[i].found = false;
 		items[i].alt = NULL;
 		items[i].nalt = 0;
 	}
@@ -532,6 +533,13 @@ int ecx_lookup_resp_decode(const char *buf, size_t len, ecx_lookup_item *items,
 				            "lookup reply names an id that was "
 				            "not asked for");
 				goto out;
+			}
+			if (items[k].found) {
+				/* A repeated key counts once, its first value.
+				 */
+				js_span skip;
+				js_value(&it, &skip);
+				continue;
 			}
 			rc = entry_read_at(&it, &items[k].entry, why, whylen);
 			if (rc != 0)

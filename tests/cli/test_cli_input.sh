@@ -292,13 +292,15 @@ if $PY -c 'import socket; s=socket.socket(socket.AF_INET6); s.bind(("::1",0))' 2
 	check "registry --bind ::1 prints a URL: $(cat r6.out)" \
 		grep -q '^listening on http://\[::1\]:[0-9]*$' r6.out
 	for tr in auto tcp; do
+		# A file per transport: the last one's, still there, would
+		# satisfy the wait before this serve has written its own.
 		"$ECX" serve --bind ::1 --port 0 --transport "$tr" --synthetic 2 \
-			--shape 4096 --dtype bfloat16 --json >s6.json 2>s6.err &
+			--shape 4096 --dtype bfloat16 --json >"s6-$tr.json" 2>s6.err &
 		s6pid=$!
 		pids+=("$s6pid")
-		wait_for s6.json registry
-		r6=$($PY -c "import json; print(json.load(open('s6.json'))['registry'])" 2>/dev/null)
-		p6=$($PY -c "import json; print(json.load(open('s6.json'))['producer'])" 2>/dev/null)
+		wait_for "s6-$tr.json" registry
+		r6=$($PY -c "import json; print(json.load(open('s6-$tr.json'))['registry'])" 2>/dev/null)
+		p6=$($PY -c "import json; print(json.load(open('s6-$tr.json'))['producer'])" 2>/dev/null)
 		check "serve --bind ::1 ($tr): registry $r6, producer $p6" \
 			bash -c "[[ '$r6' == http://\[::1\]:* && '$p6' == tcp://\[::1\]:* ]]"
 		"$ECX" get --transport "$tr" --verify "$r6" synthetic-1 -o g6.npy \

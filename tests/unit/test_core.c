@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "core/core.h"
+#include "ecx/ecx.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -207,14 +208,35 @@ static void test_page_size(void **state)
 	assert_int_equal(ecx_page_size() & (ecx_page_size() - 1), 0);
 }
 
+/* A NULL handle is a bad argument, not a crash: the fork check each
+ * public call makes first must not read it. */
+static void test_null_handles(void **state)
+{
+	(void)state;
+	ecx_tensor_desc d = {.dtype = ECX_DTYPE_UINT8, .ndim = 1, .shape = {4}};
+	d.nbytes = 4;
+	char b[4] = {0};
+	assert_int_equal(ecx_producer_put(NULL, "a", &d, b), ECX_EINVAL);
+	assert_int_equal(ecx_producer_remove(NULL, "a"), ECX_EINVAL);
+	assert_int_equal(ecx_consumer_release(NULL, NULL, 0), ECX_EINVAL);
+	ecx_producer_destroy(NULL);
+	ecx_consumer_destroy(NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_version),   cmocka_unit_test(test_errors),
-	    cmocka_unit_test(test_id_ok),     cmocka_unit_test(test_id_bad),
-	    cmocka_unit_test(test_dtypes),    cmocka_unit_test(test_tensor),
-	    cmocka_unit_test(test_base64),    cmocka_unit_test(test_ct_equal),
-	    cmocka_unit_test(test_log_names), cmocka_unit_test(test_page_size),
+	    cmocka_unit_test(test_version),
+	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_id_ok),
+	    cmocka_unit_test(test_id_bad),
+	    cmocka_unit_test(test_dtypes),
+	    cmocka_unit_test(test_tensor),
+	    cmocka_unit_test(test_base64),
+	    cmocka_unit_test(test_ct_equal),
+	    cmocka_unit_test(test_log_names),
+	    cmocka_unit_test(test_page_size),
+	    cmocka_unit_test(test_null_handles),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

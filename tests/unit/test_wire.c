@@ -221,6 +221,20 @@ static void test_lookup(void **state)
 	    ecx_lookup_resp_decode(tw, strlen(tw), tb, 3, why, 160), 0);
 	assert_true(tb[0].found && !tb[1].found && tb[2].found);
 	free(tw);
+	/* A repeated key counts once: an answer that names one id twice and
+	 * another never leaves that other neither found nor missing. */
+	ecx_lookup_item two[2] = {{.id = "idA"}, {.id = "idB"}};
+	two[0].found = two[1].found = true;
+	two[0].entry = two[1].entry = sample_entry();
+	char *dup = ecx_lookup_resp_encode(two, 2);
+	char *b = strstr(dup, "\"idB\":");
+	assert_non_null(b);
+	b[3] = 'A';
+	ecx_lookup_item db[2] = {{.id = "idA"}, {.id = "idB"}};
+	assert_int_equal(
+	    ecx_lookup_resp_decode(dup, strlen(dup), db, 2, why, 160),
+	    ECX_EPROTO);
+	free(dup);
 	/* A reply that does not answer what was asked. */
 	ecx_lookup_item other[2] = {{.id = ID64}, {.id = "y"}};
 	assert_int_equal(
