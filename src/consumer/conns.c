@@ -107,7 +107,12 @@ static bool pconn_gone_locked(ecx_consumer *c, pconn *pc)
 {
 	if (pc->gone)
 		return true;
-	if (pc->pidfd < 0 || pc->connecting || !ecx_pid_gone(pc->pidfd))
+	if (pc->connecting)
+		return false;
+	bool gone = pc->pidfd >= 0 ? ecx_pid_gone(pc->pidfd)
+	            : pc->pid_poll ? ecx_pid_exited(pc->pid, pc->pid_start)
+	                           : false;
+	if (!gone)
 		return false;
 	pconn_dead_locked(c, pc, false);
 	return true;
@@ -303,11 +308,16 @@ static int pconn_fill(ecx_consumer *c, pconn *pc, ecx_zresp *z, uint64_t mid_ms,
 	 * so its process is watched instead. */
 	if (pc->transport == ECX_TR_SHM && z->pid != 0) {
 		pc->pid = (long)z->pid;
+		pc->pid_start = z->pid_start;
 		pc->pidfd = ecx_pid_watch(pc->pid, z->pid_start);
 		if (pc->pidfd == -2) {
 			pc->pidfd = -1;
 			dead_detail(pc->address, pc->pid, false, why, whylen);
 			return ECX_ECLOSED;
+		}
+		if (pc->pidfd == -3) {
+			pc->pidfd = -1;
+			pc->pid_poll = true;
 		}
 	}
 	return ecx_ucx_side_ep_create(c->ucx, pc->side, z->worker,

@@ -75,10 +75,13 @@ typedef struct pconn {
 	 * NULL: the consumer's worker. Set before the hello, fixed after. */
 	ecx_ucx_side *side;
 	/* Over shared memory, the producer's process (from the hello) and a
-	 * descriptor that says when it ends (ecx_pid_watch; -1: not
-	 * watched); gone once it has. */
+	 * descriptor that says when it ends (ecx_pid_watch; -1: none); where
+	 * there is no pidfd_open, pid_poll: /proc is read for it instead
+	 * (ecx_pid_exited, with its start time). gone once it has ended. */
 	long pid;
+	uint64_t pid_start;
 	int pidfd;
+	bool pid_poll;
 	bool gone;
 	struct ecx_consumer *c;
 } pconn;

@@ -140,9 +140,14 @@ void ecx_shm_domain(char *out, size_t len);
 uint64_t ecx_pid_start(long pid);
 /* ecx_pid_watch returns a descriptor (pidfd, close-on-exec, the caller's to
  * close) that ecx_pid_gone polls for the end of process pid started at
- * start; -2 when that process is gone already; -1 when it cannot be
- * watched (no pidfd_open, no start time). */
+ * start; -2 when that process is gone already; -3 when it lives but
+ * pidfd_open is not there (Linux before 5.3, valgrind): ecx_pid_exited
+ * then tells; -1 when it cannot be watched (no start time). */
 int ecx_pid_watch(long pid, uint64_t start);
+/* ecx_pid_exited says whether process pid started at start has ended
+ * (exited, or a zombie), from /proc: no longer there, another process's
+ * start time, or state Z or X. */
+bool ecx_pid_exited(long pid, uint64_t start);
 /* ecx_pid_gone says, without blocking, whether the process of a descriptor
  * from ecx_pid_watch has exited. */
 bool ecx_pid_gone(int fd);

@@ -147,29 +147,50 @@ int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
 	return 0;
 }
 
-uint64_t ecx_pid_start(long pid)
+/* Reads process pid's state letter and start time from /proc/PID/stat;
+ * false when it cannot. */
+static bool pid_stat(long pid, char *state, uint64_t *start)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return 0;
+		return false;
 	ssize_t n = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
 	if (n <= 0)
-		return 0;
+		return false;
 	buf[n] = '\0';
 	/* The command may hold spaces and parentheses: fields count from the
-	 * last ')'. Start time is field 22, the 20th after it. */
+	 * last ')'. The state is field 3, the first after it; the start time
+	 * field 22, the 20th. */
 	const char *s = strrchr(buf, ')');
-	if (s == NULL)
-		return 0;
+	if (s == NULL || s[1] != ' ' || s[2] == '\0')
+		return false;
+	*state = s[2];
 	for (int f = 0; f < 20 && s != NULL; f++)
 		s = strchr(s + 1, ' ');
 	unsigned long long v = 0;
 	if (s == NULL || sscanf(s + 1, "%llu", &v) != 1)
-		return 0;
-	return (uint64_t)v;
+		return false;
+	*start = (uint64_t)v;
+	return true;
+}
+
+uint64_t ecx_pid_start(long pid)
+{
+	char state;
+	uint64_t start = 0;
+	return pid_stat(pid, &state, &start) ? start : 0;
+}
+
+bool ecx_pid_exited(long pid, uint64_t start)
+{
+	char state = 0;
+	uint64_t now = 0;
+	if (!pid_stat(pid, &state, &now))
+		return true;
+	return now != start || state == 'Z' || state == 'X';
 }
 
 int ecx_pid_watch(long pid, uint64_t start)
@@ -177,8 +198,10 @@ int ecx_pid_watch(long pid, uint64_t start)
 	if (pid <= 0 || start == 0)
 		return -1;
 	int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+	if (fd < 0 && errno == ESRCH)
+		return -2;
 	if (fd < 0)
-		return errno == ESRCH ? -2 : -1;
+		return ecx_pid_exited(pid, start) ? -2 : -3;
 	/* Read after the descriptor is open: a start time that matches then
 	 * says the descriptor is that process's, not a later one's that got
 	 * its number. */

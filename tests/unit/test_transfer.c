@@ -1909,6 +1909,11 @@ static void test_timeout_dead_producers(void **state)
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
+	/* ECX_TEST_FILTER=test_producer_gone* runs only the tests it names
+	 * (cmocka's pattern: * and ?), e.g. under valgrind. */
+	const char *filter = getenv("ECX_TEST_FILTER");
+	if (filter != NULL && filter[0] != '\0')
+		cmocka_set_test_filter(filter);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_roundtrip_tcp),
 	    cmocka_unit_test(test_roundtrip_shm),
