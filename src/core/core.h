@@ -67,6 +67,8 @@ int ecx_why(char *why, size_t whylen, int err, const char *fmt, ...)
 
 /* ---- strings ---- */
 
+/* ecx_hex_digit is the value of hex digit c (either case), or -1. */
+int ecx_hex_digit(char c);
 /* ecx_strlcpy copies at most n-1 bytes and terminates; returns strlen(src). */
 size_t ecx_strlcpy(char *dst, const char *src, size_t n);
 

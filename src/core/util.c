@@ -5,6 +5,17 @@
 #include <time.h>
 #include <unistd.h>
 
+int ecx_hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 size_t ecx_strlcpy(char *dst, const char *src, size_t n)
 {
 	size_t len = strlen(src);

@@ -109,17 +109,6 @@ static void reg_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	*con_cls = NULL;
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* Decodes %XX in the URL in place, as libmicrohttpd would, except %00: a
  * NUL would cut the id short ("a%00b" would look up "a"), so it stays
  * encoded and the id check refuses the '%'. */
@@ -130,8 +119,8 @@ static size_t reg_unescape(void *cls, struct MHD_Connection *c, char *s)
 	char *w = s;
 	for (const char *r = s; *r != '\0'; r++) {
 		int hi, lo;
-		if (r[0] == '%' && (hi = hexval(r[1])) >= 0 &&
-		    (lo = hexval(r[2])) >= 0 && (hi | lo) != 0) {
+		if (r[0] == '%' && (hi = ecx_hex_digit(r[1])) >= 0 &&
+		    (lo = ecx_hex_digit(r[2])) >= 0 && (hi | lo) != 0) {
 			*w++ = (char)(hi << 4 | lo);
 			r += 2;
 		} else {

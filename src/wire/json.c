@@ -52,13 +52,9 @@ cJSON *ecx_json_u64(uint64_t v)
 	return cJSON_CreateRaw(s);
 }
 
-static int json_num_u64(const cJSON *n, const char *key, uint64_t *out,
-                        char *why, size_t whylen)
+int ecx_json_double_u64(double d, const char *key, uint64_t *out, char *why,
+                        size_t whylen)
 {
-	if (!cJSON_IsNumber(n))
-		return ecx_why(why, whylen, ECX_EPROTO,
-		               "\"%s\" is not a number", key);
-	double d = n->valuedouble;
 	if (!isfinite(d) || d < 0)
 		return ecx_why(why, whylen, ECX_EPROTO, "\"%s\" is negative",
 		               key);
@@ -70,6 +66,15 @@ static int json_num_u64(const cJSON *n, const char *key, uint64_t *out,
 		               "\"%s\" is out of range (at most 2^53-1)", key);
 	*out = (uint64_t)d;
 	return 0;
+}
+
+static int json_num_u64(const cJSON *n, const char *key, uint64_t *out,
+                        char *why, size_t whylen)
+{
+	if (!cJSON_IsNumber(n))
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"%s\" is not a number", key);
+	return ecx_json_double_u64(n->valuedouble, key, out, why, whylen);
 }
 
 int ecx_json_get_u64(const cJSON *o, const char *key, uint64_t *out, char *why,

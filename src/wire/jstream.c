@@ -1,8 +1,8 @@
 /* jstream.c - JSON without a tree: the direct writer and the checked
  * reader of jstream.h. */
 #include "wire/jstream.h"
+#include "wire/wire.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,17 +158,6 @@ static bool is_digit(char c)
 	return c >= '0' && c <= '9';
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* The four hex digits at q (q + 4 <= e is checked); -1 when not hex. */
 static long hex4(const char *q, const char *e)
 {
@@ -176,7 +165,7 @@ static long hex4(const char *q, const char *e)
 		return -1;
 	long v = 0;
 	for (int i = 0; i < 4; i++) {
-		int h = hexval(q[i]);
+		int h = ecx_hex_digit(q[i]);
 		if (h < 0)
 			return -1;
 		v = v << 4 | h;
@@ -621,16 +610,5 @@ int js_get_u64(js_span v, const char *key, uint64_t *out, char *why,
 		               "\"%s\" is out of range (at most 2^53-1)", key);
 	memcpy(tmp, v.p, v.n);
 	tmp[v.n] = '\0';
-	double d = strtod(tmp, NULL);
-	if (!isfinite(d) || d < 0)
-		return ecx_why(why, whylen, ECX_EPROTO, "\"%s\" is negative",
-		               key);
-	if (d != floor(d))
-		return ecx_why(why, whylen, ECX_EPROTO,
-		               "\"%s\" is not an integer", key);
-	if (d >= (double)ECX_JSON_INT_MAX)
-		return ecx_why(why, whylen, ECX_EPROTO,
-		               "\"%s\" is out of range (at most 2^53-1)", key);
-	*out = (uint64_t)d;
-	return 0;
+	return ecx_json_double_u64(strtod(tmp, NULL), key, out, why, whylen);
 }

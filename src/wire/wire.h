@@ -380,6 +380,11 @@ cJSON *ecx_json_parse(const char *buf, size_t len, size_t max, char *why,
 /* A raw integer node: cJSON's own numbers print large values in exponent
  * form. */
 cJSON *ecx_json_u64(uint64_t v);
+/* A JSON number read as a double d, as the non-negative integer below 2^53
+ * that key must hold: 0, or ECX_EPROTO with the reason (negative, not an
+ * integer, out of range). */
+int ecx_json_double_u64(double d, const char *key, uint64_t *out, char *why,
+                        size_t whylen);
 int ecx_json_get_u64(const cJSON *o, const char *key, uint64_t *out, char *why,
                      size_t whylen);
 /* Copies a string field of at most cap-1 bytes; missing or too long fails. */
