@@ -86,15 +86,52 @@ typedef struct bench_size {
 #define NSIZES 3
 extern const bench_size sizes[NSIZES]; /* 64 KiB, 1 MiB, 7 MiB */
 
-/* TCP_NODELAY on a socket (bench_transfer.c; the registry's floor too). */
+/* TCP_NODELAY on a socket (bench_peers.c; the registry's floor too). */
 void tcp_tune(int fd);
+/* The kernel's TCP buffer ceilings, as "up to S send, R receive", for a
+ * table header (bench_peers.c). */
+void tcp_limits(char *buf, size_t len);
+
+/* bench_buffers.c: the bytes of one item of size s; a pool of as many
+ * items as the producer holds of it, holding the producer's bytes; memory
+ * never touched before (fresh_map: each call maps afresh) or pre-faulted
+ * (warm_alloc); whether every page of [p, p+n) is in memory (resident,
+ * by mincore). */
+size_t size_bytes(int s);
+char *pool_alloc(int s);
+void *fresh_map(size_t n);
+void *warm_alloc(size_t n);
+bool resident(const void *p, size_t n);
+/* Loads per timed block of loads of bytes each (bench_buffers.c). */
+int block_iters(size_t bytes);
+
+/* A request to the raw TCP source: send `count` items of `bytes` from
+ * its pool, starting at item `first`. */
+typedef struct tcp_req {
+	uint64_t bytes;
+	uint32_t first, count;
+} tcp_req;
+
+/* IO_RECV: receive blocking in recv. IO_POLL: receive without sleeping,
+ * polling the socket as ecx's consumer polls its worker during a load
+ * (across the veth this moved raw TCP from 1.0 to 1.3 GB/s at 7 MiB x8,
+ * bench/two_hosts.sh); but on a 2-core machine over loopback a spinning
+ * receiver can take the core its sender needs. So the raw TCP baseline
+ * receives both ways in each repetition and counts the faster
+ * (bench_row). IO_POLL gives up after 30 s without a byte (ETIMEDOUT),
+ * as IO_RECV does on the consumer's socket (SO_RCVTIMEO, set in
+ * tcp_source_start); an end of file fails with ECONNRESET. */
+typedef enum { IO_SEND, IO_RECV, IO_POLL } io_mode;
+/* All n bytes at p sent or received on fd the way m says; false on an
+ * error or end of file (errno says which). */
+bool full_io(int fd, void *p, size_t n, io_mode m);
 
 /* ---- the benchmarks: each returns an exit code ---- */
 
 int bench_registry(void); /* bench_registry.c */
 int bench_transfer(void); /* bench_transfer.c */
 int bench_file(void);     /* bench_file.c */
-/* The transfer benchmark's child processes (bench_transfer.c), run as
+/* The transfer benchmark's child processes (bench_peers.c), run as
  * `ecx bench --producer-for-bench TRANSPORT` (serves until SIGTERM) and
  * `ecx bench --tcp-source-for-bench` (until its connection ends). */
 int bench_producer(const char *transport);
