@@ -31,15 +31,22 @@ extern "C" {
 #define ECX_VERSION_MAJOR 0
 #define ECX_VERSION_MINOR 1
 #define ECX_VERSION_PATCH 0
-#define ECX_VERSION_STRING "0.1.0"
+/* The version's one home: CMake (project version, soname, ecx.pc) and the
+ * Python binding read the three numbers above from this file. */
+#define ECX_VERSION_STR_(x) #x
+#define ECX_VERSION_XSTR_(x) ECX_VERSION_STR_(x)
+#define ECX_VERSION_STRING                                              \
+	ECX_VERSION_XSTR_(ECX_VERSION_MAJOR)                            \
+	"." ECX_VERSION_XSTR_(ECX_VERSION_MINOR) "." ECX_VERSION_XSTR_( \
+	    ECX_VERSION_PATCH)
 /* One integer that orders versions: major * 10000 + minor * 100 + patch. */
 #define ECX_VERSION_NUMBER                                     \
 	(ECX_VERSION_MAJOR * 10000 + ECX_VERSION_MINOR * 100 + \
 	 ECX_VERSION_PATCH)
 
-/* ecx_version returns the library's version string ("0.1.0"); it never
- * fails and the string is static. Compare with ECX_VERSION_STRING to detect a
- * header and library that disagree. */
+/* ecx_version returns the library's version string ("MAJOR.MINOR.PATCH"); it
+ * never fails and the string is static. Compare with ECX_VERSION_STRING to
+ * detect a header and library that disagree. */
 ECX_API const char *ecx_version(void);
 
 /* ecx_version_number returns ECX_VERSION_NUMBER of the library as built. */

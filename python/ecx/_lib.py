@@ -6,8 +6,31 @@ reaches the library through `lib` (and the prototypes of _cdefs).
 import ctypes
 import ctypes.util
 import os
+import re
 
-__version__ = "0.1.0"
+
+def _header_version():
+    """The version in the ecx.h this binding was written against.
+
+    The version lives only in include/ecx/ecx.h; in a source checkout the
+    binding reads it from there. A copy of the package without the header
+    (libecx.so next to it) takes the library's version as its own.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "..", "..", "include", "ecx", "ecx.h")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    parts = [re.search(rf"^#define ECX_VERSION_{p} (\d+)$", text, re.M)
+             for p in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        return None
+    return ".".join(m.group(1) for m in parts)
+
+
+__version__ = _header_version()
 
 
 def _candidates():
@@ -27,6 +50,7 @@ def _candidates():
 
 def load_library():
     """Loads libecx and checks that its version is this binding's."""
+    global __version__
     errors = []
     for path in _candidates():
         if os.sep in path and not os.path.exists(path):
@@ -38,7 +62,9 @@ def load_library():
             continue
         lib.ecx_version.restype = ctypes.c_char_p
         version = lib.ecx_version().decode()
-        if version != __version__:
+        if __version__ is None:
+            __version__ = version
+        elif version != __version__:
             raise ImportError(
                 f"libecx at {path} is version {version}, but this Python "
                 f"binding is {__version__}: install matching versions (or "
