@@ -114,8 +114,8 @@ typedef struct tcp_req {
 
 /* IO_RECV: receive blocking in recv. IO_POLL: receive without sleeping,
  * polling the socket as ecx's consumer polls its worker during a load
- * (across the veth this moved raw TCP from 1.0 to 1.3 GB/s at 7 MiB x8,
- * bench/two_hosts.sh); but on a 2-core machine over loopback a spinning
+ * (faster across a veth, docs/bench.md); but on a 2-core machine over
+ * loopback a spinning
  * receiver can take the core its sender needs. So the raw TCP baseline
  * receives both ways in each repetition and counts the faster
  * (bench_row). IO_POLL gives up after 30 s without a byte (ETIMEDOUT),

@@ -77,10 +77,8 @@ int bench_producer(const char *transport)
 void tcp_tune(int fd)
 {
 	/* TCP_NODELAY; socket buffers left to the kernel's autotuning, as
-	 * UCX leaves its own (UCX_TCP_SNDBUF/RCVBUF=auto). Fixed 4 MiB
-	 * buffers (the ceiling) read no better across the veth: 1.27 vs
-	 * 1.29 GB/s at 7 MiB x8, 1.42 vs 1.23 at x32, 1.82 vs 1.89 at 64 KiB
-	 * x32 (bench/two_hosts.sh). */
+	 * UCX leaves its own (UCX_TCP_SNDBUF/RCVBUF=auto); fixed 4 MiB
+	 * buffers read no better across the veth (docs/bench.md). */
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }

@@ -251,9 +251,9 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		 * consumer's arena part by part, at the first pull into each
 		 * part (producer/rkeys.c, prod_rkey_prefault): a cost once
 		 * per connection, not the cache misses a cold row measures
-		 * (without this pass 7 MiB x1 cold read 2.6 GB/s here, about
-		 * 2.4 ms more per load). Every pool is a multiple of every
-		 * batch, so pool / nb loads cover the ring. */
+		 * (docs/bench.md gives what it added). Every pool is a
+		 * multiple of every batch, so pool / nb loads cover the
+		 * ring. */
 		for (int k = 0; k < pool / nb && ok; k++)
 			ok = ecx_load_one(x, s, nb, true, false, &ns);
 	}

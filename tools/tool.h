@@ -133,7 +133,7 @@ int tool_why(char *why, size_t whylen, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* True when main set ECX_LOG for this process (the user had not): child
- * processes of the command then start without it, as before. */
+ * processes of the command then start without it. */
 extern bool tool_log_defaulted;
 
 #endif /* ECX_TOOL_H */

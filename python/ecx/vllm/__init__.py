@@ -23,7 +23,7 @@ what every rank holds back through the worker metadata, and reports a
 request it cannot serve through take_unavailable_requests. start_load_caches
 then only hands the tensors over (zero copy on the CPU).
 
-On an older vLLM (no such hooks) it works as before: has_cache_item asks
+On an older vLLM (no such hooks) it runs the synchronous flow: has_cache_item asks
 the registry, start_load_caches loads the step's items in one batched call
 and raises RuntimeError naming each item that failed.
 
