@@ -115,9 +115,8 @@ typedef struct tcp_req {
 /* IO_RECV: receive blocking in recv. IO_POLL: receive without sleeping,
  * polling the socket as ecx's consumer polls its worker during a load
  * (faster across a veth, docs/bench.md); but on a 2-core machine over
- * loopback a spinning
- * receiver can take the core its sender needs. So the raw TCP baseline
- * receives both ways in each repetition and counts the faster
+ * loopback a spinning receiver can take the core its sender needs. So the raw
+ * TCP baseline receives both ways in each repetition and counts the faster
  * (bench_row). IO_POLL gives up after 30 s without a byte (ETIMEDOUT),
  * as IO_RECV does on the consumer's socket (SO_RCVTIMEO, set in
  * tcp_source_start); an end of file fails with ECONNRESET. */
