@@ -1,7 +1,11 @@
-/* util.c - the command's own small helpers: a clock, string copies and
- * error details (the library's internal ones are not exported). */
+/* util.c - the command's own small helpers: a clock, string copies, error
+ * details (the library's internal ones are not exported), JSON output,
+ * signals and sizes for people. */
 #include "tool.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
@@ -48,4 +52,69 @@ int tool_why(char *why, size_t whylen, int err, const char *fmt, ...)
 		va_end(ap);
 	}
 	return err;
+}
+
+bool tool_json_print(cJSON *o)
+{
+	char *s = o != NULL ? cJSON_PrintUnformatted(o) : NULL;
+	cJSON_Delete(o);
+	if (s == NULL)
+		return false;
+	printf("%s\n", s);
+	cJSON_free(s);
+	return true;
+}
+
+void tool_block_signals(void)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP); /* the terminal went away: stop cleanly too */
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+int tool_wait_signal(void)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	int sig = 0;
+	sigwait(&set, &sig);
+	return sig;
+}
+
+int tool_poll_signal(int ms)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	struct timespec ts = {.tv_sec = ms / 1000,
+	                      .tv_nsec = (long)(ms % 1000) * 1000000};
+	int sig;
+	do
+		sig = sigtimedwait(&set, NULL, &ts);
+	while (sig < 0 && errno == EINTR);
+	return sig > 0 ? sig : 0;
+}
+
+const char *tool_bytes(uint64_t n, char *buf, size_t len)
+{
+	static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double v = (double)n;
+	int i = 0;
+	while (v >= 1024 && i < 4) {
+		v /= 1024;
+		i++;
+	}
+	if (i == 0)
+		snprintf(buf, len, "%llu B", (unsigned long long)n);
+	else
+		snprintf(buf, len, "%.1f %s", v, u[i]);
+	return buf;
 }

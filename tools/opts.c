@@ -1,0 +1,149 @@
+/* opts.c - the command's option parsing and its usage errors: one line on
+ * stderr naming the command, the flag and what a good value looks like. */
+#include "tool.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tool_fail(const char *cmd, int code, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "ecx %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return code;
+}
+
+int tool_opt(const char *cmd, const char *help, int c, const char *arg,
+             tool_common *t)
+{
+	switch (c) {
+	case TOOL_OPT_TOKEN:
+		t->token = arg;
+		return -1;
+	case TOOL_OPT_TIMEOUT:
+		if (!tool_parse_ms(arg, &t->timeout_ms) || t->timeout_ms == 0)
+			return tool_fail(cmd, EXIT_USAGE,
+			                 "bad --timeout '%s' (e.g. 500ms, 2s)",
+			                 arg);
+		return -1;
+	case TOOL_OPT_JSON:
+		t->json = true;
+		return -1;
+	case 'h':
+		fputs(help, stdout);
+		return EXIT_OK;
+	default: /* getopt has said which option, and what is wrong */
+		fprintf(stderr, "Run 'ecx %s --help' for its options.\n", cmd);
+		return EXIT_USAGE;
+	}
+}
+
+/* The number at the start of a size or duration: digits with at most one
+ * '.', nothing else (no sign, spaces, hex, exponent, inf or nan); *end is
+ * set after it, at the unit. */
+static bool tool_strtod(const char *s, double *v, char **end)
+{
+	size_t n = strspn(s, "0123456789.");
+	const char *dot = memchr(s, '.', n);
+	if (n == 0 || n > 30 ||
+	    (dot != NULL &&
+	     memchr(dot + 1, '.', n - (size_t)(dot - s) - 1) != NULL))
+		return false;
+	char num[32];
+	memcpy(num, s, n);
+	num[n] = '\0';
+	char *e;
+	*v = strtod(num, &e);
+	*end = (char *)s + n;
+	return e == num + n && isfinite(*v);
+}
+
+bool tool_parse_ms(const char *s, int *out)
+{
+	char *end;
+	double v;
+	if (!tool_strtod(s, &v, &end))
+		return false;
+	if (strcmp(end, "ms") == 0 || *end == '\0')
+		;
+	else if (strcmp(end, "s") == 0)
+		v *= 1000;
+	else
+		return false;
+	if (v > 86400000.0)
+		return false;
+	*out = (int)v;
+	return true;
+}
+
+bool tool_parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	double v;
+	if (!tool_strtod(s, &v, &end))
+		return false;
+	static const struct {
+		const char *suffix;
+		double mult;
+	} units[] = {{"", 1},           {"B", 1},           {"K", 1024},
+	             {"KiB", 1024},     {"M", 1048576},     {"MiB", 1048576},
+	             {"G", 1073741824}, {"GiB", 1073741824}};
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcmp(end, units[i].suffix) == 0) {
+			v *= units[i].mult;
+			if (v >= (double)TOOL_JSON_INT_MAX)
+				return false;
+			*out = (uint64_t)v;
+			return true;
+		}
+	}
+	return false;
+}
+
+bool tool_parse_port(const char *s, uint16_t *out)
+{
+	uint64_t v;
+	if (!tool_parse_uint(s, 0, 65535, &v))
+		return false;
+	*out = (uint16_t)v;
+	return true;
+}
+
+bool tool_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	if (*s == '\0' || strlen(s) > 19)
+		return false;
+	uint64_t v = 0;
+	for (const char *p = s; *p != '\0'; p++) {
+		if (!isdigit((unsigned char)*p))
+			return false;
+		v = v * 10 + (uint64_t)(*p - '0');
+	}
+	if (v < min || v > max)
+		return false;
+	*out = v;
+	return true;
+}
+
+int tool_bad_value(const char *cmd, const char *flag, const char *value,
+                   const char *hint)
+{
+	return tool_fail(cmd, EXIT_USAGE, "bad %s '%s'%s%s%s", flag, value,
+	                 hint != NULL ? " (" : "", hint != NULL ? hint : "",
+	                 hint != NULL ? ")" : "");
+}
+
+int tool_missing(const char *cmd, const char *what)
+{
+	fprintf(stderr,
+	        "ecx %s: missing %s\nRun 'ecx %s --help' for its usage.\n", cmd,
+	        what, cmd);
+	return EXIT_USAGE;
+}
