@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,11 +73,19 @@ static bool write_parts(int fd, const unsigned char *pre, const char *hdr,
  * failure, or SIGINT, SIGTERM or SIGHUP meanwhile, removes the temporary
  * file and leaves whatever was at path as it was. A path that exists and
  * is not a regular file (/dev/null, a pipe), or a directory where no file
- * can be made, is written in place. */
+ * can be made (with a warning), is written in place; a symbolic link is
+ * written through to the file it names. */
 static int npy_put_file(const char *path, const unsigned char *pre,
                         const char *hdr, size_t hlen, uint64_t nbytes,
                         const void *data, char *why, size_t whylen)
 {
+	/* A symbolic link is written through: the file it names is the one
+	 * replaced, and the link stays a link. */
+	char target[PATH_MAX];
+	struct stat link;
+	if (lstat(path, &link) == 0 && S_ISLNK(link.st_mode) &&
+	    realpath(path, target) != NULL)
+		path = target;
 	struct stat old;
 	bool exists = stat(path, &old) == 0;
 	int fd = -1;
@@ -116,8 +125,15 @@ static int npy_put_file(const char *path, const unsigned char *pre,
 			    open(tmp_path,
 			         O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
 		}
-		if (fd < 0 && (errno == EACCES || errno == EPERM) && exists)
-			tmp_path[0] = '\0'; /* no room beside it: in place */
+		if (fd < 0 && (errno == EACCES || errno == EPERM) && exists) {
+			/* No file can be made beside it: written in place,
+			 * which a failure midway leaves cut short; say so. */
+			fprintf(stderr,
+			        "ecx: warning: cannot make a temporary file "
+			        "beside %s (%s): writing it in place\n",
+			        path, strerror(errno));
+			tmp_path[0] = '\0';
+		}
 	}
 	if (fd < 0 && !tmp_path[0])
 		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);

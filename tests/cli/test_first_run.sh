@@ -99,6 +99,16 @@ check "a file replaced keeps its mode" test "$(stat -c %a "$work/out/good.npy")"
 rc=$?
 check "-o /dev/null still works ($(cat "$work/err"))" test "$rc" = 0
 check "and /dev/null is still a device" test -c /dev/null
+# -o naming a symbolic link: the file it names is replaced, the link stays.
+rm -f "$work/out/good.npy"
+$PY -c "import numpy as np; np.save('$work/out/good.npy', np.arange(10))"
+ln -s good.npy "$work/out/link.npy"
+"$ECX" get --timeout 60s "$bigreg" big-0 -o "$work/out/link.npy" >/dev/null 2>"$work/err"
+rc=$?
+check "-o through a symbolic link works ($(cat "$work/err"))" test "$rc" = 0
+check "and the link is still a link" test -L "$work/out/link.npy"
+check "and the file it names holds the item" \
+	$PY -c "import numpy as np,sys; a=np.load('$work/out/good.npy'); sys.exit(a.shape != (134217728,))"
 kill -TERM "${pids[-1]}"
 rm -rf "$work/out"
 
