@@ -129,13 +129,6 @@ uint64_t ecx_random_epoch(void);
  * transports) and write with cross-memory attach; otherwise they must use
  * TCP. */
 void ecx_shm_domain(char *out, size_t len);
-/* ecx_mem_fits returns 0 when len bytes of memory (what names them in a
- * failure: "an arena") fit in this host's available memory (MemAvailable
- * of /proc/meminfo) and, with posix_dir not NULL, in the free space of
- * the file system there; else ECX_ENOMEM, with a detail naming len and
- * what is available. *sysv says whether len is within the System V
- * segment limits (kernel.shmmax and shmall). What cannot be read counts as
- * fitting. */
 /* ecx_pid_start returns the start time of process pid (clock ticks after
  * boot, /proc/PID/stat), which tells it from a later process that gets
  * the same number; 0 when it cannot be read. */
@@ -153,6 +146,14 @@ bool ecx_pid_exited(long pid, uint64_t start);
 /* ecx_pid_gone says, without blocking, whether the process of a descriptor
  * from ecx_pid_watch has exited. */
 bool ecx_pid_gone(int fd);
+/* ecx_mem_fits returns 0 when len bytes of memory (what names them in a
+ * failure: "an arena") fit in this host's available memory (MemAvailable
+ * of /proc/meminfo), under the memory limit of its control group (v1 or
+ * v2, page cache counted as room) and, with posix_dir not NULL, in the free
+ * space of the file system there; else ECX_ENOMEM, with a detail naming len and
+ * what is available. *sysv says whether len is within the System V
+ * segment limits (kernel.shmmax and shmall). What cannot be read counts as
+ * fitting. */
 int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
                  bool *sysv, char *why, size_t whylen);
 

@@ -92,6 +92,141 @@ static bool mem_available(uint64_t *out)
 	return found;
 }
 
+/* The first number in file dir/name ("max" reads as UINT64_MAX), or
+ * false. */
+static bool read_u64(const char *dir, const char *name, uint64_t *out)
+{
+	char path[4200], buf[64];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	unsigned long long v;
+	if (strncmp(buf, "max", 3) == 0)
+		*out = UINT64_MAX;
+	else if (sscanf(buf, "%llu", &v) == 1)
+		*out = v;
+	else
+		return false;
+	return true;
+}
+
+/* The value of key in dir's memory.stat, or 0. */
+static uint64_t memstat(const char *dir, const char *key)
+{
+	char path[4200], line[256];
+	snprintf(path, sizeof(path), "%s/memory.stat", dir);
+	FILE *f = fopen(path, "re");
+	if (f == NULL)
+		return 0;
+	unsigned long long v = 0;
+	size_t kl = strlen(key);
+	while (fgets(line, sizeof(line), f) != NULL) {
+		if (strncmp(line, key, kl) == 0 && line[kl] == ' ') {
+			sscanf(line + kl, "%llu", &v);
+			break;
+		}
+	}
+	fclose(f);
+	return (uint64_t)v;
+}
+
+/* The room left under a memory limit: limit less what is charged, with the
+ * page cache counted as room (the kernel reclaims it first). */
+static uint64_t room(uint64_t limit, uint64_t used, uint64_t cache)
+{
+	uint64_t held = used > cache ? used - cache : 0;
+	return limit > held ? limit - held : 0;
+}
+
+/* The memory this process's control group lets it still charge (cgroup v2
+ * memory.max less memory.current, the smallest along its ancestors; v1
+ * the hierarchical limit less usage), with the group's path in where; false
+ * where no limit applies or none can be read. A group not found at its
+ * path (a cgroup namespace) is read at the mount's root. */
+static bool cgroup_room(uint64_t *out, char *where, size_t wlen)
+{
+	FILE *f = fopen("/proc/self/cgroup", "re");
+	if (f == NULL)
+		return false;
+	char line[4096], v1[4096] = "", v2[4096] = "";
+	bool has_v1 = false, has_v2 = false;
+	while (fgets(line, sizeof(line), f) != NULL) {
+		line[strcspn(line, "\n")] = '\0';
+		char *c1 = strchr(line, ':');
+		char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
+		if (c2 == NULL)
+			continue;
+		*c2 = '\0';
+		const char *ctl = c1 + 1, *path = c2 + 1;
+		if (strcmp(line, "0") == 0 && ctl[0] == '\0') {
+			has_v2 = true;
+			ecx_strlcpy(v2, path, sizeof(v2));
+			continue;
+		}
+		/* v1: "memory" among the comma-separated controllers. */
+		for (const char *t = ctl; *t != '\0';) {
+			size_t n = strcspn(t, ",");
+			if (n == 6 && strncmp(t, "memory", 6) == 0) {
+				has_v1 = true;
+				ecx_strlcpy(v1, path, sizeof(v1));
+			}
+			t += n + (t[n] == ',');
+		}
+	}
+	fclose(f);
+	char dir[4200];
+	struct stat st;
+	bool found = false;
+	uint64_t best = UINT64_MAX;
+	if (has_v1) {
+		snprintf(dir, sizeof(dir), "/sys/fs/cgroup/memory%s", v1);
+		if (stat(dir, &st) != 0)
+			snprintf(dir, sizeof(dir), "/sys/fs/cgroup/memory");
+		uint64_t lim = memstat(dir, "hierarchical_memory_limit"), use;
+		if (lim == 0)
+			(void)read_u64(dir, "memory.limit_in_bytes", &lim);
+		/* v1 reads "no limit" as a huge page-aligned number. */
+		if (lim != 0 && lim < (UINT64_C(1) << 62) &&
+		    read_u64(dir, "memory.usage_in_bytes", &use)) {
+			best = room(lim, use, memstat(dir, "total_cache"));
+			ecx_strlcpy(where, dir, wlen);
+			found = true;
+		}
+	} else if (has_v2) {
+		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", v2);
+		if (stat(dir, &st) != 0)
+			snprintf(dir, sizeof(dir), "/sys/fs/cgroup");
+		/* Up to the mount's root: a parent's limit holds too. */
+		for (;;) {
+			uint64_t lim, use;
+			if (read_u64(dir, "memory.max", &lim) &&
+			    lim != UINT64_MAX &&
+			    read_u64(dir, "memory.current", &use)) {
+				uint64_t r =
+				    room(lim, use, memstat(dir, "file"));
+				if (r < best) {
+					best = r;
+					ecx_strlcpy(where, dir, wlen);
+				}
+				found = true;
+			}
+			char *slash = strrchr(dir, '/');
+			if (slash == NULL ||
+			    slash - dir <= 14) /* /sys/fs/cgroup */
+				break;
+			*slash = '\0';
+		}
+	}
+	*out = best;
+	return found;
+}
+
 /* The free bytes of the file system at dir, or false. */
 static bool fs_free(const char *dir, uint64_t *out)
 {
@@ -135,6 +270,16 @@ int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
 		    "(MemAvailable, /proc/meminfo)",
 		    what, (unsigned long long)len, (double)len / (1u << 30),
 		    (unsigned long long)avail, (double)avail / (1u << 30));
+	char where[4200];
+	uint64_t cg = 0;
+	if (cgroup_room(&cg, where, sizeof(where)) && len > cg)
+		return ecx_why(
+		    why, whylen, ECX_ENOMEM,
+		    "%s of %llu bytes (%.1f GiB) does not fit in "
+		    "memory: %llu bytes (%.1f GiB) left under the memory "
+		    "limit of this process's control group (%s)",
+		    what, (unsigned long long)len, (double)len / (1u << 30),
+		    (unsigned long long)cg, (double)cg / (1u << 30), where);
 	if (posix_dir != NULL && fs_free(posix_dir, &shm) && len > shm)
 		return ecx_why(
 		    why, whylen, ECX_ENOMEM,
