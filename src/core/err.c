@@ -1,6 +1,8 @@
 /* err.c - the error table's strings, and the version. */
 #include "core.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -73,9 +75,27 @@ int ecx_set_error(int err, const char *fmt, ...)
 	return err;
 }
 
+/* This process's id, kept so that the check on every public call is a
+ * load, not a system call: set once, and again in every child that fork
+ * makes (pthread_atfork). */
+static atomic_int self_pid;
+static pthread_once_t self_once = PTHREAD_ONCE_INIT;
+
+static void self_after_fork(void)
+{
+	atomic_store(&self_pid, (int)getpid());
+}
+
+static void self_init(void)
+{
+	atomic_store(&self_pid, (int)getpid());
+	pthread_atfork(NULL, NULL, self_after_fork);
+}
+
 bool ecx_forked(int owner, const char *what)
 {
-	int me = (int)getpid();
+	pthread_once(&self_once, self_init);
+	int me = atomic_load_explicit(&self_pid, memory_order_relaxed);
 	if (me == owner)
 		return false;
 	ecx_set_error(ECX_EFORK,
