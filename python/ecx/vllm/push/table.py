@@ -209,6 +209,7 @@ class ReservationTable:
                 return False, False  # a follower writes nothing
             now = self.clock()
             self._close(r)
+            self._unwrite(r)
             res = None
             if r.followers:
                 res = self._retain(r)
