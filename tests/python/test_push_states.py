@@ -6,6 +6,7 @@ import time
 import pytest
 
 from pushkit import Ctl, item, pull, recv_events, start_shards, wait_for
+from ecx.vllm.push import wire
 from ecx.vllm.push import (CANCEL_PENDING, CANCELLED, EXPIRE_PENDING,
                            EXPIRED, READY, WRITING)
 
@@ -228,7 +229,22 @@ def test_expired_records_reaped_before_reserve():
         e.complete("t1", r["reservation_id"])
         e.clock.advance(301)  # no reaper run yet
         assert e.state("t1") == READY
-        assert e.reserve("t2", mm="b", tokens=8, hidden=16)["write"]
+        again = e.reserve("t1", mm="a", tokens=8, hidden=16)
+        assert again["write"] is True  # EXPIRED first, so allocated afresh
+        assert again["reservation_id"] != r["reservation_id"]
+    finally:
+        e.close()
+
+
+def test_a_full_pool_reaps_before_it_refuses():
+    e = Env(pool_size=256)
+    try:
+        r = e.reserve("t1", mm="a", tokens=8, hidden=16)
+        e.complete("t1", r["reservation_id"])
+        e.clock.advance(301)
+        spec = wire.reserve_spec(item("t2", mm="b", tokens=8, hidden=16),
+                                 256)
+        assert e.s.table.reserve(spec)["write"] is True  # no op-level reap
         assert e.state("t1") == EXPIRED
     finally:
         e.close()
