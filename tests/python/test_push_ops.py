@@ -4,6 +4,7 @@ ok/error, the port formula, binding to ec_ip only, IPv6."""
 import json
 import re
 import socket
+import time
 
 import pytest
 import zmq
@@ -203,3 +204,42 @@ def test_one_frame_replies_to_raw_json(one):
     assert json.loads(frames[0].decode("utf-8")) == {
         "ok": True, "result": {"ports": [s.port]}}
     assert zmq.REQ  # the client is a plain REQ, as upstream's
+
+
+def test_event_from_another_thread_wakes_the_loop():
+    """A data plane that completes through the table (not the REP socket)
+    gets its event out at once, not when the loop's poll times out; stop
+    wakes the loop too."""
+    (s,), _ = start_shards(poll_ms=20000)
+    try:
+        c = Ctl(s.endpoint)
+        p = pull(s.event_endpoint)
+        r = c.result("reserve", **item("t1"))
+        time.sleep(0.3)  # the loop is in its long poll again
+        t0 = time.monotonic()
+        assert s.table.complete("t1", r["reservation_id"]) == (True, True)
+        assert [e["transfer_id"] for e in recv_events(p, 1, 5.0)] == ["t1"]
+        assert time.monotonic() - t0 < 5.0
+        p.close(0)
+        c.close()
+    finally:
+        t0 = time.monotonic()
+        s.stop(0)
+        assert time.monotonic() - t0 < 5.0
+
+
+def test_buffer_pool_refuses_writes_past_the_deadline():
+    (s,), clock = start_shards()
+    try:
+        c = Ctl(s.endpoint)
+        r = c.result("reserve", **item("t1"))
+        s.pool.receive(r["dst_ptr"], b"\1" * 64)
+        with pytest.raises(PermissionError):  # one byte past the range
+            s.pool.receive(r["dst_ptr"] + 1, b"\1" * 64)
+        clock.advance(300)  # the deadline, before the reaper has run
+        with pytest.raises(PermissionError):
+            s.pool.receive(r["dst_ptr"], b"\2" * 64)
+        assert s.pool.read(r["dst_ptr"], 64) == b"\1" * 64
+        c.close()
+    finally:
+        s.stop(0)

@@ -17,6 +17,7 @@ event.
 import collections
 import hmac
 import logging
+import os
 import threading
 import time
 
@@ -53,7 +54,7 @@ class ControlShard:
     def __init__(self, pool, ec_ip="127.0.0.1", ec_port=14579, dp_rank=0,
                  tp_size=1, tp_rank=0, token=None, clock=time.monotonic,
                  ttl=TTL_S, control_timeout_s=30.0, on_reclaimed=None,
-                 event_backlog=EVENT_BACKLOG):
+                 event_backlog=EVENT_BACKLOG, poll_ms=POLL_MS):
         if not 0 <= tp_rank < tp_size or dp_rank < 0:
             raise ValueError(f"tp_rank {tp_rank} of tp_size {tp_size}, "
                              f"dp_rank {dp_rank}")
@@ -76,6 +77,15 @@ class ControlShard:
         self.table = ReservationTable(pool, clock, self._queue_event,
                                       on_reclaimed, ttl=ttl)
         self._events = collections.deque()
+        self._events_lock = threading.Lock()
+        self._poll_ms = int(poll_ms)
+        # An event queued by another thread (a data plane calling the
+        # table) or a stop wakes the loop through this pipe, so neither
+        # waits for the poll to time out.
+        self._wake_r, self._wake_w = os.pipe()
+        self._wake_lock = threading.Lock()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._backlog = int(event_backlog)
         self.events_dropped = 0
         self.requests = 0
@@ -104,11 +114,11 @@ class ControlShard:
             target=self._run, name=f"ecx-push-{self.port}", daemon=True)
         self._thread.start()
         if not self._started.wait(START_WAIT_S):
-            self._stop.set()
+            self.stop(0)
             raise RuntimeError(f"push control shard {self.endpoint}: not "
                                f"bound within {START_WAIT_S} s")
         if self._start_error is not None:
-            self._thread.join()
+            self.stop(0)
             raise RuntimeError(f"push control shard: cannot bind "
                                f"{self._start_error}")
         return self
@@ -123,8 +133,13 @@ class ControlShard:
         if wait_s is not None:
             self._wait_s = float(wait_s)
         self._stop.set()
+        self._wake()
         self._thread.join()
         self._thread = None
+        with self._wake_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = None
 
     # ---- what the data plane and the loader call ----
 
@@ -190,6 +205,7 @@ class ControlShard:
         poller.register(rep, zmq.POLLIN)
         if zap is not None:
             poller.register(zap, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         deadline = None
         try:
             while True:
@@ -204,7 +220,13 @@ class ControlShard:
                 self._flush(ev)
                 if self.clock() - self._last_reap >= REAP_EVERY_S:
                     self.run_reaper()
-                ready = dict(poller.poll(POLL_MS))
+                wait = self._poll_ms
+                if deadline is not None:
+                    wait = min(wait, max(0, int(
+                        (deadline - time.monotonic()) * 1000) + 1))
+                ready = dict(poller.poll(wait))
+                if self._wake_r in ready:
+                    self._drain_wake()
                 if zap is not None and zap in ready:
                     self._zap(zap)
                 if rep in ready:
@@ -219,22 +241,43 @@ class ControlShard:
             ctx.term()
 
     def _flush(self, ev):
-        while self._events:
-            try:
-                ev.send(self._events[0], zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._events.popleft()
+        with self._events_lock:
+            while self._events:
+                try:
+                    ev.send(self._events[0], zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self._events.popleft()
 
     def _queue_event(self, event):
         event["shard"] = self.port
-        if len(self._events) >= self._backlog:
-            self._events.popleft()
-            self.events_dropped += 1
-            logger.warning("push control shard %s: %d ready events queued "
-                           "with no subscriber; the oldest is dropped",
-                           self.endpoint, self._backlog)
-        self._events.append(wire.encode(event))
+        frame = wire.encode(event)
+        with self._events_lock:
+            if len(self._events) >= self._backlog:
+                self._events.popleft()
+                self.events_dropped += 1
+                logger.warning("push control shard %s: %d ready events "
+                               "queued with no subscriber; the oldest is "
+                               "dropped", self.endpoint, self._backlog)
+            self._events.append(frame)
+        if threading.current_thread() is not self._thread:
+            self._wake()
+
+    def _wake(self):
+        with self._wake_lock:
+            if self._wake_w is None:
+                return  # stopped
+            try:
+                os.write(self._wake_w, b"w")
+            except BlockingIOError:
+                pass  # already woken
+
+    def _drain_wake(self):
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _zap(self, zap):
         """One ZAP request (RFC 27): PLAIN with the token on the event
