@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from pushkit import FakeClock, HERE, start_shards
-from ecx.vllm.push import CANCELLED, EXPIRED, READY
+from ecx.vllm.push import CANCELLED, READY
 from upstream_encoder import EventSubscriber, Item, UpstreamEncoder
 
 TOKEN = "tok-123"

@@ -59,10 +59,11 @@ class BufferPool(ReceivePool):
     """A ReceivePool over a writable buffer of this process (anything
     ctypes can take the address of: bytearray, numpy array, mmap).
     First-fit allocation in ALIGN-byte steps from the first ALIGN-aligned
-    byte of buffer (size: the whole ALIGN-byte steps after it). receive() is the receiver's
-    rule: bytes land only inside a range between open_write and close_write
-    and before its deadline (clock() < expires_at); anything else raises
-    PermissionError and writes nothing."""
+    byte of buffer (size: the whole ALIGN-byte steps after it). receive()
+    is the receiver's rule: bytes land only inside a range between
+    open_write and close_write and before its deadline (clock() <
+    expires_at); anything else raises PermissionError and writes
+    nothing. clock: the shard's (None: no deadline checked)."""
 
     def __init__(self, buffer, session, clock=None):
         self._buffer = buffer  # kept alive: the addresses point into it
