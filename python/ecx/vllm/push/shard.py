@@ -80,12 +80,10 @@ class ControlShard:
         self._events_lock = threading.Lock()
         self._poll_ms = int(poll_ms)
         # An event queued by another thread (a data plane calling the
-        # table) or a stop wakes the loop through this pipe, so neither
-        # waits for the poll to time out.
-        self._wake_r, self._wake_w = os.pipe()
+        # table) or a stop wakes the loop through a pipe (made by start),
+        # so neither waits for the poll to time out.
+        self._wake_r = self._wake_w = None
         self._wake_lock = threading.Lock()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
         self._backlog = int(event_backlog)
         self.events_dropped = 0
         self.requests = 0
@@ -110,6 +108,9 @@ class ControlShard:
         """Binds both sockets and starts the server thread; returns once
         bound (at most 5 s). Raises RuntimeError naming the endpoint where
         a bind fails."""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(
             target=self._run, name=f"ecx-push-{self.port}", daemon=True)
         self._thread.start()
