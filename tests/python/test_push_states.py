@@ -262,6 +262,17 @@ def test_complete_unknown_or_other_reservation(env):
     assert not env.s.pool.is_open(r["reservation_id"])
 
 
+def test_ready_gets_a_fresh_ttl(env):
+    w = env.reserve("t1")
+    env.reserve("t2")  # a follower
+    env.later(200)
+    assert env.complete("t1", w["reservation_id"]) == (True, True)
+    env.later(200)  # 400 s after the reserves, 200 after READY
+    assert env.state("t1") == READY and env.state("t2") == READY
+    env.later(101)
+    assert env.state("t1") == EXPIRED and env.state("t2") == EXPIRED
+
+
 def test_complete_of_cancel_pending_ends_cancelled(env):
     r = env.reserve("t1")
     env.cancel("t1")
