@@ -45,7 +45,8 @@ def start_shards(tp=1, dp=0, pool_size=1 << 20, sizes=None, clock=None,
         try:
             for r in range(tp):
                 size = sizes[r] if sizes else pool_size
-                pool = BufferPool(bytearray(size + 256), SESSION, clock)
+                pool = BufferPool(bytearray(size + 256), SESSION, clock,
+                                  size=size)
                 shards.append(ControlShard(
                     pool, ec_ip=ip, ec_port=ec_port, dp_rank=dp, tp_size=tp,
                     tp_rank=r, clock=clock, **kw).start())

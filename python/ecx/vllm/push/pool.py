@@ -63,15 +63,18 @@ class BufferPool(ReceivePool):
     is the receiver's rule: bytes land only inside a range between
     open_write and close_write and before its deadline (clock() <
     expires_at); anything else raises PermissionError and writes
-    nothing. clock: the shard's (None: no deadline checked)."""
+    nothing. clock: the shard's (None: no deadline checked). size: at
+    most this many bytes of buffer are used."""
 
-    def __init__(self, buffer, session, clock=None):
+    def __init__(self, buffer, session, clock=None, size=None):
         self._buffer = buffer  # kept alive: the addresses point into it
         whole = (ctypes.c_char * len(memoryview(buffer).cast("B"))
                  ).from_buffer(buffer)
         start = ctypes.addressof(whole)
         skip = -start % ALIGN  # the first ALIGN-aligned byte is base
         self.size = max(0, len(whole) - skip) // ALIGN * ALIGN
+        if size is not None:
+            self.size = min(self.size, int(size) // ALIGN * ALIGN)
         self._raw = (ctypes.c_char * self.size).from_buffer(buffer, skip)
         self.base = start + skip
         self.session = session
