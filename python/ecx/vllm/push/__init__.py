@@ -1,0 +1,29 @@
+"""Push mode on upstream vLLM's wire, the consumer's side: the control
+shard an encoder reserves in, completes and cancels with, and the ready
+events it sends the consumer's scheduler.
+
+  pool   ReceivePool (what a shard needs of its receive memory and of the
+         data plane) and BufferPool (one over memory of this process)
+  wire   envelopes, dtype names, the checks on every request field
+  table  ReservationTable: reservations, their states, TTLs, tombstones,
+         followers and resident copies
+  shard  ControlShard: the REP and event sockets, the server thread, the
+         ops, the token
+
+Nothing here imports vLLM or torch; the connector wires it in.
+../../../../docs/vllm.md ("Push mode: the control server") says what
+exists and what is not wired yet; ../../../../docs/protocol.md ("Push
+mode") is the contract.
+"""
+from .pool import ALIGN, BufferPool, ReceivePool
+from .shard import ControlShard, shard_port
+from .table import (CANCEL_PENDING, CANCELLED, EXPIRE_PENDING, EXPIRED,
+                    READY, TTL_S, WRITING, Refused, Reservation,
+                    ReservationTable)
+from .wire import DTYPE_SIZES, TOKEN_FIELD, BadRequest
+
+__all__ = ["ALIGN", "BufferPool", "ReceivePool", "ControlShard",
+           "shard_port", "Reservation", "ReservationTable", "Refused",
+           "BadRequest", "TTL_S", "TOKEN_FIELD", "DTYPE_SIZES", "WRITING",
+           "READY", "CANCEL_PENDING", "EXPIRE_PENDING", "CANCELLED",
+           "EXPIRED"]

@@ -1,0 +1,364 @@
+"""ControlShard: one consumer rank's control server in push mode, on
+upstream vLLM's wire (../../../../docs/protocol.md, "Push mode").
+
+A ZeroMQ REP socket at tcp://<ec_ip>:<ec_port + dp_rank*tp_size +
+tp_rank> and a PUSH socket for ready events on an ephemeral port, both
+bound to ec_ip only (IPv6 enabled, written in brackets). One thread per
+shard runs the loop: flush queued events without blocking, run the reaper
+once a second has passed, wait up to 100 ms for a request and serve it.
+
+With a token, every request must carry it as "ecx_token" (else upstream's
+error envelope, and nothing is done), and the event socket is a ZeroMQ
+PLAIN server whose password is the token, checked by this shard's own ZAP
+handler: a peer without it never completes the handshake, so it is never
+one of the PUSH socket's peers and can neither receive nor take away an
+event.
+"""
+import collections
+import hmac
+import logging
+import os
+import threading
+import time
+
+import zmq
+
+from . import wire
+from .table import TTL_S, Refused, ReservationTable
+from .wire import BadRequest, error, ok
+
+logger = logging.getLogger("ecx.vllm.push")
+
+EVENT_BACKLOG = 4096
+POLL_MS = 100
+REAP_EVERY_S = 1.0
+START_WAIT_S = 5.0
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = "ecx.push.events"
+PLAIN_USER = "ecx"
+
+
+def shard_port(ec_port, dp_rank, tp_size, tp_rank):
+    """upstream's formula: ec_port + dp_rank*tp_size + tp_rank."""
+    return ec_port + dp_rank * tp_size + tp_rank
+
+
+class ControlShard:
+    """The control server of one (dp_rank, tp_rank). pool: a ReceivePool.
+    token: None or "" for none (upstream's behaviour), else the secret
+    every op and the event subscription need. clock: seconds (TTLs,
+    tombstones, the reaper), time.monotonic unless given. on_reclaimed:
+    called with each mm_hash evicted from the pool. start() binds and
+    starts the thread; stop() ends it."""
+
+    def __init__(self, pool, ec_ip="127.0.0.1", ec_port=14579, dp_rank=0,
+                 tp_size=1, tp_rank=0, token=None, clock=time.monotonic,
+                 ttl=TTL_S, control_timeout_s=30.0, on_reclaimed=None,
+                 event_backlog=EVENT_BACKLOG, poll_ms=POLL_MS):
+        if not 0 <= tp_rank < tp_size or dp_rank < 0:
+            raise ValueError(f"tp_rank {tp_rank} of tp_size {tp_size}, "
+                             f"dp_rank {dp_rank}")
+        self.base_port = ec_port + dp_rank * tp_size
+        if self.base_port < 1 or self.base_port + tp_size - 1 > 65535:
+            raise ValueError(
+                f"ec_port {ec_port}: the shard ports {self.base_port}.."
+                f"{self.base_port + tp_size - 1} are not all in 1..65535")
+        self.pool = pool
+        self.ec_ip = ec_ip
+        self.host = wire.host_for_url(ec_ip)
+        self.tp_size = tp_size
+        self.port = self.base_port + tp_rank
+        self.endpoint = f"tcp://{self.host}:{self.port}"
+        self.event_port = None
+        self.event_endpoint = None
+        self.clock = clock
+        self.control_timeout_s = float(control_timeout_s)
+        self._token = token.encode() if token else None
+        self.table = ReservationTable(pool, clock, self._queue_event,
+                                      on_reclaimed, ttl=ttl)
+        self._events = collections.deque()
+        self._events_lock = threading.Lock()
+        self._poll_ms = int(poll_ms)
+        # An event queued by another thread (a data plane calling the
+        # table) or a stop wakes the loop through a pipe (made by start),
+        # so neither waits for the poll to time out.
+        self._wake_r = self._wake_w = None
+        self._wake_lock = threading.Lock()
+        self._backlog = int(event_backlog)
+        self.events_dropped = 0
+        self.requests = 0
+        self._thread = None
+        self._started = threading.Event()
+        self._start_error = None
+        self._stop = threading.Event()
+        self._wait_s = self.control_timeout_s
+        self._last_reap = clock()
+        self._ops = {"peers": self._op_peers,
+                     "event_port": self._op_event_port,
+                     "reserve": self._op_reserve,
+                     "reserve_batch": self._op_reserve_batch,
+                     "complete": self._op_complete,
+                     "complete_batch": self._op_complete_batch,
+                     "cancel": self._op_cancel,
+                     "status": self._op_status}
+
+    # ---- life ----
+
+    def start(self):
+        """Binds both sockets and starts the server thread; returns once
+        bound (at most 5 s). Raises RuntimeError naming the endpoint where
+        a bind fails."""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(
+            target=self._run, name=f"ecx-push-{self.port}", daemon=True)
+        self._thread.start()
+        if not self._started.wait(START_WAIT_S):
+            self.stop(0)
+            raise RuntimeError(f"push control shard {self.endpoint}: not "
+                               f"bound within {START_WAIT_S} s")
+        if self._start_error is not None:
+            self.stop(0)
+            raise RuntimeError(f"push control shard: cannot bind "
+                               f"{self._start_error}")
+        return self
+
+    def stop(self, wait_s=None):
+        """Refuses new reserves, cancels READY records and followers,
+        makes writers CANCEL_PENDING, serves completes and cancels until no
+        writer holds memory or wait_s (control_timeout_s unless given)
+        passes, then closes the sockets."""
+        if self._thread is None:
+            return
+        if wait_s is not None:
+            self._wait_s = float(wait_s)
+        self._stop.set()
+        self._wake()
+        self._thread.join()
+        self._thread = None
+        with self._wake_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = None
+
+    # ---- what the data plane and the loader call ----
+
+    def take(self, transfer_id, mm_hash):
+        """(addr, nbytes, shape, dtype) of a READY transfer, now the pinned
+        resident copy of mm_hash (ReservationTable.take)."""
+        return self.table.take(transfer_id, mm_hash)
+
+    def release(self, mm_hash):
+        self.table.release(mm_hash)
+
+    def run_reaper(self):
+        """Runs the reaper now (what the loop does every second)."""
+        self._last_reap = self.clock()
+        return self.table.reap()
+
+    # ---- the loop ----
+
+    def _bind(self, ctx):
+        socks = []
+        try:
+            if self._token:
+                zap = ctx.socket(zmq.REP)
+                socks.append(zap)
+                zap.linger = 0
+                zap.bind(ZAP_ENDPOINT)
+            rep = ctx.socket(zmq.REP)
+            socks.append(rep)
+            rep.setsockopt(zmq.IPV6, 1)
+            rep.linger = 0
+            rep.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME)
+            where = self.endpoint
+            rep.bind(where)
+            ev = ctx.socket(zmq.PUSH)
+            socks.append(ev)
+            ev.setsockopt(zmq.IPV6, 1)
+            ev.linger = 0
+            if self._token:
+                ev.plain_server = True
+                ev.zap_domain = ZAP_DOMAIN.encode()
+            where = f"tcp://{self.host}:0"
+            ev.bind(where)
+            last = ev.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.event_port = int(last.rsplit(":", 1)[1])
+            self.event_endpoint = f"tcp://{self.host}:{self.event_port}"
+        except zmq.ZMQError as e:
+            for s in socks:
+                s.close(0)
+            raise RuntimeError(f"{where}: {e}") from None
+        return (socks[0] if self._token else None), rep, ev
+
+    def _run(self):
+        ctx = zmq.Context()
+        try:
+            zap, rep, ev = self._bind(ctx)
+        except RuntimeError as e:
+            self._start_error = e
+            ctx.term()
+            self._started.set()
+            return
+        self._started.set()
+        poller = zmq.Poller()
+        poller.register(rep, zmq.POLLIN)
+        if zap is not None:
+            poller.register(zap, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        deadline = None
+        try:
+            while True:
+                if self._stop.is_set():
+                    if deadline is None:
+                        self.table.shutdown()
+                        deadline = time.monotonic() + self._wait_s
+                    if (not self.table.writers_left()
+                            or time.monotonic() >= deadline):
+                        self._flush(ev)
+                        break
+                self._flush(ev)
+                if self.clock() - self._last_reap >= REAP_EVERY_S:
+                    self.run_reaper()
+                wait = self._poll_ms
+                if deadline is not None:
+                    wait = min(wait, max(0, int(
+                        (deadline - time.monotonic()) * 1000) + 1))
+                ready = dict(poller.poll(wait))
+                if self._wake_r in ready:
+                    self._drain_wake()
+                if zap is not None and zap in ready:
+                    self._zap(zap)
+                if rep in ready:
+                    frames = rep.recv_multipart()
+                    rep.send(wire.encode(self._handle(frames)))
+        except Exception:  # the thread must not die silently
+            logger.exception("push control shard %s stopped", self.endpoint)
+        finally:
+            for s in (ev, rep, zap):
+                if s is not None:
+                    s.close(0)
+            ctx.term()
+
+    def _flush(self, ev):
+        with self._events_lock:
+            while self._events:
+                try:
+                    ev.send(self._events[0], zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self._events.popleft()
+
+    def _queue_event(self, event):
+        event["shard"] = self.port
+        frame = wire.encode(event)
+        with self._events_lock:
+            if len(self._events) >= self._backlog:
+                self._events.popleft()
+                self.events_dropped += 1
+                logger.warning("push control shard %s: %d ready events "
+                               "queued with no subscriber; the oldest is "
+                               "dropped", self.endpoint, self._backlog)
+            self._events.append(frame)
+        if threading.current_thread() is not self._thread:
+            self._wake()
+
+    def _wake(self):
+        with self._wake_lock:
+            if self._wake_w is None:
+                return  # stopped
+            try:
+                os.write(self._wake_w, b"w")
+            except BlockingIOError:
+                pass  # already woken
+
+    def _drain_wake(self):
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _zap(self, zap):
+        """One ZAP request (RFC 27): PLAIN with the token on the event
+        socket's domain is accepted, all else there refused; other domains
+        (the REP socket, NULL) are accepted as ZeroMQ would without us."""
+        frames = zap.recv_multipart()
+        version, rid = frames[0], frames[1] if len(frames) > 1 else b""
+        domain = frames[2] if len(frames) > 2 else b""
+        mech = frames[5] if len(frames) > 5 else b""
+        good = True
+        if domain == ZAP_DOMAIN.encode():
+            good = (mech == b"PLAIN" and len(frames) == 8
+                    and frames[6] == PLAIN_USER.encode()
+                    and hmac.compare_digest(frames[7], self._token))
+        code, text = (b"200", b"OK") if good else (b"400", b"bad token")
+        zap.send_multipart([version, rid, code, text, b"", b""])
+
+    # ---- requests ----
+
+    def _handle(self, frames):
+        self.requests += 1
+        try:
+            req = wire.decode(frames)
+        except BadRequest as e:
+            return error(e)
+        if self._token:
+            t = req.get(wire.TOKEN_FIELD)
+            if not isinstance(t, str) or not hmac.compare_digest(
+                    t.encode(), self._token):
+                return error(f"unauthorized: this EC consumer needs its "
+                             f"token in {wire.TOKEN_FIELD!r}")
+        op = self._ops.get(req["op"])
+        if op is None:
+            return error(f"unknown control op {req['op'][:64]!r}")
+        try:
+            return ok(op(req))
+        except (BadRequest, Refused) as e:
+            return error(e)
+        except Exception as e:
+            logger.exception("push control shard %s: %s", self.endpoint,
+                             req["op"])
+            return error(f"{type(e).__name__}: {e}")
+
+    def _op_peers(self, req):
+        return {"ports": [self.base_port + i for i in range(self.tp_size)]}
+
+    def _op_event_port(self, req):
+        return self.event_port
+
+    def _op_reserve(self, req):
+        spec = wire.reserve_spec(req, self.pool.size)
+        self.table.reap()
+        return self.table.reserve(spec)
+
+    def _op_reserve_batch(self, req):
+        items = wire.batch_items(req)
+        self.table.reap()
+        out = []
+        for item in items:
+            try:
+                out.append(ok(self.table.reserve(
+                    wire.reserve_spec(item, self.pool.size))))
+            except (BadRequest, Refused) as e:
+                out.append(error(e))
+        return {"items": out}
+
+    def _op_complete(self, req):
+        done, ready = self.table.complete(*wire.complete_args(req))
+        return {"completed": done, "became_ready": ready}
+
+    def _op_complete_batch(self, req):
+        args = [wire.complete_args(i) for i in wire.batch_items(req)]
+        out = []
+        for a in args:
+            done, ready = self.table.complete(*a)
+            out.append({"completed": done, "became_ready": ready})
+        return {"items": out}
+
+    def _op_cancel(self, req):
+        return {"cancelled": self.table.cancel(*wire.cancel_args(req))}
+
+    def _op_status(self, req):
+        return self.table.status(wire.field(req, "transfer_id", "str"))
