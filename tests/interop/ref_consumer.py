@@ -75,12 +75,40 @@ class Receiver:
 
     def stats(self):
         return {"writes": self.data.writes, "bytes": self.data.bytes,
-                "rejected": self.data.rejected,
+                "rejected": self.data.rejected, "reads": self.data.reads,
                 "handshakes": self.hs.served}
 
     def close(self):
         self.hs.close()
         self.data.close()
+
+
+class MooncakeReceiver:
+    """--engine mooncake: Mooncake's own engine (its Python module,
+    mooncake.engine, built from its source) in the place of Receiver, set
+    up as the reference's _ensure_engine does (P2PHANDSHAKE, protocol
+    "tcp"). It counts nothing: stats are None."""
+
+    def __init__(self, host):
+        from mooncake.engine import TransferEngine
+        self.eng = TransferEngine()
+        if self.eng.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
+            raise RuntimeError("Mooncake TransferEngine initialization failed")
+        self.session = mcwire.session_name(host, self.eng.get_rpc_port())
+        self._keep = []
+
+    def register(self, arr):
+        if self.eng.batch_register_memory([arr.ctypes.data],
+                                          [arr.nbytes]) != 0:
+            raise RuntimeError("batch_register_memory failed")
+        self._keep.append(arr)
+
+    def stats(self):
+        return {"writes": None, "bytes": None, "rejected": None,
+                "reads": None, "handshakes": None}
+
+    def close(self):
+        pass
 
 
 def has_cache_item(registry, mm_hash):
@@ -197,11 +225,15 @@ def main():
     ap.add_argument("--file", action="append", dest="file_args")
     ap.add_argument("--sha256", action="append", dest="hash_args")
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--engine", choices=("mcwire", "mooncake"),
+                    default="mcwire",
+                    help="its own receiver (default), or Mooncake's engine")
     args = ap.parse_args()
     args.files = pairs(args.file_args, "--file")
     args.hashes = pairs(args.hash_args, "--sha256")
 
-    recv = Receiver(args.bind)
+    recv = (Receiver if args.engine == "mcwire" else MooncakeReceiver)(
+        args.bind)
     try:
         results = [load_one(args, recv, m) for m in args.ids]
     finally:

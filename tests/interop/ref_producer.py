@@ -131,6 +131,29 @@ class Writer:
         return (0, None) if why is None else (-1, why)
 
 
+class MooncakeWriter:
+    """--engine mooncake: Mooncake's own engine (its Python module,
+    mooncake.engine, built from its source) in the place of Writer, used as
+    the reference uses it: initialize(host, "P2PHANDSHAKE", "tcp", ""),
+    batch_register_memory of each tensor, batch_transfer_sync_write."""
+
+    def __init__(self, host, tensors):
+        from mooncake.engine import TransferEngine
+        self.eng = TransferEngine()
+        if self.eng.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
+            raise RuntimeError("Mooncake TransferEngine initialization failed")
+        self.session = mcwire.session_name(host, self.eng.get_rpc_port())
+        for t in tensors.values():
+            if self.eng.batch_register_memory([t.ctypes.data],
+                                              [t.nbytes]) != 0:
+                raise RuntimeError("batch_register_memory failed")
+
+    def write(self, session, src, dst_ptr):
+        ret = self.eng.batch_transfer_sync_write(
+            session, [src.ctypes.data], [dst_ptr], [src.nbytes])
+        return ret, None if ret == 0 else "batch_transfer_sync_write failed"
+
+
 def serve_pulls(sock, tensors, writer, log, done):
     """The reference's producer loop (ECMooncakeConnector
     _start_producer_zmq_listener), field for field: unknown op, then the
@@ -183,6 +206,9 @@ def main():
                     help="bound on each handshake and write, seconds")
     ap.add_argument("--ready-file")
     ap.add_argument("--max-seconds", type=float, default=600.0)
+    ap.add_argument("--engine", choices=("mcwire", "mooncake"),
+                    default="mcwire",
+                    help="its own writer (default), or Mooncake's engine")
     args = ap.parse_args()
 
     def log(line):
@@ -207,9 +233,14 @@ def main():
             state["session"], 0,
             [(t.ctypes.data, t.nbytes) for t in tensors.values()])
 
-    hs = mcwire.HandshakeServer(host, local_desc)
-    state["session"] = mcwire.session_name(host, hs.port)
-    writer = Writer(local_desc, args.timeout)
+    if args.engine == "mooncake":
+        hs = None
+        writer = MooncakeWriter(host, tensors)
+        state["session"] = writer.session
+    else:
+        hs = mcwire.HandshakeServer(host, local_desc)
+        state["session"] = mcwire.session_name(host, hs.port)
+        writer = Writer(local_desc, args.timeout)
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REP)
@@ -247,7 +278,8 @@ def main():
         done.set()
     puller.join()  # it closes the REP socket (sockets stay on one thread)
     reg.shutdown()
-    hs.close()
+    if hs is not None:
+        hs.close()
     ctx.term()
     return 0
 
