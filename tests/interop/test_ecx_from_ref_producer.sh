@@ -5,6 +5,9 @@
 # at a time, `ecx info`, then the Python ecx.Consumer, one batch of every id
 # (parallel pulls to one REP socket), every byte checked against the seed.
 #
+# ECX_INTEROP_ENGINE=mooncake runs ref_producer on Mooncake's own engine
+# (--engine mooncake: mooncake.engine on PYTHONPATH, built by hand).
+#
 # Skips (exit 77) while ecx sends the producer its own ops (ref_producer
 # logs 'answered unknown op') instead of the reference pull: an ecx without
 # the reference-pull consumer. ECX_INTEROP_STRICT=1 makes that a failure.
@@ -20,6 +23,7 @@ specs="a:64x64:float32 big:1024x3584:bfloat16 one:1:uint8 odd:3x5x7:int16"
 ids=$(for s in $specs; do echo "${s%%:*}"; done)
 
 "$here/ref_producer.py" --bind 127.0.0.1 --seed "$seed" --max-seconds 250 \
+	--engine "${ECX_INTEROP_ENGINE:-mcwire}" \
 	--ready-file "$work/ready.json" $specs >/dev/null 2>"$work/producer.log" &
 pids+=($!)
 wait_for "$work/ready.json" "registry" 300 ||

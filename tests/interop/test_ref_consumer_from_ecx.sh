@@ -6,6 +6,9 @@
 # Then the token rule: `ecx serve --token` refuses the reference's pull (it
 # carries no token) with an error that says so, and writes nothing.
 #
+# ECX_INTEROP_ENGINE=mooncake runs ref_consumer on Mooncake's own engine
+# (--engine mooncake: mooncake.engine on PYTHONPATH, built by hand).
+#
 # Skips (exit 77) while ecx answers the pull with "cannot write into a
 # Mooncake session" (ecx without the Mooncake writer); ECX_INTEROP_STRICT=1
 # makes that a failure.
@@ -16,6 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../cli/lib.sh"
 PY=/usr/bin/python3
 seed=interop-$$
+engine=${ECX_INTEROP_ENGINE:-mcwire}
 
 # id dtype shape: 1 byte, 64 KiB, 7 MiB (several 64 KiB chunks), odd sizes.
 specs="one:uint8:1 k64:float16:32768 big:float32:512x3584 odd:int16:3x5x7"
@@ -55,7 +59,7 @@ skip_or_fail() { # the ecx without a Mooncake writer
 
 url=$(start_serve "$work/serve") || { echo "FAIL - ecx serve did not start: $(cat "$work/serve.err")"; exit 1; }
 timeout 120 "$here/ref_consumer.py" --registry "$url" --seed "$seed" \
-	--timeout 20 $ids >"$work/rc.json" 2>"$work/rc.err"
+	--timeout 20 --engine "$engine" $ids >"$work/rc.json" 2>"$work/rc.err"
 rc=$?
 if grep -q "cannot write into a Mooncake session" "$work/rc.json"; then
 	skip_or_fail "ecx serve answers the reference pull with 'cannot write into a Mooncake session': ecx has no Mooncake-wire writer yet (issue 23)"
@@ -68,10 +72,11 @@ assert [i["id"] for i in r["items"]] == ids, r
 for i in r["items"]:
     assert i["reply"] == {"ok": True, "mooncake_ret": 0}, i
     assert i["checked"] == "seed" and i["bytes_ok"] is True, i
-assert r["receiver"]["writes"] == len(ids), r["receiver"]
-assert r["receiver"]["rejected"] == 0, r["receiver"]
+if r["receiver"]["writes"] is not None:  # None: the engine counts nothing
+    assert r["receiver"]["writes"] == len(ids), r["receiver"]
+    assert r["receiver"]["rejected"] == 0, r["receiver"]
 ' "$work/rc.json" "$(echo $ids)"; then
-	ok "ref_consumer loads $(echo $ids) from ecx serve, bytes checked"
+	ok "ref_consumer ($engine) loads $(echo $ids) from ecx serve, bytes checked"
 else
 	bad "ref_consumer from ecx serve (exit $rc): $(head -c 2000 "$work/rc.json") $(tail -5 "$work/rc.err")"
 fi
@@ -79,7 +84,7 @@ fi
 # The same ids again, each into a new buffer of a consumer that ecx has
 # seen before: the writer must follow the consumer's current buffers.
 timeout 120 "$here/ref_consumer.py" --registry "$url" --seed "$seed" \
-	--timeout 20 big one big >"$work/rc2.json" 2>&1
+	--timeout 20 --engine "$engine" big one big >"$work/rc2.json" 2>"$work/rc2.err"
 check "a second consumer, one id twice: loads and checks" \
 	"$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 assert r["ok"] and all(i["bytes_ok"] for i in r["items"]), r' "$work/rc2.json"
@@ -88,13 +93,13 @@ assert r["ok"] and all(i["bytes_ok"] for i in r["items"]), r' "$work/rc2.json"
 url2=$(start_serve "$work/serve2" --token sesame) ||
 	{ echo "FAIL - ecx serve --token did not start"; exit 1; }
 timeout 60 "$here/ref_consumer.py" --registry "$url2" --seed "$seed" \
-	--timeout 20 k64 >"$work/rc3.json" 2>&1
+	--timeout 20 --engine "$engine" k64 >"$work/rc3.json" 2>"$work/rc3.err"
 check "ecx serve --token: the pull is refused with an error naming the token, nothing written" \
 	"$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 i = r["items"][0]
 assert not r["ok"] and i["found"] and i["reply"]["ok"] is False, r
 assert "token" in i["reply"].get("err", "").lower(), i["reply"]
-assert r["receiver"]["writes"] == 0, r' "$work/rc3.json"
+assert r["receiver"]["writes"] in (0, None), r' "$work/rc3.json"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
