@@ -101,9 +101,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class Writer:
     """The producer's Mooncake engine, TCP transport: batch_transfer_sync_write
     with one entry opens dst_session once (src/transfer_metadata.cpp
-    getSegmentDesc, P2P handshake), keeps its descriptor for the life of
-    the process (src/transfer_metadata.cpp: a segment, once opened, is
-    not re-opened) and writes to the data port at the host in the
+    getSegmentID, getSegmentDesc: the P2P handshake), keeps its descriptor
+    for the life of the process (getSegmentID's segment_name_to_id_map_;
+    getSegmentDescByID fetches again only with metacache off) and writes
+    to the data port at the host in the
     descriptor's name (src/transport/tcp_transport/tcp_transport.cpp
     startTransfer: getRpcMetaEntry(desc->name)). Like Mooncake's writer it
     does not check dst_ptr against the descriptor: the receiver does.
