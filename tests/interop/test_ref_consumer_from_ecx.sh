@@ -38,14 +38,15 @@ for spec in sys.argv[3:]:
 ids=$(for s in $specs; do echo "${s%%:*}"; done)
 files=$(for i in $ids; do echo "$i=$work/$i.npy"; done)
 
-start_serve() { # start_serve OUT ARGS...: the registry URL on stdout
+start_serve() { # start_serve OUT ARGS...: sets url (in this shell, so
+	# that the server's pid reaches lib.sh's cleanup)
 	local out=$1
 	shift
 	env -u ECX_TOKEN "$ECX" serve --bind 127.0.0.1 --port 0 "$@" $files \
 		>"$out" 2>"$out.err" &
 	pids+=($!)
 	wait_for "$out" "^serving" 300 || return 1
-	sed -n 's/.*registry \(http:[^ ]*\).*/\1/p' "$out"
+	url=$(sed -n 's/.*registry \(http:[^ ]*\).*/\1/p' "$out")
 }
 
 skip_or_fail() { # the ecx without a Mooncake writer
@@ -57,7 +58,7 @@ skip_or_fail() { # the ecx without a Mooncake writer
 	exit 77
 }
 
-url=$(start_serve "$work/serve") || { echo "FAIL - ecx serve did not start: $(cat "$work/serve.err")"; exit 1; }
+start_serve "$work/serve" || { echo "FAIL - ecx serve did not start: $(cat "$work/serve.err")"; exit 1; }
 timeout 120 "$here/ref_consumer.py" --registry "$url" --seed "$seed" \
 	--timeout 20 --engine "$engine" $ids >"$work/rc.json" 2>"$work/rc.err"
 rc=$?
@@ -90,8 +91,9 @@ check "a second consumer, one id twice: loads and checks" \
 assert r["ok"] and all(i["bytes_ok"] for i in r["items"]), r' "$work/rc2.json"
 
 # The token rule: the reference's pull carries no token.
-url2=$(start_serve "$work/serve2" --token sesame) ||
+start_serve "$work/serve2" --token sesame ||
 	{ echo "FAIL - ecx serve --token did not start"; exit 1; }
+url2=$url
 timeout 60 "$here/ref_consumer.py" --registry "$url2" --seed "$seed" \
 	--timeout 20 --engine "$engine" k64 >"$work/rc3.json" 2>"$work/rc3.err"
 check "ecx serve --token: the pull is refused with an error naming the token, nothing written" \
