@@ -1,0 +1,95 @@
+#!/bin/bash
+# ecx loads from a producer that speaks only the reference's protocol
+# (ref_producer.py: its own registry in the reference's shape, a REP socket
+# answering the reference's pull, a Mooncake-wire writer): `ecx get` one id
+# at a time, `ecx info`, then the Python ecx.Consumer, one batch of every id
+# (parallel pulls to one REP socket), every byte checked against the seed.
+#
+# ECX_INTEROP_ENGINE=mooncake runs ref_producer on Mooncake's own engine
+# (--engine mooncake: mooncake.engine on PYTHONPATH, built by hand).
+#
+# Skips (exit 77) while ecx sends the producer its own ops (ref_producer
+# logs 'answered unknown op') instead of the reference pull: an ecx without
+# the reference-pull consumer. ECX_INTEROP_STRICT=1 makes that a failure.
+# Usage: test_ecx_from_ref_producer.sh PATH/TO/ecx
+# (the Python part needs ECX_LIBRARY and PYTHONPATH, as ctest sets them)
+set -u
+ECX=${1:?usage: test_ecx_from_ref_producer.sh PATH/TO/ecx}
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../cli/lib.sh"
+PY=/usr/bin/python3
+seed=interop-$$
+specs="a:64x64:float32 big:1024x3584:bfloat16 one:1:uint8 odd:3x5x7:int16"
+ids=$(for s in $specs; do echo "${s%%:*}"; done)
+
+"$here/ref_producer.py" --bind 127.0.0.1 --seed "$seed" --max-seconds 250 \
+	--engine "${ECX_INTEROP_ENGINE:-mcwire}" \
+	--ready-file "$work/ready.json" $specs >/dev/null 2>"$work/producer.log" &
+pids+=($!)
+wait_for "$work/ready.json" "registry" 300 ||
+	{ echo "FAIL - ref_producer did not start: $(cat "$work/producer.log")"; exit 1; }
+url=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["registry"])' \
+	"$work/ready.json")
+
+# check_npy FILE ID SPEC: the .npy holds the item's shape and bytes.
+check_npy() {
+	INTEROP=$here "$PY" -c '
+import os, sys
+sys.path.insert(0, os.environ["INTEROP"])
+import numpy as np, items
+f, spec, seed = sys.argv[1:]
+mm, shape, dtype, n = items.parse_spec(spec)
+a = np.load(f)
+assert a.shape == shape, (a.shape, shape)
+assert a.tobytes() == items.item_bytes(seed, mm, n), "bytes differ"
+' "$1" "$2" "$seed"
+}
+
+for s in $specs; do
+	id=${s%%:*}
+	timeout 60 env -u ECX_TOKEN "$ECX" get --timeout 10000 "$url" "$id" \
+		-o "$work/$id.npy" >"$work/get.out" 2>"$work/get.err"
+	rc=$?
+	if [ "$rc" != 0 ] && grep -q "answered unknown op" "$work/producer.log"; then
+		why="ecx get sends the reference producer ecx's own ops ($(grep -m1 'answered unknown op' "$work/producer.log")): ecx has no reference-pull consumer yet (issue 23); ecx get said: $(head -c 300 "$work/get.err")"
+		if [ "${ECX_INTEROP_STRICT:-0}" = 1 ]; then
+			bad "$why (ECX_INTEROP_STRICT=1)"
+			exit 1
+		fi
+		echo "SKIP - $why"
+		exit 77
+	fi
+	if [ "$rc" = 0 ] && check_npy "$work/$id.npy" "$s"; then
+		ok "ecx get $id from ref_producer, bytes checked"
+	else
+		bad "ecx get $id (exit $rc): $(head -c 500 "$work/get.err") $(tail -3 "$work/producer.log")"
+	fi
+done
+
+timeout 30 env -u ECX_TOKEN "$ECX" info "$url" big >"$work/info.out" 2>&1
+check "ecx info shows the entry as a reference producer's" \
+	grep -qi "reference" "$work/info.out"
+
+# The Python consumer: one load of every id.
+if timeout 120 env -u ECX_TOKEN INTEROP="$here" "$PY" -c '
+import os, sys
+sys.path.insert(0, os.environ["INTEROP"])
+import items, ecx, torch
+url, seed, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+with ecx.Consumer(url, timeout_ms=10000) as c:
+    found = c.lookup([s.split(":")[0] for s in specs])
+    assert all(found), found
+    tensors = c.load(found)
+    for spec, t in zip(specs, tensors):
+        mm, shape, dtype, n = items.parse_spec(spec)
+        assert tuple(t.shape) == shape and str(t.dtype) == "torch." + dtype
+        raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+        assert raw == items.item_bytes(seed, mm, n), mm + ": bytes differ"
+' "$url" "$seed" $specs >"$work/py.out" 2>&1; then
+	ok "ecx.Consumer loads $(echo $ids) in one batch, bytes checked"
+else
+	bad "ecx.Consumer from ref_producer: $(tail -c 1500 "$work/py.out") $(tail -3 "$work/producer.log")"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
