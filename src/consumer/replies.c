@@ -5,11 +5,12 @@
  * into the items' destinations by rendezvous. Both run in a progress call
  * of the worker (the waiting caller's or the progress thread's).
  *
- * A data_am pull ends when its reply has come and none of its receives is
- * still landing; an item the reply calls done whose bytes did not all land
- * fails. Data for a pull that is no longer waited for (its load timed out,
- * or it is unknown) is refused, and the producer's send fails with it: no
- * byte lands after a load has returned.
+ * A data_am pull ends when its reply has come (alone, or inside the header
+ * of its only data message) and none of its receives is still landing; an item
+ * the reply calls done whose bytes did not all land fails. Data for a pull that
+ * is no longer waited for (its load timed out, or it is unknown) is refused,
+ * and the producer's send fails with it: no byte lands after a load has
+ * returned.
  *
  * With integrity on, each item whose bytes are in (a data receive done, or
  * ECX_AM_LANDED from a producer that puts) is marked for the caller

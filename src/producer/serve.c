@@ -4,10 +4,12 @@
  * unpacked, one put per run of neighbouring items, then a flush; or, for a
  * pull over TCP that asks for it, one data send per run and no keys), and
  * answered once with a status per item when the flush (or every send) has
- * completed. Connections made by hellos are closed when they fail, when the
- * consumer says goodbye, or when they have been idle for p->idle_ms (a
- * consumer that died over shared memory shows no failure: idleness is how
- * it is noticed): conns.c. Closing one unmaps the consumer's memory here.
+ * completed, or, for a pull over TCP whose bytes are one data send and that
+ * asks for it, inside that send (job_fold). Connections made by hellos are
+ * closed when they fail, when the consumer says goodbye, or when they have been
+ * idle for p->idle_ms (a consumer that died over shared memory shows no
+ * failure: idleness is how it is noticed): conns.c. Closing one unmaps the
+ * consumer's memory here.
  */
 #include "producer/producer.h"
 
