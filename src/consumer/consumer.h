@@ -240,8 +240,9 @@ pull *cons_pull_take(ecx_consumer *c, uint64_t req);
 void cons_pull_fail(pull *p, int err);
 /* Marks every item of p (with p->dstat allocated) as not come yet. */
 void cons_pull_data_init(pull *p);
-/* ECX_AM_DATA messages taken in this process (atomic; for tests). */
-extern uint64_t cons_data_messages;
+/* ECX_AM_DATA messages taken in this process, and ECX_AM_REPLY messages
+ * (atomic; for tests). */
+extern uint64_t cons_data_messages, cons_reply_messages;
 /* ECX_AM_LANDED notices taken, and items hashed by a waiting caller
  * before their load's end, in this process (atomic; for tests). */
 extern uint64_t cons_landed_messages, cons_hashed_early;

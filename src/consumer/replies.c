@@ -5,11 +5,12 @@
  * into the items' destinations by rendezvous. Both run in a progress call
  * of the worker (the waiting caller's or the progress thread's).
  *
- * A data_am pull ends when its reply has come and none of its receives is
- * still landing; an item the reply calls done whose bytes did not all land
- * fails. Data for a pull that is no longer waited for (its load timed out,
- * or it is unknown) is refused, and the producer's send fails with it: no
- * byte lands after a load has returned.
+ * A data_am pull ends when its reply has come (alone, or inside the header
+ * of its only data message) and none of its receives is still landing; an item
+ * the reply calls done whose bytes did not all land fails. Data for a pull that
+ * is no longer waited for (its load timed out, or it is unknown) is refused,
+ * and the producer's send fails with it: no byte lands after a load has
+ * returned.
  *
  * With integrity on, each item whose bytes are in (a data receive done, or
  * ECX_AM_LANDED from a producer that puts) is marked for the caller
@@ -35,7 +36,7 @@
 
 /* Data messages taken, by every consumer of this process (atomic): what
  * tests read to tell which way a pull's data came. */
-uint64_t cons_data_messages;
+uint64_t cons_data_messages, cons_reply_messages;
 uint64_t cons_landed_messages, cons_hashed_early;
 
 static pull *pull_find(ecx_consumer *c, uint64_t req)
@@ -238,6 +239,23 @@ static void reply_apply(pull *p, int rc, const ecx_pull_resp *r,
 	}
 }
 
+/* Takes the producer's reply to p (rc: its decoding; from ECX_AM_REPLY or
+ * inside a data message): applied, and p ended unless receives of its
+ * data are still landing (the last ends it then). Called with the
+ * lock. */
+static void reply_take(ecx_consumer *c, pull *p, int rc, const ecx_pull_resp *r,
+                       const char *why)
+{
+	if (!p->zombie)
+		reply_apply(p, rc, r, why);
+	if (p->recving > 0) {
+		p->answered = true;
+	} else {
+		cons_pull_take(c, p->req);
+		pull_end(c, p);
+	}
+}
+
 ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
                            void *data, size_t len,
                            const ucp_am_recv_param_t *param)
@@ -248,21 +266,14 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 		return UCS_OK;
 	ecx_am_hdr h;
 	memcpy(&h, header, sizeof(h));
+	__atomic_add_fetch(&cons_reply_messages, 1, __ATOMIC_RELAXED);
 	ecx_pull_resp r;
 	char why[200];
 	int rc = ecx_pull_resp_decode(data, len, &r, why, sizeof(why));
 	pthread_mutex_lock(&c->lock);
 	pull *p = pull_find(c, h.req);
-	if (p != NULL && !p->zombie)
-		reply_apply(p, rc, &r, why);
-	if (p != NULL && p->recving > 0) {
-		/* Receives of its data are still landing: the last ends
-		 * it. */
-		p->answered = true;
-	} else if (p != NULL) {
-		cons_pull_take(c, h.req);
-		pull_end(c, p);
-	}
+	if (p != NULL)
+		reply_take(c, p, rc, &r, why);
 	pthread_mutex_unlock(&c->lock);
 	if (rc == 0)
 		ecx_pull_resp_free(&r);
@@ -336,66 +347,95 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 	 * the bytes are dropped (eager, which cannot be refused). */
 	ucs_status_t refuse = rndv ? UCS_ERR_CANCELED : UCS_OK;
 	ecx_am_data_hdr h;
-	if (header_len != sizeof(h))
+	if (header_len < sizeof(h))
 		return refuse;
 	memcpy(&h, header, sizeof(h));
+	/* A longer header carries the pull's reply (its last data). */
+	bool folded = header_len > sizeof(h);
+	ecx_pull_resp r;
+	char why[200];
+	int rc = folded ? ecx_pull_resp_decode((const char *)header + sizeof(h),
+	                                       header_len - sizeof(h), &r, why,
+	                                       sizeof(why))
+	                : 0;
 	pthread_mutex_lock(&c->lock);
 	pull *p = pull_find(c, h.req);
+	if (p != NULL && p->pc->id != h.conn)
+		p = NULL;
 	char *dst = NULL;
-	if (p != NULL && !p->zombie && !p->done && p->dstat != NULL &&
-	    p->pc->id == h.conn)
+	if (p != NULL && !p->zombie && !p->done && p->dstat != NULL)
 		dst = data_dst(p, h.first, h.count, len);
+	ucs_status_t ret = UCS_OK;
 	if (dst == NULL) {
-		pthread_mutex_unlock(&c->lock);
 		ecx_debug(MOD,
 		          "data for pull %llu refused (%zu bytes): not waited "
 		          "for, or not where its items go",
 		          (unsigned long long)h.req, len);
-		return refuse;
-	}
-	__atomic_add_fetch(&cons_data_messages, 1, __ATOMIC_RELAXED);
-	if (!rndv) {
+		ret = refuse;
+	} else if (!rndv) {
+		__atomic_add_fetch(&cons_data_messages, 1, __ATOMIC_RELAXED);
 		/* Copied under the lock: a load that times out meanwhile
 		 * waits for it, and then refuses the rest. */
 		memcpy(dst, data, len);
 		for (uint32_t k = 0; k < h.count; k++)
 			p->dstat[h.first + k] = 0;
 		items_landed(p, h.first, h.count);
+	} else {
+		__atomic_add_fetch(&cons_data_messages, 1, __ATOMIC_RELAXED);
+		data_recv *d = malloc(sizeof(*d));
+		if (d == NULL) {
+			ret = UCS_ERR_NO_MEMORY;
+		} else {
+			*d = (data_recv){.c = c,
+			                 .req = h.req,
+			                 .first = h.first,
+			                 .count = h.count,
+			                 .len = len};
+			/* A repeat is refused. */
+			for (uint32_t k = 0; k < h.count; k++)
+				p->dstat[h.first + k] = DATA_LANDING;
+			p->recving++;
+		}
+		ucp_worker_h w = p->pc->side != NULL
+		                     ? ecx_ucx_side_worker(p->pc->side)
+		                     : ecx_ucx_worker(c->ucx);
+		/* (With its receive in flight, p is not ended here.) */
+		if (folded)
+			reply_take(c, p, rc, &r, why);
 		pthread_mutex_unlock(&c->lock);
+		if (folded && rc == 0)
+			ecx_pull_resp_free(&r);
+		if (d == NULL)
+			return ret;
+		/* A load that times out from here on cuts this TCP
+		 * connection before it returns, which takes this receive's
+		 * transport with it: nothing lands after. */
+		ucp_request_param_t rp = {.op_attr_mask =
+		                              UCP_OP_ATTR_FIELD_CALLBACK |
+		                              UCP_OP_ATTR_FIELD_USER_DATA,
+		                          .cb.recv_am = data_recv_done,
+		                          .user_data = d};
+		ucs_status_ptr_t q =
+		    ucp_am_recv_data_nbx(w, data, dst, len, &rp);
+		if (q == NULL) {
+			data_recv_done(NULL, UCS_OK, len, d);
+		} else if (UCS_PTR_IS_ERR(q)) {
+			/* The producer's send fails with it too: both sides
+			 * agree. */
+			data_recv_done(NULL, UCS_PTR_STATUS(q), 0, d);
+			return UCS_PTR_STATUS(q);
+		}
 		return UCS_OK;
 	}
-	data_recv *d = malloc(sizeof(*d));
-	if (d == NULL) {
-		pthread_mutex_unlock(&c->lock);
-		return UCS_ERR_NO_MEMORY;
-	}
-	*d = (data_recv){.c = c,
-	                 .req = h.req,
-	                 .first = h.first,
-	                 .count = h.count,
-	                 .len = len};
-	for (uint32_t k = 0; k < h.count; k++)
-		p->dstat[h.first + k] = DATA_LANDING; /* a repeat is refused */
-	p->recving++;
-	ucp_worker_h w = p->pc->side != NULL ? ecx_ucx_side_worker(p->pc->side)
-	                                     : ecx_ucx_worker(c->ucx);
+	/* The reply it carries, for a pull (or a zombie) of this connection,
+	 * whatever became of the bytes: a refused message's items fail (the
+	 * reply calls them done, their bytes did not land). */
+	if (folded && p != NULL)
+		reply_take(c, p, rc, &r, why);
 	pthread_mutex_unlock(&c->lock);
-	/* A load that times out from here on cuts this TCP connection before
-	 * it returns, which takes this receive's transport with it: nothing
-	 * lands after. */
-	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-	                                          UCP_OP_ATTR_FIELD_USER_DATA,
-	                          .cb.recv_am = data_recv_done,
-	                          .user_data = d};
-	ucs_status_ptr_t r = ucp_am_recv_data_nbx(w, data, dst, len, &rp);
-	if (r == NULL) {
-		data_recv_done(NULL, UCS_OK, len, d);
-	} else if (UCS_PTR_IS_ERR(r)) {
-		/* The producer's send fails with it too: both sides agree. */
-		data_recv_done(NULL, UCS_PTR_STATUS(r), 0, d);
-		return UCS_PTR_STATUS(r);
-	}
-	return UCS_OK;
+	if (folded && rc == 0)
+		ecx_pull_resp_free(&r);
+	return ret;
 }
 
 /* ---- landed notices (a producer that puts, for a pull with "landed") ---- */

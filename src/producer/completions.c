@@ -12,6 +12,7 @@
 void prod_job_free(job *j)
 {
 	free(j->sends);
+	free(j->fold_hdr);
 	free(j);
 }
 

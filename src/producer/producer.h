@@ -149,6 +149,15 @@ typedef struct job {
 	 * shared memory): the last callback frees it, if it ever runs. */
 	bool abandoned;
 	int flush_status;
+	/* The reply went inside the data message (a pull with fold whose
+	 * bytes are one message): fold_hdr is that message's header, the
+	 * data header then the reply's JSON, which UCX may read until the
+	 * send completes (freed with j). The pull was counted in the
+	 * producer's stats as that reply says, before the send (a consumer
+	 * that has its answer sees it counted); pre_* is what was counted. */
+	bool folded;
+	char *fold_hdr;
+	uint64_t pre_served, pre_failed, pre_bytes;
 } job;
 
 struct ecx_producer {
@@ -187,6 +196,9 @@ struct ecx_producer {
 	 * pull with xxh64 and sends no landed notices, as one older than
 	 * XXH3 did. */
 	bool test_hash_legacy;
+	/* The largest active-message header the workers take (UCX's
+	 * max_am_header), asked once by the progress thread; 0: not yet. */
+	size_t am_hdr_max;
 	bool redis;
 	bool hold_ready; /* the embedded registry is starting until set_ready */
 	/* The publisher (publish.c) alone uses `remote`. Its queue and state

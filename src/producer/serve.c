@@ -4,10 +4,12 @@
  * unpacked, one put per run of neighbouring items, then a flush; or, for a
  * pull over TCP that asks for it, one data send per run and no keys), and
  * answered once with a status per item when the flush (or every send) has
- * completed. Connections made by hellos are closed when they fail, when the
- * consumer says goodbye, or when they have been idle for p->idle_ms (a
- * consumer that died over shared memory shows no failure: idleness is how
- * it is noticed): conns.c. Closing one unmaps the consumer's memory here.
+ * completed, or, for a pull over TCP whose bytes are one data send and that
+ * asks for it, inside that send (job_fold). Connections made by hellos are
+ * closed when they fail, when the consumer says goodbye, or when they have been
+ * idle for p->idle_ms (a consumer that died over shared memory shows no
+ * failure: idleness is how it is noticed): conns.c. Closing one unmaps the
+ * consumer's memory here.
  */
 #include "producer/producer.h"
 
@@ -38,6 +40,9 @@
  * hashes each as it lands, while it is still in the CPU's caches, rather
  * than all after one long put. */
 #define LANDED_RUN_MAX ((uint64_t)1 << 20)
+/* A pull's only data message, when it carries the reply, goes eagerly up
+ * to this much (no rendezvous handshake), else as any other. */
+#define FOLD_EAGER_MAX ((uint64_t)64 << 10)
 
 /* ---- pulls ---- */
 
@@ -83,8 +88,8 @@ ucs_status_t prod_am_pull(void *arg, const void *header, size_t header_len,
 	return UCS_OK;
 }
 
-/* Sends the reply of job j (when its connection still works). */
-static void job_reply(job *j, int err, const char *detail)
+/* The reply of job j as it stands (err: for the whole pull). */
+static ecx_pull_resp job_resp(const job *j, int err, const char *detail)
 {
 	ecx_pull_resp r = {.req = j->req,
 	                   .err = err,
@@ -95,10 +100,45 @@ static void job_reply(job *j, int err, const char *detail)
 	                   .data_am = j->pr.data_am};
 	if (detail != NULL)
 		ecx_strlcpy(r.detail, detail, sizeof(r.detail));
+	return r;
+}
+
+/* Sends the reply of job j (when its connection still works). */
+static void job_reply(job *j, int err, const char *detail)
+{
+	ecx_pull_resp r = job_resp(j, err, detail);
 	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
 		return;
 	ecx_ucx_am_send(j->c->ep, ECX_AM_REPLY, j->conn_id, j->req,
 	                ecx_pull_resp_encode(&r), NULL);
+}
+
+/* Job j's items as its statuses stand: served (and their bytes), failed. */
+static void job_tally(const job *j, uint64_t *served, uint64_t *failed,
+                      uint64_t *bytes)
+{
+	*served = *failed = *bytes = 0;
+	for (size_t i = 0; i < j->pr.nitems; i++) {
+		if (j->status[i] == 0) {
+			(*served)++;
+			*bytes += j->pr.items[i].nbytes;
+		} else {
+			(*failed)++;
+		}
+	}
+}
+
+/* Takes back what a folded reply counted before its send (job_fold).
+ * Called with the lock. */
+static void job_uncount(ecx_producer *p, job *j)
+{
+	if (!j->folded)
+		return;
+	p->st.pulls--;
+	p->st.items_served -= j->pre_served;
+	p->st.items_failed -= j->pre_failed;
+	p->st.bytes_served -= j->pre_bytes;
+	j->folded = false;
 }
 
 /* Unpins the job's items. Called with the lock. */
@@ -177,6 +217,7 @@ void prod_jobs_abandon(ecx_producer *p, conn *c)
 		         "pull %llu on closed connection %llu unfinished: "
 		         "given up",
 		         (unsigned long long)j->req, (unsigned long long)c->id);
+		job_uncount(p, j);
 		p->st.pulls++;
 		p->st.items_failed += j->pr.nitems;
 		j->abandoned = true;
@@ -249,11 +290,58 @@ static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 	       b->off == a->off + len && pb->addr == pa->addr + len;
 }
 
+/* Whether items i..k-1 of job j carry all the bytes its pull still has to
+ * send: no item after them has any (those before are sent or failed), so
+ * every status its reply gives is final once they are posted. */
+static bool run_is_last(const job *j, size_t k)
+{
+	for (size_t m = k; m < j->pr.nitems; m++)
+		if (j->items[m] != NULL && j->items[m]->desc.nbytes > 0 &&
+		    j->status[m] == 0)
+			return false;
+	return true;
+}
+
+/* Puts job j's reply after data header h in one header for the data
+ * message that carries the pull's last bytes (a pull with fold), and
+ * counts the pull in the stats as that reply says: j->fold_hdr and its
+ * length, or 0 when it cannot (no memory, or a header larger than UCX
+ * takes: the reply then goes apart). */
+static size_t job_fold(ecx_producer *p, job *j, const ecx_am_data_hdr *h)
+{
+	if (p->am_hdr_max == 0)
+		p->am_hdr_max = ecx_ucx_max_am_header(ecx_ucx_worker(p->ucx));
+	ecx_pull_resp r = job_resp(j, 0, NULL);
+	char *body = ecx_pull_resp_encode(&r);
+	size_t blen = body != NULL ? strlen(body) : 0;
+	size_t len = sizeof(*h) + blen;
+	if (body == NULL || len > p->am_hdr_max ||
+	    (j->fold_hdr = malloc(len)) == NULL) {
+		free(body);
+		return 0;
+	}
+	memcpy(j->fold_hdr, h, sizeof(*h));
+	memcpy(j->fold_hdr + sizeof(*h), body, blen);
+	free(body);
+	job_tally(j, &j->pre_served, &j->pre_failed, &j->pre_bytes);
+	pthread_mutex_lock(&p->lock);
+	p->st.pulls++;
+	p->st.items_served += j->pre_served;
+	p->st.items_failed += j->pre_failed;
+	p->st.bytes_served += j->pre_bytes;
+	pthread_mutex_unlock(&p->lock);
+	j->folded = true;
+	return len;
+}
+
 /* Sends items i..k-1 of job j's pull (len bytes from src, neighbours in
  * both memories) as one ECX_AM_DATA message; returns what ucp_am_send_nbx
- * returned, after counting a send in flight as one of j's completions. */
-static ucs_status_ptr_t data_send(job *j, size_t i, size_t k, void *src,
-                                  uint64_t len)
+ * returned, after counting a send in flight as one of j's completions.
+ * The pull's last bytes, for a pull with fold, carry its reply (job_fold)
+ * and go eagerly up to FOLD_EAGER_MAX: the load is then one message each
+ * way, as a socket's request and answer are. */
+static ucs_status_ptr_t data_send(ecx_producer *p, job *j, size_t i, size_t k,
+                                  void *src, uint64_t len)
 {
 	job_send *s = &j->sends[j->nsends++];
 	s->j = j;
@@ -261,15 +349,26 @@ static ucs_status_ptr_t data_send(job *j, size_t i, size_t k, void *src,
 	                         .req = j->req,
 	                         .first = (uint32_t)i,
 	                         .count = (uint32_t)(k - i)};
-	ucp_request_param_t rp = {
-	    .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-	                    UCP_OP_ATTR_FIELD_USER_DATA |
-	                    UCP_OP_ATTR_FIELD_FLAGS,
-	    .cb.send = prod_send_done,
-	    .user_data = s,
-	    .flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0};
-	ucs_status_ptr_t req = ucp_am_send_nbx(j->c->ep, ECX_AM_DATA, &s->h,
-	                                       sizeof(s->h), src, len, &rp);
+	const void *hdr = &s->h;
+	size_t hlen = sizeof(s->h);
+	uint32_t flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;
+	size_t flen = j->pr.fold && j->nsends == 1 && run_is_last(j, k)
+	                  ? job_fold(p, j, &s->h)
+	                  : 0;
+	if (flen > 0) {
+		hdr = j->fold_hdr;
+		hlen = flen;
+		if (len <= FOLD_EAGER_MAX)
+			flags = UCP_AM_SEND_FLAG_EAGER;
+	}
+	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                                          UCP_OP_ATTR_FIELD_USER_DATA |
+	                                          UCP_OP_ATTR_FIELD_FLAGS,
+	                          .cb.send = prod_send_done,
+	                          .user_data = s,
+	                          .flags = flags};
+	ucs_status_ptr_t req =
+	    ucp_am_send_nbx(j->c->ep, ECX_AM_DATA, hdr, hlen, src, len, &rp);
 	if (req != NULL && !UCS_PTR_IS_ERR(req))
 		__atomic_add_fetch(&j->pending, 1, __ATOMIC_ACQ_REL);
 	return req;
@@ -448,7 +547,7 @@ static bool job_start(ecx_producer *p, job *j)
 		void *src = (char *)p->base + it->off;
 		ucs_status_ptr_t req;
 		if (j->pr.data_am) {
-			req = data_send(j, i, k, src, len);
+			req = data_send(p, j, i, k, src, len);
 		} else {
 			prod_rkey_prefault(re, j->pr.items[i].addr, len);
 			/* With notices, an item larger than a run goes in
@@ -500,35 +599,36 @@ static bool job_start(ecx_producer *p, job *j)
  * unpin. */
 static void job_finish(ecx_producer *p, job *j)
 {
-	uint64_t served = 0, bytes = 0, failed = 0;
+	uint64_t served, bytes, failed;
 	for (size_t s = 0; s < j->nsends; s++)
 		for (uint32_t k = 0; k < j->sends[s].h.count; k++)
 			if (j->status[j->sends[s].h.first + k] == 0)
 				j->status[j->sends[s].h.first + k] =
 				    j->sends[s].status;
-	for (size_t i = 0; i < j->pr.nitems; i++) {
+	for (size_t i = 0; i < j->pr.nitems; i++)
 		if (j->status[i] == 0 && j->flush_status != 0)
 			j->status[i] = j->flush_status;
-		if (j->status[i] == 0) {
-			served++;
-			bytes += j->pr.items[i].nbytes;
-		} else {
-			failed++;
-		}
-	}
+	job_tally(j, &served, &failed, &bytes);
 	ecx_debug(MOD, "pull %llu done: %llu served, %llu failed, flush %s",
 	          (unsigned long long)j->req, (unsigned long long)served,
 	          (unsigned long long)failed, ecx_err_name(j->flush_status));
+	/* A folded reply that told the truth is the answer; one whose send
+	 * failed is followed by this one (the consumer takes the first it
+	 * gets). */
+	bool answered = j->folded && served == j->pre_served;
 	/* Unpin and count before the reply goes: a consumer that has its
-	 * answer sees the producer's state after the pull. */
+	 * answer sees the producer's state after the pull (its pins may
+	 * outlive a folded reply by the send's completion). */
 	pthread_mutex_lock(&p->lock);
+	job_uncount(p, j);
 	p->st.pulls++;
 	p->st.items_served += served;
 	p->st.items_failed += failed;
 	p->st.bytes_served += bytes;
 	job_unpin(p, j);
 	pthread_mutex_unlock(&p->lock);
-	job_reply(j, 0, NULL);
+	if (!answered)
+		job_reply(j, 0, NULL);
 	pthread_mutex_lock(&p->lock);
 	job_release(p, j);
 	pthread_mutex_unlock(&p->lock);

@@ -93,6 +93,8 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 		cJSON_AddStringToObject(o, "hash", hash_names[r->hash]);
 	if (r->landed)
 		cJSON_AddBoolToObject(o, "landed", true);
+	if (r->fold)
+		cJSON_AddStringToObject(o, "reply", "data");
 	if (r->token[0] != '\0')
 		cJSON_AddStringToObject(o, "token", r->token);
 	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
@@ -182,6 +184,10 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 	 * xxh64, which every checking consumer takes. */
 	r.hash = hash_kind_of(cJSON_GetObjectItemCaseSensitive(o, "hash"));
 	r.landed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "landed"));
+	/* Any other "reply" is answered apart, which every consumer takes. */
+	const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "reply");
+	r.fold = r.data_am && cJSON_IsString(f) && f->valuestring != NULL &&
+	         strcmp(f->valuestring, "data") == 0;
 	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
 	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,
 	                           whylen)) != 0)

@@ -180,6 +180,11 @@ typedef struct ecx_pull_req {
 	 * can be checked while the rest of the pull is written. Producers
 	 * that do not know it send none. */
 	bool landed;
+	/* Sent as "reply": "data" (with data_am): the consumer takes the
+	 * reply inside the pull's data message (ECX_AM_DATA, below) when all
+	 * the pull's bytes go in one. Producers that do not know it answer
+	 * with ECX_AM_REPLY as before. */
+	bool fold;
 	char token[ECX_TOKEN_MAX];
 	size_t nregions;
 	ecx_region *regions;
@@ -237,7 +242,11 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
  * puts gets, after each put (of one item or neighbours) has completed
  * remotely, ECX_AM_LANDED: header ecx_am_data_hdr naming those items, no
  * body; an item put in pieces gets one after each piece, with count 1
- * and an 8-byte body, a u64: how many of its leading bytes are in. */
+ * and an 8-byte body, a u64: how many of its leading bytes are in.
+ * For a pull with fold whose bytes all go in one data message, that
+ * message's header is ecx_am_data_hdr followed by the reply's JSON (no
+ * terminating NUL), and no ECX_AM_REPLY follows it unless the send
+ * fails. */
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
 #define ECX_AM_DATA 19

@@ -505,6 +505,12 @@ ucp_worker_h ecx_ucx_worker(ecx_ucx *u)
 {
 	return u->worker;
 }
+size_t ecx_ucx_max_am_header(ucp_worker_h w)
+{
+	ucp_worker_attr_t a = {.field_mask =
+	                           UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
+	return ucp_worker_query(w, &a) == UCS_OK ? a.max_am_header : 0;
+}
 void ecx_ucx_wake(ecx_ucx *u)
 {
 	ucp_worker_signal(u->worker);

@@ -64,6 +64,9 @@ void ecx_ucx_destroy(ecx_ucx *u);
 
 ucp_context_h ecx_ucx_context(ecx_ucx *u);
 ucp_worker_h ecx_ucx_worker(ecx_ucx *u);
+/* The largest active-message header worker w takes (UCX's
+ * max_am_header); 0 when UCX does not say. */
+size_t ecx_ucx_max_am_header(ucp_worker_h w);
 /* One progress of the worker and of every side (below); the number of
  * events. For a caller that waits on a load itself (ecx_ucx_waiting). */
 unsigned ecx_ucx_progress(ecx_ucx *u);

@@ -1118,6 +1118,119 @@ static void test_tcp_data_runs(void **state)
 	producer_stop(&p);
 }
 
+/* libecx's count of separate replies its consumers took (replies.c). */
+extern uint64_t cons_reply_messages;
+
+static uint64_t reply_messages(void)
+{
+	return __atomic_load_n(&cons_reply_messages, __ATOMIC_RELAXED);
+}
+
+/* Loads ids[0..n) into one buffer in order; checks each status against
+ * want[] (and the bytes of those that loaded); returns how many data
+ * messages and separate replies the load took. */
+static void fold_load(ecx_consumer *c, const char **ids, size_t n,
+                      const int *want, uint64_t *data, uint64_t *replies)
+{
+	ecx_item it[4];
+	memset(it, 0, sizeof(it));
+	for (size_t i = 0; i < n; i++)
+		it[i].id = ids[i];
+	ecx_consumer_lookup(c, it, n);
+	size_t total = 0;
+	for (size_t i = 0; i < n; i++)
+		total += it[i].desc.nbytes;
+	char *buf = malloc(total + 1);
+	assert_non_null(buf);
+	size_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		it[i].dst = buf + off;
+		off += it[i].desc.nbytes;
+	}
+	uint64_t d0 = data_messages(), r0 = reply_messages();
+	ecx_consumer_load(c, it, n);
+	*data = data_messages() - d0;
+	*replies = reply_messages() - r0;
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(it[i].status, want[i]);
+		if (want[i] == 0)
+			assert_true(
+			    tu_check(it[i].id, it[i].dst, it[i].desc.nbytes));
+	}
+	free(buf);
+}
+
+/* Over TCP a pull whose bytes go in one data message gets its reply inside
+ * that message ("reply": "data"): one message each way for a load of one
+ * 64 KiB item (sent eagerly), of one 1 MiB item (by rendezvous), and of an
+ * item beside one the producer does not have (whose status the folded
+ * reply carries); a pull of two messages, or of no data at all, is
+ * answered apart. The producer's stats count the pull before the consumer
+ * has its answer, as they do with a reply apart. */
+static void test_tcp_fold(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	producer_put(&p, "f64", "uint8", "65536", "ok");
+	producer_put(&p, "f1m", "uint8", "1048576", "ok");
+	producer_put(&p, "fa", "uint8", "1048576", "ok");
+	producer_put(&p, "fb", "uint8", "1048576", "ok");
+	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	uint64_t d, r;
+	const char *one[] = {"f64"}, *big[] = {"f1m"};
+	const char *miss[] = {"f64", "nope"}, *two[] = {"fa", "fb"};
+	const char *none[] = {"nope"};
+	const int ok1[] = {0}, okmiss[] = {0, ECX_ENOTFOUND}, ok2[] = {0, 0};
+	const int nf[] = {ECX_ENOTFOUND};
+	for (int round = 0; round < 3; round++) {
+		fold_load(c, one, 1, ok1, &d, &r);
+		assert_int_equal(d, 1);
+		assert_int_equal(r, 0);
+		fold_load(c, big, 1, ok1, &d, &r);
+		assert_int_equal(d, 1);
+		assert_int_equal(r, 0);
+	}
+	assert_int_equal(producer_stat(&p, "pulls"), 6);
+	assert_int_equal(producer_stat(&p, "served"), 6);
+	/* The lookup finds "nope" nowhere: the pull names f64 alone. Asked
+	 * of the producer by hand below. */
+	fold_load(c, miss, 2, okmiss, &d, &r);
+	assert_int_equal(d, 1);
+	assert_int_equal(r, 0);
+	/* 1 MiB each, in order: two messages (512 KiB runs at most). */
+	fold_load(c, two, 2, ok2, &d, &r);
+	assert_int_equal(d, 2);
+	assert_int_equal(r, 1);
+	fold_load(c, none, 1, nf, &d, &r);
+	assert_int_equal(d, 0);
+	assert_int_equal(r, 0); /* not found by the lookup: no pull */
+	/* An id the producer does not hold, named by hand: its status comes
+	 * in the reply inside the data of the item beside it. */
+	ecx_item it[2];
+	memset(it, 0, sizeof(it));
+	it[0].id = "f64";
+	it[1].id = "gone";
+	assert_int_equal(ecx_consumer_lookup(c, it, 1), 0);
+	it[1].desc = it[0].desc;
+	memcpy(it[1].producer, it[0].producer, sizeof(it[1].producer));
+	char *buf = malloc(2 * 65536);
+	assert_non_null(buf);
+	it[0].dst = buf;
+	it[1].dst = buf + 65536;
+	uint64_t d0 = data_messages(), r0 = reply_messages();
+	assert_int_equal(ecx_consumer_load(c, it, 2), ECX_ENOTFOUND);
+	assert_int_equal(data_messages() - d0, 1);
+	assert_int_equal(reply_messages() - r0, 0);
+	assert_int_equal(it[0].status, 0);
+	assert_int_equal(it[1].status, ECX_ENOTFOUND);
+	assert_true(tu_check("f64", buf, 65536));
+	free(buf);
+	assert_int_equal(producer_stat(&p, "served"), 6 + 1 + 2 + 1);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+}
+
 static void test_slow_producer_shm_arena(void **state)
 {
 	(void)state;
@@ -1954,6 +2067,7 @@ int main(void)
 	    cmocka_unit_test(test_runs_tcp),
 	    cmocka_unit_test(test_tcp_data_ways),
 	    cmocka_unit_test(test_tcp_data_runs),
+	    cmocka_unit_test(test_tcp_fold),
 	    cmocka_unit_test(test_timeout_dead_producers),
 	};
 	/* ECX_TEST_FILTER=test_token (a glob) runs only what matches. */
