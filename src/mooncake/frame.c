@@ -240,10 +240,10 @@ static int decode_buffers(const cJSON *arr, ecx_mc_segment *out, char *why,
 			return ecx_why(why, whylen, rc, "buffer %zu: %s", i, w);
 		}
 		if (b[i].addr == 0 || b[i].length == 0) {
+			const char *what = b[i].addr == 0 ? "addr" : "length";
 			free(b);
 			return ecx_why(why, whylen, ECX_EPROTO,
-			               "buffer %zu has a zero %s", i,
-			               b[i].addr == 0 ? "addr" : "length");
+			               "buffer %zu has a zero %s", i, what);
 		}
 		if (b[i].addr + b[i].length < b[i].addr) {
 			free(b);
