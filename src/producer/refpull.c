@@ -76,15 +76,16 @@ static void ref_run(ecx_producer *p, ref_task *t)
 	char why[320];
 	int rc = ecx_mc_write(p->mc, t->session, t->dst_ptr, t->src, t->nbytes,
 	                      t->deadline_ns, why, sizeof(why));
-	ref_unpin(p, t, rc == 0);
 	if (rc == 0) {
 		__atomic_fetch_add(&p->ref_pulls, 1, __ATOMIC_RELAXED);
 		__atomic_fetch_add(&p->ref_bytes, t->nbytes, __ATOMIC_RELAXED);
 	} else {
 		prod_ref_refuse(p, ref_reason_of(rc));
+		/* Before the unpin: the item may go with it. */
 		ecx_warn(MOD, "reference pull of %.64s into %s failed: %s",
 		         t->it->id, t->session, why);
 	}
+	ref_unpin(p, t, rc == 0);
 	ecx_rdv_answer(t->ticket,
 	               ecx_zresp_encode_ref_pull(rc, rc == 0 ? NULL : why));
 	free(t);
