@@ -143,11 +143,13 @@ static inline void *hs_main(void *arg)
 			if (x->mode == RX_GARBAGE_META)
 				jl = strlen(json);
 			uint8_t *f = ecx_mc_hs_frame_encode(1, json, jl, &fl);
-			assert_int_equal(send(fd, f, fl, MSG_NOSIGNAL),
-			                 (ssize_t)fl);
+			/* Counted before the answer: a test reads the count
+			 * as soon as the writer has it. */
+			__atomic_fetch_add(&x->handshakes, 1, __ATOMIC_RELAXED);
+			if (f != NULL)
+				(void)!send(fd, f, fl, MSG_NOSIGNAL);
 			free(f);
 			free(json);
-			__atomic_fetch_add(&x->handshakes, 1, __ATOMIC_RELAXED);
 			shutdown(fd, SHUT_WR);
 			char c;
 			struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -185,8 +187,8 @@ static inline void *conn_main(void *arg)
 		if (x->mode == RX_REJECT || !ecx_mc_hdr_is_write(&h) ||
 		    !ecx_mc_range_within(h.addr, h.size, base, x->memlen)) {
 			ecx_mc_status_encode(ECX_MC_STATUS_REJECTED, sb);
-			(void)!send(fd, sb, 8, MSG_NOSIGNAL);
 			__atomic_fetch_add(&x->rejects, 1, __ATOMIC_RELAXED);
+			(void)!send(fd, sb, 8, MSG_NOSIGNAL);
 			break;
 		}
 		if (!read_n(fd, (void *)(uintptr_t)h.addr, h.size,
@@ -196,8 +198,9 @@ static inline void *conn_main(void *arg)
 		                         ? 0x1122334455667788ull
 		                         : ECX_MC_STATUS_OK,
 		                     sb);
-		(void)!send(fd, sb, 8, MSG_NOSIGNAL);
+		/* Counted before the status, as the handshakes are. */
 		__atomic_fetch_add(&x->writes, 1, __ATOMIC_RELAXED);
+		(void)!send(fd, sb, 8, MSG_NOSIGNAL);
 	}
 	return NULL;
 }
@@ -210,14 +213,23 @@ static inline void *data_main(void *arg)
 		if (fd < 0)
 			return NULL;
 		__atomic_fetch_add(&x->accepts, 1, __ATOMIC_RELAXED);
-		assert_true(x->nconn < RX_CONNS);
+		/* No cmocka assert off the test's thread: a connection past
+		 * RX_CONNS is closed (the test counts accepts). */
 		conn_arg *ca = malloc(sizeof(*ca));
+		if (x->nconn >= RX_CONNS || ca == NULL) {
+			free(ca);
+			close(fd);
+			continue;
+		}
 		ca->x = x;
 		ca->fd = fd;
 		x->conn_fd[x->nconn] = fd;
-		assert_int_equal(
-		    pthread_create(&x->conn_thr[x->nconn], NULL, conn_main, ca),
-		    0);
+		if (pthread_create(&x->conn_thr[x->nconn], NULL, conn_main,
+		                   ca) != 0) {
+			free(ca);
+			close(fd);
+			continue;
+		}
 		x->nconn++;
 	}
 }
