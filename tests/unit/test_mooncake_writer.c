@@ -11,6 +11,9 @@
 
 #include "common/mcrx.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -264,6 +267,97 @@ static void test_write_reresolve(void **state)
 	ecx_mc_writer_destroy(w);
 }
 
+/* The receiver process of the test running, killed by its teardown
+ * whatever the test's end (a stopped one left behind would hold the
+ * test's output open). */
+static pid_t child_pid;
+
+static int kill_child(void **state)
+{
+	(void)state;
+	if (child_pid > 0) {
+		kill(child_pid, SIGKILL);
+		waitpid(child_pid, NULL, 0);
+		child_pid = 0;
+	}
+	return 0;
+}
+
+/* A receiver in another process: its session name and buffer address
+ * come back on a pipe; it serves until killed. */
+static pid_t rx_child(char *name, size_t cap, uint64_t *base)
+{
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		rx x;
+		if (!rx_start(&x, AF_INET, 8u << 20, 2, RX_OK))
+			_exit(1);
+		dprintf(pfd[1], "%s %llu\n", x.name,
+		        (unsigned long long)(uintptr_t)x.mem);
+		close(pfd[1]);
+		for (;;)
+			pause();
+	}
+	child_pid = pid;
+	close(pfd[1]);
+	char line[128] = "";
+	FILE *f = fdopen(pfd[0], "r");
+	assert_non_null(fgets(line, sizeof(line), f));
+	fclose(f);
+	unsigned long long b = 0;
+	char nm[64];
+	assert_int_equal(sscanf(line, "%63s %llu", nm, &b), 2);
+	snprintf(name, cap, "%s", nm);
+	*base = b;
+	return pid;
+}
+
+/* The receiver's process stopped (SIGSTOP) mid-stream: the write ends at
+ * its deadline, and the next one after SIGCONT succeeds; killed (SIGKILL):
+ * the write fails at once, not at the deadline. */
+static void test_write_peer_stopped_killed(void **state)
+{
+	(void)state;
+	char name[64], why[240];
+	uint64_t base = 0;
+	pid_t pid = rx_child(name, sizeof(name), &base);
+	ecx_mc_writer *w = writer();
+	size_t big = 7u << 20;
+	uint8_t *src = pattern(big, 11);
+	int rc = ecx_mc_write(w, name, base, src, 4096, deadline_in_ms(5000),
+	                      why, sizeof(why));
+	if (rc != 0)
+		fail_msg("%s", why);
+	kill(pid, SIGSTOP);
+	int ms = 400;
+	uint64_t t0 = ecx_now_ns();
+	rc = ecx_mc_write(w, name, base, src, big, deadline_in_ms(ms), why,
+	                  sizeof(why));
+	uint64_t el = (ecx_now_ns() - t0) / 1000000u;
+	assert_int_equal(rc, ECX_ETIMEDOUT);
+	assert_true(el >= (uint64_t)ms - 5);
+	assert_true(el < (uint64_t)(ms + 300) * time_scale());
+	kill(pid, SIGCONT);
+	rc = ecx_mc_write(w, name, base, src, big, deadline_in_ms(5000), why,
+	                  sizeof(why));
+	if (rc != 0)
+		fail_msg("after SIGCONT: %s", why);
+
+	kill_child(NULL);
+	t0 = ecx_now_ns();
+	rc = ecx_mc_write(w, name, base, src, big, deadline_in_ms(5000), why,
+	                  sizeof(why));
+	el = (ecx_now_ns() - t0) / 1000000u;
+	assert_true(rc == ECX_ECONNECT || rc == ECX_ECLOSED);
+	assert_true(el < 1000u * (unsigned)time_scale());
+	free(src);
+	ecx_mc_writer_destroy(w);
+}
+
 static void test_write_ipv6(void **state)
 {
 	(void)state;
@@ -293,6 +387,8 @@ int main(void)
 	    cmocka_unit_test(test_write_refused),
 	    cmocka_unit_test(test_write_stalled),
 	    cmocka_unit_test(test_write_reresolve),
+	    cmocka_unit_test_teardown(test_write_peer_stopped_killed,
+	                              kill_child),
 	    cmocka_unit_test(test_write_ipv6),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
