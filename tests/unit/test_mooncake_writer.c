@@ -81,9 +81,9 @@ static void test_write_pooled(void **state)
 	assert_int_equal(st.connects, 1);
 	assert_int_equal(st.writes, 51);
 	assert_int_equal(st.bytes, big + 50 * 65536);
-	assert_int_equal(x.handshakes, 1);
-	assert_int_equal(x.accepts, 1);
-	assert_int_equal(x.writes, 51);
+	assert_int_equal(__atomic_load_n(&x.handshakes, __ATOMIC_RELAXED), 1);
+	assert_int_equal(__atomic_load_n(&x.accepts, __ATOMIC_RELAXED), 1);
+	assert_int_equal(__atomic_load_n(&x.writes, __ATOMIC_RELAXED), 51);
 	ecx_mc_writer_destroy(w);
 	free(src);
 	rx_stop(&x);
@@ -114,8 +114,8 @@ static void test_write_checked_first(void **state)
 	                              deadline_in_ms(2000), why, sizeof(why)),
 	                 ECX_EINVAL);
 	usleep(20000);
-	assert_int_equal(x.headers, 0);
-	assert_int_equal(x.accepts, 0);
+	assert_int_equal(__atomic_load_n(&x.headers, __ATOMIC_RELAXED), 0);
+	assert_int_equal(__atomic_load_n(&x.accepts, __ATOMIC_RELAXED), 0);
 	ecx_mc_writer_destroy(w);
 	rx_stop(&x);
 
@@ -127,7 +127,7 @@ static void test_write_checked_first(void **state)
 	                 ECX_EUNSUPPORTED);
 	assert_non_null(strstr(why, "tcp_proto_version 1"));
 	usleep(20000);
-	assert_int_equal(x.accepts, 0);
+	assert_int_equal(__atomic_load_n(&x.accepts, __ATOMIC_RELAXED), 0);
 	ecx_mc_writer_destroy(w);
 	rx_stop(&x);
 }
@@ -248,7 +248,7 @@ static void test_write_reresolve(void **state)
 	if (rc != 0)
 		fail_msg("%s", why);
 	assert_memory_equal(x.mem, src, sizeof(src));
-	assert_int_equal(x.handshakes, 2);
+	assert_int_equal(__atomic_load_n(&x.handshakes, __ATOMIC_RELAXED), 2);
 	ecx_mc_writer_destroy(w);
 	rx_stop(&x);
 
