@@ -101,3 +101,24 @@ def test_reference_pull_gets_the_reference_reply_shape(serve):
         assert r["err"] == "unknown mm_hash"
     finally:
         ctx.term()
+
+
+def test_no_mooncake_refuses_the_reference_pull(serve):
+    zmq = pytest.importorskip("zmq")
+    s = serve("--synthetic", "1", "--shape", "4", "--dtype", "uint8",
+              "--no-mooncake")
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.RCVTIMEO, 5000)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(s.producer)
+        sock.send_json(dict(op="pull", mm_hash="synthetic-0",
+                            dst_session="127.0.0.1:1", dst_ptr=4096,
+                            nbytes=4))
+        r = sock.recv_json()
+        sock.close()
+        assert r["ok"] is False and r["code"] == "EUNSUPPORTED"
+        assert "Mooncake wire off" in r["err"]
+    finally:
+        ctx.term()
