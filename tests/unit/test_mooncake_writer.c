@@ -332,7 +332,12 @@ static void test_write_peer_stopped_killed(void **state)
 	                      why, sizeof(why));
 	if (rc != 0)
 		fail_msg("%s", why);
+	/* Stopped for sure before the write (a signal takes effect when the
+	 * child is next scheduled). */
 	kill(pid, SIGSTOP);
+	int st = 0;
+	assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
+	assert_true(WIFSTOPPED(st));
 	int ms = 400;
 	uint64_t t0 = ecx_now_ns();
 	rc = ecx_mc_write(w, name, base, src, big, deadline_in_ms(ms), why,
