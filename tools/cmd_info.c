@@ -198,6 +198,25 @@ static void ls_print(const ecx_item *it, bool json, const char *url)
 	       (unsigned long long)it->desc.nbytes, it->producer);
 }
 
+/* The length of the first URL of a comma-separated list: up to the comma
+ * that starts another URL (SCHEME://), so that the commas between the
+ * sentinels of a redis+sentinel:// URL stay in it. */
+static size_t url_len(const char *p)
+{
+	for (size_t i = strcspn(p, ","); p[i] != '\0';
+	     i += 1 + strcspn(p + i + 1, ",")) {
+		const char *q = p + i + 1;
+		while (*q == ' ')
+			q++;
+		size_t s = strspn(q, "abcdefghijklmnopqrstuvwxyz"
+		                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+		if (*q == '\0' || *q == ',' ||
+		    (s > 0 && strncmp(q + s, "://", 3) == 0))
+			return i;
+	}
+	return strlen(p);
+}
+
 int cmd_ls(int argc, char **argv)
 {
 	tool_common t = {0};
@@ -216,7 +235,7 @@ int cmd_ls(int argc, char **argv)
 	char urls[8][ECX_ADDR_MAX];
 	size_t nurls = 0;
 	for (const char *p = argv[optind]; *p != '\0';) {
-		size_t n = strcspn(p, ",");
+		size_t n = url_len(p);
 		const char *q = p;
 		p += n + (p[n] == ',');
 		while (n > 0 && *q == ' ')

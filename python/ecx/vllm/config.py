@@ -50,13 +50,17 @@ def parse_size(value, key="size"):
 
 
 def _check_urls(urls, key):
-    for u in urls.split(","):
+    # A comma starts another URL only before SCHEME://: the sentinels of
+    # one redis+sentinel:// URL are comma-separated too.
+    for u in re.split(r",(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)", urls):
         u = u.strip()
-        if not (u.startswith("http://") or u.startswith("redis://")):
+        if not (u.startswith("http://") or u.startswith("redis://") or
+                u.startswith("redis+sentinel://")):
             raise ValueError(
                 f"ECXConnector: ec_connector_extra_config[{key!r}] has "
                 f"{u!r}, which is not a registry URL: write "
-                f"http://HOST:PORT or redis://HOST:PORT[/DB]")
+                f"http://HOST:PORT, redis://HOST:PORT[/DB] or "
+                f"redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER")
 
 
 _KEYS = {"remote_registry_url", "registry", "registry_http_port",
