@@ -24,6 +24,7 @@ static const ecx_store_ops redis_ops;
 int rs_dial(redis_store *r, const char *host, int port, int ms,
             redisContext **out, char *why, size_t whylen)
 {
+	uint64_t t0 = ecx_now_ms();
 	struct timeval tv = {.tv_sec = ms / 1000,
 	                     .tv_usec = (ms % 1000) * 1000};
 	redisContext *c = redisConnectWithTimeout(host, port, tv);
@@ -37,7 +38,13 @@ int rs_dial(redis_store *r, const char *host, int port, int ms,
 		redisFree(c);
 		return rc;
 	}
-	redisSetTimeout(c, tv);
+	/* AUTH and SELECT get what the connection left of ms; the commands
+	 * that follow, all of it again. */
+	int rest = ms - (int)(ecx_now_ms() - t0);
+	rest = rest < 1 ? 1 : rest;
+	struct timeval tr = {.tv_sec = rest / 1000,
+	                     .tv_usec = (rest % 1000) * 1000};
+	redisSetTimeout(c, tr);
 	redisReply *rep = NULL;
 	if (r->password != NULL)
 		rep = redisCommand(c, "AUTH %s", r->password);
@@ -65,6 +72,7 @@ int rs_dial(redis_store *r, const char *host, int port, int ms,
 			               host, port, r->db);
 		}
 	}
+	redisSetTimeout(c, tv);
 	*out = c;
 	return 0;
 }

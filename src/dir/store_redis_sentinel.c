@@ -185,6 +185,7 @@ static void poll_switch(redis_store *r)
 static int ask_sentinel(redis_store *r, const rs_addr *a, int ms, char *host,
                         size_t hostlen, int *port, char *why, size_t whylen)
 {
+	uint64_t t0 = ecx_now_ms();
 	struct timeval tv = {.tv_sec = ms / 1000,
 	                     .tv_usec = (ms % 1000) * 1000};
 	redisContext *c = redisConnectWithTimeout(a->host, a->port, tv);
@@ -195,6 +196,12 @@ static int ask_sentinel(redis_store *r, const rs_addr *a, int ms, char *host,
 		redisFree(c);
 		return rc;
 	}
+	/* The connection and the question share the ms. */
+	int rest = ms - (int)(ecx_now_ms() - t0);
+	if (rest < 1)
+		rest = 1;
+	tv.tv_sec = rest / 1000;
+	tv.tv_usec = (rest % 1000) * 1000;
 	redisSetTimeout(c, tv);
 	redisReply *rep =
 	    redisCommand(c, "SENTINEL get-master-addr-by-name %s", r->master);
