@@ -54,12 +54,16 @@ static bool starts_url(const char *p)
 	return n > 0 && strncmp(p + n, "://", 3) == 0;
 }
 
-/* The first URL of a comma-separated list: it ends at the first comma
- * that starts another URL (scheme://), so that the commas between the
- * sentinels of one redis+sentinel:// URL stay in it. NULL when it is the
- * last. */
+/* The comma that ends the first URL of a comma-separated list, NULL when
+ * it is the last. A redis+sentinel:// URL ends only at a comma that starts
+ * another URL (scheme://), so that the commas between its sentinels stay
+ * in it; any other URL, at its first comma. */
 static const char *list_comma(const char *p)
 {
+	while (*p == ' ')
+		p++;
+	if (strncasecmp(p, "redis+sentinel://", 17) != 0)
+		return strchr(p, ',');
 	for (const char *c = strchr(p, ','); c != NULL;
 	     c = strchr(c + 1, ',')) {
 		const char *q = c + 1;

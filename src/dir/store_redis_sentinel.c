@@ -88,6 +88,10 @@ int rs_sentinel_parse(redis_store *r, const char *url, char *why, size_t whylen)
 	/* /MASTER[/DB] */
 	p = slash + 1;
 	size_t ml = strcspn(p, "/");
+	if (memchr(p, ',', ml) != NULL || memchr(p, ' ', ml) != NULL)
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "%s (MASTER '%.*s' has a comma or a space)",
+		               usage, (int)(ml > 64 ? 64 : ml), p);
 	if (ml >= sizeof(r->master))
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "master name longer than %zu bytes",

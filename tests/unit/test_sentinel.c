@@ -278,7 +278,9 @@ static void test_urls(void **state)
 	const char *bad[] = {"redis+sentinel://127.0.0.1:1",
 	                     "redis+sentinel://127.0.0.1:1/",
 	                     "redis+sentinel://127.0.0.1:99999/m",
-	                     "redis+sentinel:///m", "redis+sentinel://h:1/m/x"};
+	                     "redis+sentinel:///m",
+	                     "redis+sentinel://h:1/m/x",
+	                     "redis+sentinel://h:1/m,h:2"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		why[0] = '\0';
 		assert_null(
@@ -301,6 +303,11 @@ static void test_urls(void **state)
 	assert_string_equal(c->regs[1].url, "http://127.0.0.1:3");
 	assert_true(c->regs[2].sentinel);
 	ecx_regclient_destroy(c);
+	/* Other URLs end at their first comma, as before. */
+	o.urls = "http://127.0.0.1:3,127.0.0.1:4";
+	assert_int_equal(ecx_regclient_create(&o, &c, why, sizeof(why)),
+	                 ECX_EINVAL);
+	assert_non_null(strstr(why, "'127.0.0.1:4'"));
 }
 
 /* A master name the sentinels do not know: a clear error, at once. */
