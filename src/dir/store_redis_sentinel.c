@@ -303,8 +303,13 @@ static int dial_master(redis_store *r, const char *host, int port, int ms,
 
 int rs_sentinel_connect(redis_store *r, char *why, size_t whylen)
 {
+	/* The deadline keeps a margin (a tenth, at most 50 ms) for the
+	 * wake-ups of a loaded host, so that the caller's bound holds. */
 	if (r->tries == 0)
-		r->deadline_ms = ecx_now_ms() + (uint64_t)r->timeout_ms;
+		r->deadline_ms =
+		    ecx_now_ms() + (uint64_t)r->timeout_ms -
+		    (uint64_t)(r->timeout_ms / 10 < 50 ? r->timeout_ms / 10
+		                                       : 50);
 	poll_switch(r);
 	int rc = ECX_ETIMEDOUT;
 	char last[320] = "";

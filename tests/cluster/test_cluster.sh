@@ -204,8 +204,12 @@ bg c2 "$LOAD" --registry "$FRONTS" --ids "$IDS" --bytes $BYTES \
 PID[c2]=$!
 sleep 1
 
-# Each phase: "NAME FAULT_MS END_MS" in phases.txt.
-phase() { echo "$1 $2 $(now_ms)" >>"$work/phases.txt"; echo "# phase $1 done"; }
+# Each phase: "NAME FAULT_MS FAULT_END_MS END_MS" in phases.txt (the
+# fault ends when what was done is undone: SIGCONT, a restart, link up).
+phase() {
+	echo "$1 $2 ${3:-$2} $(now_ms)" >>"$work/phases.txt"
+	echo "# phase $1 done"
+}
 master_host() {
 	local a s
 	for s in d1 d2 d3; do
@@ -224,7 +228,7 @@ listed() {
 
 t=$(now_ms)
 sleep "$DWELL"
-phase steady "$t"
+phase steady "$t" "$t"
 
 # 1. The Redis master killed (SIGKILL); started again afterwards (as a
 # replica of the new master).
@@ -247,7 +251,7 @@ for _ in $(seq 200); do
 done
 sleep "$DWELL"
 start_redis "$old" "${IP[$new]}"
-phase master_killed "$t"
+phase master_killed "$t" "$t"
 echo "# failover: $old -> $new in $((t_new - t)) ms; all $n_all ids listed on the new master $((${relisted:-0} - t_new)) ms after it was named"
 echo "failover_ms $((t_new - t)) relisted_ms $((${relisted:-0} - t_new))" >"$work/failover.txt"
 [ -n "$relisted" ] && [ "$new" != "$old" ] &&
@@ -260,24 +264,27 @@ t=$(now_ms)
 kill -STOP "${PID[p1]}"
 sleep "$DWELL"
 kill -CONT "${PID[p1]}"
+e=$(now_ms)
 sleep 3
-phase producer_stopped "$t"
+phase producer_stopped "$t" "$e"
 
 # 3. A producer killed, started again.
 t=$(now_ms)
 stop_producer p2
 sleep "$DWELL"
+e=$(now_ms)
 start_producer p2 "$SURL" || bad "p2 did not start again"
 sleep 3
-phase producer_killed "$t"
+phase producer_killed "$t" "$e"
 
 # 4. A producer's link cut and restored.
 t=$(now_ms)
 on p3 ip link set eth0 down
 sleep "$DWELL"
 on p3 ip link set eth0 up
+e=$(now_ms)
 sleep 3
-phase link_down "$t"
+phase link_down "$t" "$e"
 
 # 5. A sentinel restarted (the one on the master's host).
 m=$(master_host)
@@ -285,26 +292,29 @@ t=$(now_ms)
 kill -9 "${PID[sentinel_$m]}"
 wait "${PID[sentinel_$m]}" 2>/dev/null
 sleep 1
+e=$(now_ms)
 start_sentinel "$m"
 sleep "$DWELL"
-phase sentinel_restarted "$t"
+phase sentinel_restarted "$t" "$e"
 
 # 6. A front killed (c2's first registry), started again.
 t=$(now_ms)
 kill -9 "${PID[front_d1]}"
 wait "${PID[front_d1]}" 2>/dev/null
 sleep "$DWELL"
+e=$(now_ms)
 start_front d1
 sleep 2
-phase front_killed "$t"
+phase front_killed "$t" "$e"
 
 # 7. All three directory hosts cut off, and back.
 t=$(now_ms)
 for h in d1 d2 d3; do on $h ip link set eth0 down; done
 sleep "$DWELL"
 for h in d1 d2 d3; do on $h ip link set eth0 up; done
+e=$(now_ms)
 sleep 6
-phase directory_down "$t"
+phase directory_down "$t" "$e"
 
 # Every ecx process still there.
 gone=""
@@ -335,10 +345,10 @@ for c in ("c1", "c2"):
 calls.sort()
 phases = [l.split() for l in open(f"{work}/phases.txt")]
 hdr = ("phase", "loads ok", "held", "failed", "lookup errors", "missed",
-       "longest / bound", "recovery", "wrong")
+       "longest / bound", "recovery", "after the fault", "wrong")
 rows, bad = [], []
-for name, t0, t1 in phases:
-    t0, t1 = int(t0), int(t1)
+for name, t0, te, t1 in phases:
+    t0, te, t1 = int(t0), int(te), int(t1)
     ph = [x for x in calls if t0 <= x[0] < t1]
     ok = sum(1 for x in ph if x[2] == "D" and x[3] == "ok")
     held = sum(1 for x in ph if x[2] == "D" and x[3] == "ok" and x[5])
@@ -355,11 +365,14 @@ for name, t0, t1 in phases:
     if name == "steady" or not fails:
         rec = "-" if name == "steady" else "0 (none failed)"
         recms = 0
+        after_end = "-"
     else:
         last = fails[-1][0]
         after = [x for x in ph if x[0] > last and x[2] == "D" and x[3] == "ok"]
         recms = after[0][0] - t0 if after else None
         rec = f"{recms} ms" if after else "never"
+        after_end = (f"{max(0, after[0][0] - te)} ms" if after and te > t0
+                     else "-")
         if not after:
             bad.append(f"{name}: did not recover")
     if wrong:
@@ -370,7 +383,8 @@ for name, t0, t1 in phases:
         bad.append(f"{name}: nothing loaded")
     if name == "master_killed" and recms is not None and recms > 4000 * scale:
         bad.append(f"master_killed: recovered after {recms} ms (> 4 s)")
-    rows.append((name, ok, held, failed, lerr, missed, longest, rec, wrong))
+    rows.append((name, ok, held, failed, lerr, missed, longest, rec,
+                 after_end, wrong))
 w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
 fmt = "| " + " | ".join("%%-%ds" % x for x in w) + " |"
 print(fmt % hdr)
@@ -382,7 +396,8 @@ print(f"# failover {fo[1]} ms, ids listed again {fo[3]} ms after. "
       "loads ok: verified byte for byte; held: of them, loads made with "
       "an earlier lookup while lookups failed; failed: loads failed with "
       "a typed error; recovery: from the fault to the first load after "
-      "the last failed call")
+      "the last failed call; after the fault: the same from when the "
+      "fault was undone (SIGCONT, restart, link up)")
 for b in bad:
     print("FAIL -", b)
 sys.exit(1 if bad else 0)
