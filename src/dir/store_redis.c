@@ -29,12 +29,8 @@ int rs_dial(redis_store *r, const char *host, int port, int ms,
 	                     .tv_usec = (ms % 1000) * 1000};
 	redisContext *c = redisConnectWithTimeout(host, port, tv);
 	if (c == NULL || c->err) {
-		int timed_out = c != NULL && c->err == REDIS_ERR_IO &&
-		                strstr(c->errstr, "timed out") != NULL;
-		int rc = ecx_why(why, whylen,
-		                 timed_out ? ECX_ETIMEDOUT : ECX_ECONNECT,
-		                 "redis://%s:%d: %s", host, port,
-		                 c ? c->errstr : "out of memory");
+		int rc = ecx_why(why, whylen, ECX_ECONNECT, "redis://%s:%d: %s",
+		                 host, port, c ? c->errstr : "out of memory");
 		redisFree(c);
 		return rc;
 	}
@@ -92,10 +88,10 @@ int rs_connect(redis_store *r, char *why, size_t whylen)
 int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen)
 {
 	int rc;
-	bool moved = rs_moved_reply(rep);
+	bool moved = r->nsent > 0 && rs_moved_reply(rep);
 	if (moved) {
-		/* The master became a replica, or is loading: the next try
-		 * asks the sentinels again. */
+		/* Behind Sentinel: the master became a replica, or is
+		 * loading; the next try asks the sentinels again. */
 		rc = ecx_why(why, whylen, ECX_ECONNECT,
 		             "redis://%s:%d: %s (following the master)",
 		             r->host, r->port, rep->str);
@@ -168,7 +164,7 @@ int rs_replies(redis_store *r, size_t k, char *why, size_t whylen)
 		redisReply *rep = NULL;
 		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK)
 			return rs_fail(r, rep, why, whylen);
-		if (rs_moved_reply(rep) && !moved) {
+		if (r->nsent > 0 && rs_moved_reply(rep) && !moved) {
 			moved = true;
 			rc = ecx_why(why, whylen, ECX_ECONNECT,
 			             "redis://%s:%d: %s (following the master)",

@@ -70,7 +70,8 @@ int rs_sentinel_parse(redis_store *r, const char *url, char *why,
  * call's deadline. Called with r->lock. */
 int rs_sentinel_connect(redis_store *r, char *why, size_t whylen);
 /* Whether an error reply says the server is not (or not yet) a master
- * that takes writes: -READONLY, -LOADING, -MASTERDOWN. */
+ * that takes writes: -READONLY, -LOADING, -MASTERDOWN. Behind Sentinel
+ * (only) such a reply gives the connection up, as ECX_ECONNECT. */
 bool rs_moved_reply(const redisReply *rep);
 /* Whether an operation that ended with rc should run once more: a
  * redis+sentinel:// store that lost its master during the operation's

@@ -359,10 +359,11 @@ int rs_sentinel_connect(redis_store *r, char *why, size_t whylen)
 				               "password: %s",
 				               r->url, host, port, last);
 			}
+			/* Not a master (yet): the sentinels are asked
+			 * again after a pause. */
 			if (q != 0) {
 				rc = q;
-				break; /* the sentinels' answer: wait, ask again
-				        */
+				break;
 			}
 			moved = r->masters > 0 &&
 			        (strcmp(host, r->host) != 0 || port != r->port);

@@ -226,6 +226,16 @@ listed() {
 	rcli "$m" -a $PW --no-auth-warning --scan --pattern 'ecx:p*' | wc -l
 }
 
+# After a fault is undone: until the master lists every id again (at
+# most 15 s: a phase that has not recovered by then fails), and 2 s more.
+settle() {
+	for _ in $(seq 75); do
+		[ "$(listed)" -ge $((3 * ITEMS)) ] && break
+		sleep 0.2
+	done
+	sleep 2
+}
+
 t=$(now_ms)
 sleep "$DWELL"
 phase steady "$t" "$t"
@@ -265,7 +275,7 @@ kill -STOP "${PID[p1]}"
 sleep "$DWELL"
 kill -CONT "${PID[p1]}"
 e=$(now_ms)
-sleep 3
+settle
 phase producer_stopped "$t" "$e"
 
 # 3. A producer killed, started again.
@@ -274,7 +284,7 @@ stop_producer p2
 sleep "$DWELL"
 e=$(now_ms)
 start_producer p2 "$SURL" || bad "p2 did not start again"
-sleep 3
+settle
 phase producer_killed "$t" "$e"
 
 # 4. A producer's link cut and restored.
@@ -283,7 +293,7 @@ on p3 ip link set eth0 down
 sleep "$DWELL"
 on p3 ip link set eth0 up
 e=$(now_ms)
-sleep 3
+settle
 phase link_down "$t" "$e"
 
 # 5. A sentinel restarted (the one on the master's host).
@@ -313,7 +323,7 @@ for h in d1 d2 d3; do on $h ip link set eth0 down; done
 sleep "$DWELL"
 for h in d1 d2 d3; do on $h ip link set eth0 up; done
 e=$(now_ms)
-sleep 6
+settle
 phase directory_down "$t" "$e"
 
 # Every ecx process still there.
@@ -347,6 +357,7 @@ phases = [l.split() for l in open(f"{work}/phases.txt")]
 hdr = ("phase", "loads ok", "held", "failed", "lookup errors", "missed",
        "longest / bound", "recovery", "after the fault", "wrong")
 rows, bad = [], []
+fo = open(f"{work}/failover.txt").read().split()
 for name, t0, te, t1 in phases:
     t0, te, t1 = int(t0), int(te), int(t1)
     ph = [x for x in calls if t0 <= x[0] < t1]
@@ -381,8 +392,12 @@ for name, t0, te, t1 in phases:
         bad.append(f"{name}: a call took {worst[1]:.0f} ms")
     if ok == 0:
         bad.append(f"{name}: nothing loaded")
-    if name == "master_killed" and recms is not None and recms > 4000 * scale:
-        bad.append(f"master_killed: recovered after {recms} ms (> 4 s)")
+    # The target: lookups work again within the failover (until the
+    # sentinels name the new master) plus 1 s.
+    if name == "master_killed" and recms is not None and \
+            recms > int(fo[1]) + 1000 * scale:
+        bad.append(f"master_killed: recovered after {recms} ms (the "
+                   f"failover took {fo[1]} ms)")
     rows.append((name, ok, held, failed, lerr, missed, longest, rec,
                  after_end, wrong))
 w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
@@ -408,6 +423,11 @@ PY
 if [ -n "${ECX_CLUSTER_LOGS:-}" ]; then
 	mkdir -p "$ECX_CLUSTER_LOGS"
 	cp "$work"/*.log "$work"/*.err "$work"/*.txt "$ECX_CLUSTER_LOGS"/ 2>/dev/null
+	for h in d1 d2 d3; do
+		for f in front.err redis.log sentinel.log; do
+			cp "$work/$h/$f" "$ECX_CLUSTER_LOGS/$h-$f" 2>/dev/null
+		done
+	done
 fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
