@@ -144,8 +144,25 @@ static void drop_sub(redis_store *r)
 	r->sub = NULL;
 }
 
+/* Whether a +switch-master payload ("NAME OLDIP OLDPORT NEWIP NEWPORT")
+ * moves r's master somewhere it is not connected: a late notice of the
+ * failover that brought it to its master changes nothing. */
+static bool switch_moves(const redis_store *r, const char *msg)
+{
+	size_t ml = strlen(r->master);
+	if (strncmp(msg, r->master, ml) != 0 || msg[ml] != ' ')
+		return false;
+	char oldh[256], newh[256];
+	int oldp, newp;
+	if (sscanf(msg + ml, " %255s %d %255s %d", oldh, &oldp, newh, &newp) !=
+	    4)
+		return true; /* unreadable: ask the sentinels */
+	return strcmp(newh, r->host) != 0 || newp != r->port;
+}
+
 /* Reads the notices the subscribed sentinel has sent, without blocking:
- * a +switch-master for this store's master gives its connection up. */
+ * a +switch-master that moves this store's master gives its connection
+ * up. */
 static void poll_switch(redis_store *r)
 {
 	while (r->sub != NULL) {
@@ -163,11 +180,10 @@ static void poll_switch(redis_store *r)
 			redisReply *m = v;
 			/* ["message", "+switch-master", "NAME OLDIP OLDPORT
 			 * NEWIP NEWPORT"] */
-			size_t ml = strlen(r->master);
 			if (m->type == REDIS_REPLY_ARRAY && m->elements == 3 &&
 			    m->element[2]->type == REDIS_REPLY_STRING &&
-			    strncmp(m->element[2]->str, r->master, ml) == 0 &&
-			    m->element[2]->str[ml] == ' ' && r->ctx != NULL) {
+			    r->ctx != NULL &&
+			    switch_moves(r, m->element[2]->str)) {
 				ecx_info(MOD,
 				         "%s: the sentinels moved the master "
 				         "(%s): following it",

@@ -367,9 +367,10 @@ static void test_through_sentinel(void **state)
 	ecx_store_destroy(s);
 }
 
-/* A failover the sentinel makes with the master still up: a store
- * connected to the old master follows the sentinel's +switch-master (or
- * the old master's -READONLY) and writes to the new one. */
+/* A failover the sentinel makes with the master still up: once the
+ * sentinel has said +switch-master, a store connected to the old master,
+ * which still takes writes (the sentinel demotes it later), writes to the
+ * new one: only the notice can tell it. */
 static void test_switch_followed(void **state)
 {
 	(void)state;
@@ -378,23 +379,37 @@ static void test_switch_followed(void **state)
 	ecx_store *s = ecx_store_redis_create(url, 3000, 0, why, sizeof(why));
 	ecx_entry e = entry("tcp://p:1");
 	assert_int_equal(s->ops->put(s, "sw-1", &e, why, sizeof(why)), 0);
+	struct timeval tv = {.tv_sec = 20};
+	redisContext *sub = redisConnectWithTimeout("127.0.0.1", port_s, tv);
+	assert_true(sub != NULL && sub->err == 0);
+	redisSetTimeout(sub, tv);
+	freeReplyObject(redisCommand(sub, "SUBSCRIBE +switch-master"));
 	redisReply *r = cmd(port_s, false, "SENTINEL FAILOVER " MASTER);
 	assert_non_null(r);
 	if (r->type == REDIS_REPLY_ERROR)
 		print_message("# SENTINEL FAILOVER: %s\n", r->str);
 	assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
 	freeReplyObject(r);
+	void *note = NULL;
+	assert_int_equal(redisGetReply(sub, &note), REDIS_OK);
+	freeReplyObject(note);
+	redisFree(sub);
 	assert_true(settled(port_b, 0, 20000));
+	bool old_takes_writes = has_role(port_a, "master");
+	uint64_t t0 = now_ms();
+	int rc = s->ops->put(s, "sw-2", &e, why, sizeof(why));
+	print_message("# first put after +switch-master: %s in %llu ms (the "
+	              "old master %s)\n",
+	              ecx_err_name(rc), (unsigned long long)(now_ms() - t0),
+	              old_takes_writes ? "still a master" : "a replica");
+	assert_int_equal(rc, 0);
+	assert_true(key_on(port_b, "ecx:sw-2"));
+	if (old_takes_writes && has_role(port_a, "master"))
+		assert_false(key_on(port_a, "ecx:sw-2"));
+	ecx_store_destroy(s);
 	/* The old master is turned replica here rather than waiting for the
 	 * sentinel to do it (it takes its time): the next test needs it. */
 	freeReplyObject(cmd(port_a, true, "REPLICAOF 127.0.0.1 %d", port_b));
-	uint64_t t0 = now_ms();
-	int rc = s->ops->put(s, "sw-2", &e, why, sizeof(why));
-	print_message("# first put after the switch: %s in %llu ms\n",
-	              ecx_err_name(rc), (unsigned long long)(now_ms() - t0));
-	assert_int_equal(rc, 0);
-	assert_true(key_on(port_b, "ecx:sw-2"));
-	ecx_store_destroy(s);
 }
 
 /* The master is killed: calls keep their bound while the sentinel fails
