@@ -6,7 +6,7 @@ set -eu
 
 PKGS="build-essential cmake pkg-config clang libclang-rt-dev clang-format
 libucx-dev ucx-utils libzmq3-dev libmicrohttpd-dev libcurl4-openssl-dev
-libcjson-dev libhiredis-dev libxxhash-dev redis-server libcmocka-dev
+libcjson-dev libhiredis-dev libxxhash-dev redis-server redis-sentinel libcmocka-dev
 python3 python3-numpy python3-pytest python3-torch python3-zmq iproute2 util-linux valgrind gdb curl"
 
 missing=""

@@ -5,14 +5,16 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char info_help[] =
     "usage: ecx info [--json] [--token T] [--timeout MS] REGISTRY ID\n"
     "\n"
     "Prints the registry entry of one item: dtype, shape, size and the\n"
-    "producer that holds it. REGISTRY is http://HOST:PORT or\n"
-    "redis://HOST:PORT[/DB], or several separated by commas (the first\n"
-    "that has the id answers).\n"
+    "producer that holds it. REGISTRY is http://HOST:PORT,\n"
+    "redis://HOST:PORT[/DB] or redis+sentinel://HOST:PORT[,HOST:PORT...]\n"
+    "/MASTER[/DB], or several separated by commas (the first that has\n"
+    "the id answers).\n"
     "\n"
     "Options:\n"
     "  --json           print the entry as the registry's JSON\n"
@@ -26,9 +28,10 @@ static const char ls_help[] =
     "usage: ecx ls [--json] [--limit N] [--token T] [--timeout MS] REGISTRY\n"
     "\n"
     "Lists a registry's entries, sorted by id, fetching pages of --limit\n"
-    "(at most 1000) until all are shown. REGISTRY is http://HOST:PORT or\n"
-    "redis://HOST:PORT[/DB] (what producers publish there), or several\n"
-    "separated by commas: each is listed in turn, in the order given (an\n"
+    "(at most 1000) until all are shown. REGISTRY is http://HOST:PORT,\n"
+    "redis://HOST:PORT[/DB] or redis+sentinel://HOST:PORT[,HOST:PORT...]\n"
+    "/MASTER[/DB] (what producers publish there), or several separated\n"
+    "by commas: each is listed in turn, in the order given (an\n"
     "id that several hold is shown once per registry). A registry that\n"
     "fails is said on stderr and the others are still listed; the exit\n"
     "code is then 1.\n"
@@ -198,6 +201,29 @@ static void ls_print(const ecx_item *it, bool json, const char *url)
 	       (unsigned long long)it->desc.nbytes, it->producer);
 }
 
+/* The length of the first URL of a comma-separated list: a
+ * redis+sentinel:// URL runs up to the comma that starts another URL
+ * (SCHEME://), so that the commas between its sentinels stay in it; any
+ * other URL, up to its first comma. */
+static size_t url_len(const char *p)
+{
+	size_t sp = strspn(p, " ");
+	if (strncasecmp(p + sp, "redis+sentinel://", 17) != 0)
+		return strcspn(p, ",");
+	for (size_t i = strcspn(p, ","); p[i] != '\0';
+	     i += 1 + strcspn(p + i + 1, ",")) {
+		const char *q = p + i + 1;
+		while (*q == ' ')
+			q++;
+		size_t s = strspn(q, "abcdefghijklmnopqrstuvwxyz"
+		                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+		if (*q == '\0' || *q == ',' ||
+		    (s > 0 && strncmp(q + s, "://", 3) == 0))
+			return i;
+	}
+	return strlen(p);
+}
+
 int cmd_ls(int argc, char **argv)
 {
 	tool_common t = {0};
@@ -216,7 +242,7 @@ int cmd_ls(int argc, char **argv)
 	char urls[8][ECX_ADDR_MAX];
 	size_t nurls = 0;
 	for (const char *p = argv[optind]; *p != '\0';) {
-		size_t n = strcspn(p, ",");
+		size_t n = url_len(p);
 		const char *q = p;
 		p += n + (p[n] == ',');
 		while (n > 0 && *q == ' ')

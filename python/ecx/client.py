@@ -60,8 +60,10 @@ class Client:
     (500 ms doubling to 10 s) instead of costing its timeout every call.
 
     registry: one URL or several (a list, or comma-separated), each
-    http://HOST:PORT or redis://[:password@]HOST[:PORT][/DB]; anything else
-    raises EcxError EINVAL now. token: None reads ECX_TOKEN. spin_us: how
+    http://HOST:PORT, redis://[:password@]HOST[:PORT][/DB] or
+    redis+sentinel://[:password@]HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB]
+    (the master the sentinels name, followed through failovers); anything
+    else raises EcxError EINVAL now. token: None reads ECX_TOKEN. spin_us: how
     long a request polls its connection for the answer before sleeping
     (None: the library's 200 us; 0 sleeps at once). Safe to share between
     threads (calls are serialized).

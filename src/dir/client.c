@@ -41,6 +41,40 @@ static void curl_init_once(void)
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
+/* Whether p, after spaces, starts with a scheme and "://". */
+static bool starts_url(const char *p)
+{
+	while (*p == ' ')
+		p++;
+	size_t n = 0;
+	while ((p[n] >= 'a' && p[n] <= 'z') || (p[n] >= 'A' && p[n] <= 'Z') ||
+	       (n > 0 && ((p[n] >= '0' && p[n] <= '9') || p[n] == '+' ||
+	                  p[n] == '-' || p[n] == '.')))
+		n++;
+	return n > 0 && strncmp(p + n, "://", 3) == 0;
+}
+
+/* The comma that ends the first URL of a comma-separated list, NULL when
+ * it is the last. A redis+sentinel:// URL ends only at a comma that starts
+ * another URL (scheme://), so that the commas between its sentinels stay
+ * in it; any other URL, at its first comma. */
+static const char *list_comma(const char *p)
+{
+	while (*p == ' ')
+		p++;
+	if (strncasecmp(p, "redis+sentinel://", 17) != 0)
+		return strchr(p, ',');
+	for (const char *c = strchr(p, ','); c != NULL;
+	     c = strchr(c + 1, ',')) {
+		const char *q = c + 1;
+		while (*q == ' ')
+			q++;
+		if (*q == '\0' || *q == ',' || starts_url(q))
+			return c;
+	}
+	return NULL;
+}
+
 int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
                          char *why, size_t whylen)
 {
@@ -61,7 +95,7 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 	int rc = 0;
 	const char *p = o->urls;
 	while (*p != '\0') {
-		const char *comma = strchr(p, ',');
+		const char *comma = list_comma(p);
 		size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
 		while (n > 0 && p[n - 1] == ' ')
 			n--;
@@ -75,15 +109,21 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 				goto fail;
 			}
 			/* Schemes are case-insensitive (RFC 3986). */
+			bool sentinel =
+			    n > 17 &&
+			    strncasecmp(p, "redis+sentinel://", 17) == 0;
 			bool redis =
-			    n > 8 && strncasecmp(p, "redis://", 8) == 0;
+			    sentinel ||
+			    (n > 8 && strncasecmp(p, "redis://", 8) == 0);
 			if ((!redis &&
 			     (n < 8 || strncasecmp(p, "http://", 7) != 0)) ||
 			    n >= ECX_ADDR_MAX - 1) {
 				rc = ecx_why(why, whylen, ECX_EINVAL,
 				             "registry URL '%.*s' is not "
-				             "http://HOST:PORT or "
-				             "redis://HOST:PORT[/DB]",
+				             "http://HOST:PORT, "
+				             "redis://HOST:PORT[/DB] or "
+				             "redis+sentinel://HOST:PORT[,HOST:"
+				             "PORT...]/MASTER[/DB]",
 				             (int)(n > 200 ? 200 : n), p);
 				goto fail;
 			}
@@ -93,6 +133,7 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 				n--;
 			g->url[n] = '\0';
 			g->backoff_ms = 500;
+			g->sentinel = sentinel;
 			if (redis) {
 				g->redis = ecx_store_redis_create(
 				    g->url, c->timeout_ms, o->ttl_s, why,
@@ -292,7 +333,10 @@ void regc_mark(reg_conn *g, int rc)
 		g->down_until_ms = ecx_now_ms() + g->backoff_ms;
 		ecx_warn(MOD, "registry %s unusable; retrying in %llu ms",
 		         g->url, (unsigned long long)g->backoff_ms);
-		if (g->backoff_ms < 10000)
+		/* Behind Sentinel a failover takes seconds and each call
+		 * already waits for it (up to its timeout): the back-off
+		 * stays short, so that lookups resume soon after. */
+		if (g->backoff_ms < (g->sentinel ? 1000u : 10000u))
 			g->backoff_ms *= 2;
 	}
 }

@@ -22,6 +22,7 @@ typedef struct reg_conn {
 	CURL *curl;
 	CURLM *multi; /* runs curl's transfers, so that they can poll first */
 	ecx_store *redis; /* a redis:// registry: its store, used directly */
+	bool sentinel;    /* redis+sentinel:// */
 	uint64_t down_until_ms; /* skip until then; 0 when up */
 	uint64_t backoff_ms;
 	bool no_batch; /* it has no POST /ec/lookup: lookups GET each id */

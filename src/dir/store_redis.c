@@ -21,33 +21,37 @@
  * functions below to recognise it. */
 static const ecx_store_ops redis_ops;
 
-int rs_connect(redis_store *r, char *why, size_t whylen)
+int rs_dial(redis_store *r, const char *host, int port, int ms,
+            redisContext **out, char *why, size_t whylen)
 {
-	if (r->ctx != NULL)
-		return 0;
-	struct timeval tv = {.tv_sec = r->timeout_ms / 1000,
-	                     .tv_usec = (r->timeout_ms % 1000) * 1000};
-	redisContext *c = redisConnectWithTimeout(r->host, r->port, tv);
+	uint64_t t0 = ecx_now_ms();
+	struct timeval tv = {.tv_sec = ms / 1000,
+	                     .tv_usec = (ms % 1000) * 1000};
+	redisContext *c = redisConnectWithTimeout(host, port, tv);
 	if (c == NULL || c->err) {
-		int rc =
-		    ecx_why(why, whylen, ECX_ECONNECT, "redis://%s:%d: %s",
-		            r->host, r->port, c ? c->errstr : "out of memory");
+		int rc = ecx_why(why, whylen, ECX_ECONNECT, "redis://%s:%d: %s",
+		                 host, port, c ? c->errstr : "out of memory");
 		redisFree(c);
 		return rc;
 	}
-	redisSetTimeout(c, tv);
+	/* AUTH and SELECT get what the connection left of ms; the commands
+	 * that follow, all of it again. */
+	int rest = ms - (int)(ecx_now_ms() - t0);
+	rest = rest < 1 ? 1 : rest;
+	struct timeval tr = {.tv_sec = rest / 1000,
+	                     .tv_usec = (rest % 1000) * 1000};
+	redisSetTimeout(c, tr);
 	redisReply *rep = NULL;
 	if (r->password != NULL)
 		rep = redisCommand(c, "AUTH %s", r->password);
 	if (rep == NULL && r->password != NULL) {
 		redisFree(c);
 		return ecx_why(why, whylen, ECX_ECONNECT,
-		               "redis://%s:%d: AUTH got no answer", r->host,
-		               r->port);
+		               "redis://%s:%d: AUTH got no answer", host, port);
 	}
 	if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
 		int rc = ecx_why(why, whylen, ECX_EAUTH, "redis://%s:%d: %s",
-		                 r->host, r->port, rep->str);
+		                 host, port, rep->str);
 		freeReplyObject(rep);
 		redisFree(c);
 		return rc;
@@ -61,11 +65,22 @@ int rs_connect(redis_store *r, char *why, size_t whylen)
 			redisFree(c);
 			return ecx_why(why, whylen, ECX_EIO,
 			               "redis://%s:%d: cannot select db %d",
-			               r->host, r->port, r->db);
+			               host, port, r->db);
 		}
 	}
-	r->ctx = c;
+	redisSetTimeout(c, tv);
+	*out = c;
 	return 0;
+}
+
+int rs_connect(redis_store *r, char *why, size_t whylen)
+{
+	if (r->nsent > 0)
+		return rs_sentinel_connect(r, why, whylen);
+	if (r->ctx != NULL)
+		return 0;
+	return rs_dial(r, r->host, r->port, r->timeout_ms, &r->ctx, why,
+	               whylen);
 }
 
 /* A failed command: the error, with the connection dropped so the next
@@ -73,7 +88,14 @@ int rs_connect(redis_store *r, char *why, size_t whylen)
 int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen)
 {
 	int rc;
-	if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
+	bool moved = r->nsent > 0 && rs_moved_reply(rep);
+	if (moved) {
+		/* Behind Sentinel: the master became a replica, or is
+		 * loading; the next try asks the sentinels again. */
+		rc = ecx_why(why, whylen, ECX_ECONNECT,
+		             "redis://%s:%d: %s (following the master)",
+		             r->host, r->port, rep->str);
+	} else if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
 		rc = ecx_why(why, whylen, ECX_EIO, "redis://%s:%d: %s", r->host,
 		             r->port, rep->str);
 	} else {
@@ -85,7 +107,7 @@ int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen)
 		             r->ctx != NULL ? r->ctx->errstr : "not connected");
 	}
 	freeReplyObject(rep);
-	if (r->ctx != NULL && r->ctx->err) {
+	if (r->ctx != NULL && (r->ctx->err || moved)) {
 		redisFree(r->ctx);
 		r->ctx = NULL;
 	}
@@ -137,15 +159,26 @@ int rs_append_put(redis_store *r, const char *id, const ecx_entry *e,
 int rs_replies(redis_store *r, size_t k, char *why, size_t whylen)
 {
 	int rc = 0;
+	bool moved = false;
 	for (size_t i = 0; i < k; i++) {
 		redisReply *rep = NULL;
 		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK)
 			return rs_fail(r, rep, why, whylen);
-		if (rep != NULL && rep->type == REDIS_REPLY_ERROR && rc == 0) {
+		if (r->nsent > 0 && rs_moved_reply(rep) && !moved) {
+			moved = true;
+			rc = ecx_why(why, whylen, ECX_ECONNECT,
+			             "redis://%s:%d: %s (following the master)",
+			             r->host, r->port, rep->str);
+		} else if (rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+		           rc == 0) {
 			rc = ecx_why(why, whylen, ECX_EIO, "redis://%s:%d: %s",
 			             r->host, r->port, rep->str);
 		}
 		freeReplyObject(rep);
+	}
+	if (moved) { /* every reply is read: the next try asks again */
+		redisFree(r->ctx);
+		r->ctx = NULL;
 	}
 	return rc;
 }
@@ -160,13 +193,16 @@ static int rs_put(ecx_store *s, const char *id, const ecx_entry *e, char *why,
 	if (json == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	if (rc == 0) {
-		if (rs_append_put(r, id, e, json, ttl) != 0)
-			rc = rs_fail(r, NULL, why, whylen);
-		else
-			rc = rs_replies(r, 3, why, whylen);
-	}
+	int rc;
+	do {
+		rc = rs_connect(r, why, whylen);
+		if (rc == 0) {
+			if (rs_append_put(r, id, e, json, ttl) != 0)
+				rc = rs_fail(r, NULL, why, whylen);
+			else
+				rc = rs_replies(r, 3, why, whylen);
+		}
+	} while (rs_again(r, rc));
 	pthread_mutex_unlock(&r->lock);
 	free(json);
 	return rc;
@@ -222,23 +258,26 @@ static int rs_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 		argv[i + 1] = k;
 	}
 	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	if (rc == 0) {
+	int rc;
+	do {
+		rc = rs_connect(r, why, whylen);
+		if (rc != 0)
+			continue;
 		redisReply *rep =
 		    redisCommandArgv(r->ctx, (int)n + 1, argv, lens);
 		if (rep == NULL || rep->type != REDIS_REPLY_ARRAY ||
 		    rep->elements != n) {
 			rc = rs_fail(r, rep, why, whylen);
-		} else {
-			for (size_t i = 0; i < n; i++) {
-				items[i].nalt = 0;
-				items[i].alt = NULL;
-				items[i].found = entry_of(rep->element[i],
-				                          &items[i].entry) == 0;
-			}
-			freeReplyObject(rep);
+			continue;
 		}
-	}
+		for (size_t i = 0; i < n; i++) {
+			items[i].nalt = 0;
+			items[i].alt = NULL;
+			items[i].found =
+			    entry_of(rep->element[i], &items[i].entry) == 0;
+		}
+		freeReplyObject(rep);
+	} while (rs_again(r, rc));
 	pthread_mutex_unlock(&r->lock);
 	free(argv);
 	free(lens);
@@ -281,22 +320,25 @@ static int rs_del(ecx_store *s, const char *id, const char *producer_zmq,
 		snprintf(match, sizeof(match), "\"producer_zmq\":\"%s\"",
 		         producer_zmq);
 	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	if (rc == 0) {
+	int rc;
+	do {
+		rc = rs_connect(r, why, whylen);
+		if (rc != 0)
+			continue;
 		redisReply *rep = redisCommand(
 		    r->ctx,
 		    "EVAL %s 2 " KEY_PREFIX "%s " HOLD_PREFIX "%s %s %s",
 		    del_script, id, id,
 		    producer_zmq != NULL ? producer_zmq : "", match);
-		if (rep == NULL || rep->type != REDIS_REPLY_INTEGER)
+		if (rep == NULL || rep->type != REDIS_REPLY_INTEGER) {
 			rc = rs_fail(r, rep, why, whylen);
-		else {
-			if (rep->integer == 0)
-				rc = ecx_why(why, whylen, ECX_ENOTFOUND,
-				             "unknown mm_hash");
-			freeReplyObject(rep);
+			continue;
 		}
-	}
+		if (rep->integer == 0)
+			rc = ecx_why(why, whylen, ECX_ENOTFOUND,
+			             "unknown mm_hash");
+		freeReplyObject(rep);
+	} while (rs_again(r, rc));
 	pthread_mutex_unlock(&r->lock);
 	return rc;
 }
@@ -386,9 +428,12 @@ static int rs_list(ecx_store *s, const char *after, size_t limit,
 		after = "";
 	idvec ids = {0};
 	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	if (rc == 0)
-		rc = rs_scan(r, &ids, why, whylen);
+	int rc;
+	do {
+		rc = rs_connect(r, why, whylen);
+		if (rc == 0)
+			rc = rs_scan(r, &ids, why, whylen);
+	} while (rs_again(r, rc));
 	pthread_mutex_unlock(&r->lock);
 	if (rc != 0) {
 		idvec_free(&ids);
@@ -449,6 +494,8 @@ static void rs_destroy(ecx_store *s)
 	redis_store *r = (redis_store *)s;
 	if (r->ctx != NULL)
 		redisFree(r->ctx);
+	if (r->sub != NULL)
+		redisFree(r->sub);
 	if (r->password != NULL)
 		memset(r->password, 0, strlen(r->password));
 	free(r->password);
@@ -478,28 +525,33 @@ int ecx_store_redis_ping(ecx_store *s, char *why, size_t whylen)
 	if (s->ops != &redis_ops)
 		return ecx_why(why, whylen, ECX_EINVAL, "not a Redis store");
 	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	if (rc == 0) {
+	int rc;
+	do {
+		rc = rs_connect(r, why, whylen);
+		if (rc != 0)
+			continue;
 		redisReply *rep = redisCommand(r->ctx, "PING");
 		if (rep == NULL || rep->type == REDIS_REPLY_ERROR)
 			rc = rs_fail(r, rep, why, whylen);
 		else
 			freeReplyObject(rep);
-	}
+	} while (rs_again(r, rc));
 	pthread_mutex_unlock(&r->lock);
 	return rc;
 }
 
 bool ecx_store_is_redis_url(const char *url)
 {
-	return url != NULL && strncasecmp(url, "redis://", 8) == 0;
+	return url != NULL && (strncasecmp(url, "redis://", 8) == 0 ||
+	                       strncasecmp(url, "redis+sentinel://", 17) == 0);
 }
 
 ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
                                   char *why, size_t whylen)
 {
 	if (!ecx_store_is_redis_url(url)) {
-		ecx_why(why, whylen, ECX_EINVAL, "'%s' is not redis://", url);
+		ecx_why(why, whylen, ECX_EINVAL,
+		        "'%s' is not redis:// or redis+sentinel://", url);
 		return NULL;
 	}
 	redis_store *r = calloc(1, sizeof(*r));
@@ -512,6 +564,13 @@ ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
 	r->timeout_ms = timeout_ms > 0 ? timeout_ms : 5000;
 	r->ttl_s = ttl_s;
 	r->port = 6379;
+	if (strncasecmp(url, "redis+sentinel://", 17) == 0) {
+		if (rs_sentinel_parse(r, url, why, whylen) != 0) {
+			rs_destroy(&r->base);
+			return NULL;
+		}
+		return &r->base;
+	}
 	/* redis://[:password@]host[:port][/db] */
 	const char *p = url + 8;
 	const char *at = strchr(p, '@');

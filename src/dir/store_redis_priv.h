@@ -6,6 +6,9 @@
 
 #include "dir/store.h"
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 
@@ -16,21 +19,65 @@
  * listings do not see it. */
 #define HOLD_PREFIX "ecxh:"
 
+/* The most sentinels one redis+sentinel:// URL names. */
+#define RS_SENTINELS_MAX 8
+
+typedef struct rs_addr {
+	char host[256];
+	int port;
+} rs_addr;
+
 typedef struct redis_store {
 	ecx_store base;
 	pthread_mutex_t lock;
 	redisContext *ctx; /* NULL until connected, and after a failure */
-	char host[256];
+	char host[256];    /* redis+sentinel://: the master last found */
 	int port, db;
 	char *password;
 	int timeout_ms;
 	int ttl_s; /* 0: entries do not expire */
+	/* redis+sentinel:// (nsent > 0): the sentinels that name the master
+	 * (store_redis_sentinel.c). */
+	int nsent;
+	rs_addr sent[RS_SENTINELS_MAX];
+	int sent_first;       /* asked first: the last one that answered */
+	char master[128];     /* the master's name the sentinels monitor */
+	redisContext *sub;    /* one sentinel's +switch-master notices */
+	uint64_t deadline_ms; /* of the call under way (ecx_now_ms) */
+	int tries;            /* of the call under way, after the first */
+	uint64_t masters;     /* how many times a master was found */
+	char url[160];        /* for messages, without the password */
 } redis_store;
 
 /* The Redis store s is, or NULL when s is another kind of store. */
 redis_store *rs_of(ecx_store *s);
-/* Connects r when it has no connection. Called with r->lock. */
+/* Connects r when it has no connection. Called with r->lock. For a
+ * redis+sentinel:// store, the first call of an operation also starts its
+ * deadline (the store's timeout), which bounds the master's discovery, the
+ * connection and the commands that follow. */
 int rs_connect(redis_store *r, char *why, size_t whylen);
+/* Opens a connection to host:port within ms, with AUTH and SELECT as r
+ * says: 0 and *out, or the error (ECX_EAUTH for a refused password). */
+int rs_dial(redis_store *r, const char *host, int port, int ms,
+            redisContext **out, char *why, size_t whylen);
+/* Parses redis+sentinel://[:password@]HOST[:PORT][,HOST[:PORT]...]/MASTER
+ * [/DB] into r: 0, or ECX_EINVAL with why. */
+int rs_sentinel_parse(redis_store *r, const char *url, char *why,
+                      size_t whylen);
+/* rs_connect for a redis+sentinel:// store: follows a +switch-master
+ * notice, then, without a connection, asks the sentinels for the master
+ * and connects to it when its ROLE says master, trying again until the
+ * call's deadline. Called with r->lock. */
+int rs_sentinel_connect(redis_store *r, char *why, size_t whylen);
+/* Whether an error reply says the server is not (or not yet) a master
+ * that takes writes: -READONLY, -LOADING, -MASTERDOWN. Behind Sentinel
+ * (only) such a reply gives the connection up, as ECX_ECONNECT. */
+bool rs_moved_reply(const redisReply *rep);
+/* Whether an operation that ended with rc should run once more: a
+ * redis+sentinel:// store that lost its master during the operation's
+ * first try, with time left before its deadline. Called with r->lock, at
+ * the end of every try (it resets the count when it answers false). */
+bool rs_again(redis_store *r, int rc);
 /* A failed command: the error, with the connection dropped so the next
  * call reconnects. Called with r->lock. */
 int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen);

@@ -56,11 +56,16 @@ int ecx_store_redis_refresh(ecx_store *s, const char *const *ids,
 	if (r == NULL || n == 0)
 		return 0;
 	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	/* One round trip for all of them, which also puts back what a
-	 * restarted (emptied) Redis lost. */
-	size_t sent;
-	rc = rs_put_many(r, rc, ids, entries, NULL, n, &sent, why, whylen);
+	int rc;
+	do {
+		rc = rs_connect(r, why, whylen);
+		/* One round trip for all of them, which also puts back what
+		 * a restarted (emptied) Redis, or a new master that missed
+		 * the last writes, lost. */
+		size_t sent;
+		rc = rs_put_many(r, rc, ids, entries, NULL, n, &sent, why,
+		                 whylen);
+	} while (rs_again(r, rc));
 	pthread_mutex_unlock(&r->lock);
 	return rc;
 }
@@ -77,34 +82,41 @@ int ecx_store_redis_restore(ecx_store *s, const char *const *ids,
 	if (gone == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_lock(&r->lock);
-	int rc = rs_connect(r, why, whylen);
-	/* One pipeline asks whether each entry is there (the holder's field
-	 * and the entry lookups read), a second writes those that are not. */
-	size_t sent = 0;
-	for (size_t i = 0; rc == 0 && i < n; i++) {
-		if (redisAppendCommand(r->ctx, "HEXISTS " HOLD_PREFIX "%s %s",
-		                       ids[i],
-		                       entries[i].producer_zmq) != REDIS_OK ||
-		    redisAppendCommand(r->ctx, "EXISTS " KEY_PREFIX "%s",
-		                       ids[i]) != REDIS_OK) {
-			rc = rs_fail(r, NULL, why, whylen);
-			break;
+	int rc;
+	size_t put = 0;
+	do {
+		memset(gone, 0, n * sizeof(*gone));
+		rc = rs_connect(r, why, whylen);
+		/* One pipeline asks whether each entry is there (the holder's
+		 * field and the entry lookups read), a second writes those
+		 * that are not. */
+		size_t sent = 0;
+		for (size_t i = 0; rc == 0 && i < n; i++) {
+			if (redisAppendCommand(
+			        r->ctx, "HEXISTS " HOLD_PREFIX "%s %s", ids[i],
+			        entries[i].producer_zmq) != REDIS_OK ||
+			    redisAppendCommand(r->ctx,
+			                       "EXISTS " KEY_PREFIX "%s",
+			                       ids[i]) != REDIS_OK) {
+				rc = rs_fail(r, NULL, why, whylen);
+				break;
+			}
+			sent++;
 		}
-		sent++;
-	}
-	for (size_t i = 0; r->ctx != NULL && i < 2 * sent; i++) {
-		redisReply *rep = NULL;
-		if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {
-			rc = rs_fail(r, rep, why, whylen);
-			break;
+		for (size_t i = 0; r->ctx != NULL && i < 2 * sent; i++) {
+			redisReply *rep = NULL;
+			if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {
+				rc = rs_fail(r, rep, why, whylen);
+				break;
+			}
+			if (rep == NULL || rep->type != REDIS_REPLY_INTEGER ||
+			    rep->integer == 0)
+				gone[i / 2] = true;
+			freeReplyObject(rep);
 		}
-		if (rep == NULL || rep->type != REDIS_REPLY_INTEGER ||
-		    rep->integer == 0)
-			gone[i / 2] = true;
-		freeReplyObject(rep);
-	}
-	size_t put;
-	rc = rs_put_many(r, rc, ids, entries, gone, n, &put, why, whylen);
+		rc = rs_put_many(r, rc, ids, entries, gone, n, &put, why,
+		                 whylen);
+	} while (rs_again(r, rc));
 	pthread_mutex_unlock(&r->lock);
 	free(gone);
 	if (rc == 0)

@@ -225,8 +225,9 @@ static int reg_create(const ecx_registry_params *p, bool starting,
 		               ECX_TTL_MAX_S, entry_ttl);
 	if (strcmp(store, "memory") != 0 && !ecx_store_is_redis_url(store))
 		return ecx_why(why, whylen, ECX_EINVAL,
-		               "unknown registry store '%s' (memory, or "
-		               "redis://host:port[/db])",
+		               "unknown registry store '%s' (memory, "
+		               "redis://host:port[/db] or redis+sentinel://"
+		               "host:port[,host:port...]/master[/db])",
 		               store);
 
 	ecx_registry *r = calloc(1, sizeof(*r));

@@ -60,6 +60,22 @@ def test_bad_url_fails_at_construction():
         ecx.Client("")
 
 
+def test_a_sentinel_url_with_no_sentinel_is_bounded():
+    # Nothing listens on these ports: the URL is taken, nothing connects
+    # until the first call, which fails within its timeout.
+    with ecx.Client("redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster,"
+                    "http://127.0.0.1:3", timeout_ms=400) as c:
+        t0 = time.monotonic()
+        with pytest.raises(ecx.EcxError) as e:
+            c.health()
+        assert time.monotonic() - t0 < 0.4 + 0.5
+        assert e.value.name == "ECONNECT"
+        assert "no master within 400 ms" in str(e.value)
+    with pytest.raises(ecx.EcxError) as e:
+        ecx.Client("redis+sentinel://127.0.0.1:1")
+    assert e.value.name == "EINVAL" and "MASTER" in str(e.value)
+
+
 def test_items_a_client_finds_load_in_a_consumer(registry):
     r = registry()
     p = ecx.Producer(capacity_bytes=4 << 20, bind_host="127.0.0.1",

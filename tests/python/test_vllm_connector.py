@@ -252,6 +252,18 @@ def test_a_registry_url_needs_its_scheme():
             ECConnectorRole.WORKER)
 
 
+def test_a_sentinel_url_keeps_its_commas():
+    from ecx.vllm.config import Config as _Config, split_urls
+    urls = "redis+sentinel://:pw@a:1, b:2,c/m,http://d:3 ,REDIS://e:4"
+    assert [u.strip() for u in split_urls(urls)] == [
+        "redis+sentinel://:pw@a:1, b:2,c/m", "http://d:3", "REDIS://e:4"]
+    c = _Config({"registry": ["redis+sentinel://a:1,b:2/m", "http://d:3"]})
+    assert c.registry == "redis+sentinel://a:1,b:2/m,http://d:3"
+    # Other URLs still end at their first comma.
+    with pytest.raises(ValueError, match="'b:2'"):
+        _Config({"registry": "http://a:1,b:2"})
+
+
 def test_producer_arena_is_made_at_construction(monkeypatch):
     monkeypatch.setenv("ECX_TOKEN", "from-env")
     cfg = VllmConfig(ec_transfer_config=ECTransferConfig(

@@ -49,14 +49,32 @@ def parse_size(value, key="size"):
         f"(\"8GiB\")")
 
 
+def split_urls(urls):
+    """A comma-separated list of registry URLs, split as libecx splits it:
+    a redis+sentinel:// URL runs up to the comma before the next SCHEME://
+    (its sentinels are comma-separated), any other URL to its first
+    comma."""
+    out = []
+    for part in urls.split(","):
+        starts = re.match(r"\s*[A-Za-z][A-Za-z0-9+.-]*://", part)
+        if out and out[-1].lstrip().lower().startswith(
+                "redis+sentinel://") and not starts:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def _check_urls(urls, key):
-    for u in urls.split(","):
+    for u in split_urls(urls):
         u = u.strip()
-        if not (u.startswith("http://") or u.startswith("redis://")):
+        if not (u.startswith("http://") or u.startswith("redis://") or
+                u.startswith("redis+sentinel://")):
             raise ValueError(
                 f"ECXConnector: ec_connector_extra_config[{key!r}] has "
                 f"{u!r}, which is not a registry URL: write "
-                f"http://HOST:PORT or redis://HOST:PORT[/DB]")
+                f"http://HOST:PORT, redis://HOST:PORT[/DB] or "
+                f"redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER")
 
 
 _KEYS = {"remote_registry_url", "registry", "registry_http_port",
