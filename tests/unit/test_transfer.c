@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "common/testutil.h"
+#include "common/fixture.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -21,95 +21,6 @@
 #include <time.h>
 
 #define MiB (1u << 20)
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-typedef struct producer {
-	tu_child ch;
-	unsigned port;
-	char zmq[256];
-	char url[64];
-} producer;
-
-static void peer_path(char *out, size_t n)
-{
-	snprintf(out, n, "%s/ecx-test-peer", tu_bindir());
-}
-
-/* Starts a producer peer; false (instead of failing the test) when it
- * could not start, e.g. its fixed port was taken. */
-static bool producer_try(producer *p, const char *transport, char **extra)
-{
-	char path[512];
-	peer_path(path, sizeof(path));
-	char *argv[32] = {path, "producer", "--transport", (char *)transport};
-	int n = 4;
-	for (; extra[n - 4] != NULL && n < 30; n++)
-		argv[n] = extra[n - 4];
-	argv[n] = NULL;
-	if (!tu_spawn(&p->ch, argv))
-		return false;
-	char line[512];
-	if (!tu_line(&p->ch, line, sizeof(line)) ||
-	    sscanf(line, "ready %u %255s", &p->port, p->zmq) != 2) {
-		tu_reap(&p->ch, 5000);
-		return false;
-	}
-	snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%u", p->port);
-	return true;
-}
-
-/* Starts a producer peer with extra arguments (NULL-terminated). */
-static void producer_start(producer *p, const char *transport, ...)
-{
-	char path[512];
-	peer_path(path, sizeof(path));
-	char *argv[32] = {path, "producer", "--transport", (char *)transport};
-	int n = 4;
-	va_list ap;
-	va_start(ap, transport);
-	const char *a;
-	while ((a = va_arg(ap, const char *)) != NULL && n < 30)
-		argv[n++] = (char *)a;
-	va_end(ap);
-	argv[n] = NULL;
-	assert_true(tu_spawn(&p->ch, argv));
-	char line[512];
-	assert_true(tu_line(&p->ch, line, sizeof(line)));
-	if (sscanf(line, "ready %u %255s", &p->port, p->zmq) != 2)
-		fail_msg("producer did not start: %s", line);
-	snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%u", p->port);
-}
-
-static void producer_put(producer *p, const char *id, const char *dtype,
-                         const char *shape, const char *want)
-{
-	char ans[512];
-	assert_true(
-	    tu_ask(&p->ch, ans, sizeof(ans), "put %s %s %s", id, dtype, shape));
-	if (strncmp(ans, want, strlen(want)) != 0)
-		fail_msg("put %s: %s (wanted %s)", id, ans, want);
-}
-
-static long long producer_stat(producer *p, const char *name)
-{
-	char ans[1024];
-	assert_true(tu_ask(&p->ch, ans, sizeof(ans), "stats"));
-	return tu_field(ans, name);
-}
-
-static void producer_stop(producer *p)
-{
-	char ans[64];
-	tu_ask(&p->ch, ans, sizeof(ans), "quit");
-	int st = tu_reap(&p->ch, 5000);
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-}
 
 static ecx_consumer *consumer(const char *url, const char *transport,
                               int timeout_ms, const char *token)
@@ -1551,44 +1462,6 @@ static long long orphan_shmem_kib(void)
 	return kib;
 }
 
-/* GET path from the registry at 127.0.0.1:port into buf (headers and
- * body); false when it cannot. */
-static bool http_get(unsigned port, const char *path, char *buf, size_t n)
-{
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	if (s < 0)
-		return false;
-	struct sockaddr_in a = {.sin_family = AF_INET,
-	                        .sin_port = htons((uint16_t)port),
-	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	struct timeval tv = {.tv_sec = 5};
-	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	char req[256];
-	int len = snprintf(req, sizeof(req),
-	                   "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-	                   "Connection: close\r\n\r\n",
-	                   path);
-	size_t got = 0;
-	if (connect(s, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-	    write(s, req, (size_t)len) == len) {
-		ssize_t r;
-		while (got + 1 < n && (r = read(s, buf + got, n - 1 - got)) > 0)
-			got += (size_t)r;
-	}
-	close(s);
-	buf[got] = '\0';
-	return got > 0;
-}
-
-/* The value of a Prometheus line "name V" in text, or -1. */
-static long long metric(const char *text, const char *name)
-{
-	char key[128];
-	snprintf(key, sizeof(key), "\n%s ", name);
-	const char *p = strstr(text, key);
-	return p != NULL ? atoll(p + strlen(key)) : -1;
-}
-
 /* Consumers that leave are forgotten (issue 12, defect 3): 50 consumer
  * processes come and go against one producer over shared memory, 40 of
  * them saying goodbye (destroy) and 10 SIGKILLed in the middle of pulls.
@@ -1694,7 +1567,7 @@ static void test_consumers_forgotten(void **state)
 		         "bound %d ms)",
 		         conns, (unsigned long long)forgot_ms, IDLE_MS);
 	char text[16384];
-	assert_true(http_get(p.port, "/metrics", text, sizeof(text)));
+	producer_metrics(&p, text, sizeof(text));
 	assert_int_equal(metric(text, "ecx_producer_connections"), 0);
 	assert_int_equal(metric(text, "ecx_producer_items"), 1);
 	assert_int_equal(metric(text, "ecx_producer_bytes"), 4194304);
