@@ -12,13 +12,26 @@ more than one file). Exit status: 0 no cycle, 1 a cycle, 2 usage.
   scripts/file-deps.py --edges DIR...   # also every edge and its symbols
 
 Each DIR is searched for *.o; objects are named by their path under DIR
-(CMake names them after their source: bench/cmd_bench.c.o). A symbol defined
-in several objects is left out and named on stderr (objects left behind
-by a source that moved do that: build afresh).
+(CMake names them after their source: bench/cmd_bench.c.o). An object whose
+dependency file (OBJ.d) names a source that is gone is skipped (left behind
+by a move). A symbol defined in several objects is left out and named on
+stderr.
 """
 import os
 import subprocess
 import sys
+
+
+def source_of(obj):
+    """The source an object was built from, as its dependency file (the
+    compiler's -MD output beside it, obj + ".d") names it; None without."""
+    try:
+        with open(obj + ".d") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    words = text.replace("\\\n", " ").split()
+    return words[1] if len(words) > 1 and words[0].endswith(":") else None
 
 
 def objects(dirs):
@@ -28,6 +41,11 @@ def objects(dirs):
             for f in files:
                 if f.endswith(".o"):
                     p = os.path.join(root, f)
+                    src = source_of(p)
+                    if src is not None and not os.path.exists(src):
+                        print("file-deps: skipped %s: its source %s is gone"
+                              % (p, src), file=sys.stderr)
+                        continue
                     name = os.path.relpath(p, d)
                     out[name[:-2] if name.endswith(".c.o") else name] = p
     return out

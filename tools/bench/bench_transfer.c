@@ -26,17 +26,19 @@ static const int batches[] = {1, 8, 32};
 /* ---- transfer: rows ---- */
 
 /* The rows' transports, one entry each (the order they run in): the
- * --via name, the table's label, the JSON "case", and the transport the
- * producer and consumer use. The baseline is raw TCP for VIA_TCP and
- * memcpy for the others; VIA_USER loads into the caller's memory, the
- * others into the receive arena. */
+ * --via name, the table's label, the JSON "case", the transport the
+ * producer and consumer use, whether the baseline is raw TCP from another
+ * process (else memcpy) and whether the loads go into the caller's memory
+ * (else into the receive arena). A transport's rows are its entry here;
+ * the --check targets name the rows they hold for (bench_row). */
 typedef enum { VIA_SHM, VIA_USER, VIA_TCP, NVIA } via;
 static const struct via_row {
 	const char *opt, *label, *json, *transport;
+	bool raw_tcp, user_memory;
 } vias[NVIA] = {
-    [VIA_SHM] = {"shm", "shm", "shm", "shm"},
-    [VIA_USER] = {"user", "shm*", "shm_user_memory", "shm"},
-    [VIA_TCP] = {"tcp", "tcp", "tcp", "tcp"},
+    [VIA_SHM] = {"shm", "shm", "shm", "shm", false, false},
+    [VIA_USER] = {"user", "shm*", "shm_user_memory", "shm", false, true},
+    [VIA_TCP] = {"tcp", "tcp", "tcp", "tcp", true, false},
 };
 
 unsigned bench_via_bit(const char *name)
@@ -110,7 +112,7 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	int first = load_first(&x->cur_base, nb, cold, pool);
 	char *dst[MAXBATCH];
 	for (int k = 0; k < nb; k++) {
-		if (cold && x->v == VIA_USER)
+		if (cold && vias[x->v].user_memory)
 			dst[k] = fresh_map(sz);
 		else
 			dst[k] = x->bdst + (size_t)((first + k) % pool) * sz;
@@ -121,7 +123,7 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	}
 	bool ok = true;
 	uint64_t t0 = tool_now_ns();
-	if (x->v == VIA_TCP) {
+	if (vias[x->v].raw_tcp) {
 		tcp_req q = {.bytes = sz,
 		             .first = (uint32_t)first,
 		             .count = (uint32_t)nb};
@@ -137,10 +139,10 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	}
 	*ns = tool_now_ns() - t0;
 	if (ok && verify)
-		ok = check_items(x->v == VIA_TCP ? "raw TCP baseline"
-		                                 : "memcpy baseline",
+		ok = check_items(vias[x->v].raw_tcp ? "raw TCP baseline"
+		                                    : "memcpy baseline",
 		                 s, first, nb, (void *const *)dst);
-	if (cold && x->v == VIA_USER)
+	if (cold && vias[x->v].user_memory)
 		for (int k = 0; k < nb; k++)
 			munmap(dst[k], sz);
 	return ok;
@@ -179,7 +181,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 	for (int k = 0; k < nb; k++) {
 		if (!cold)
 			it[k].dst = x->wdst[k];
-		else if (x->v == VIA_USER)
+		else if (vias[x->v].user_memory)
 			it[k].dst = fresh_map(sz);
 		else
 			it[k].dst = x->cdst[(first + k) % pool];
@@ -188,7 +190,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 			          ids[k]);
 			nb = k;
 			ok = false;
-		} else if (verify && !(cold && x->v == VIA_USER)) {
+		} else if (verify && !(cold && vias[x->v].user_memory)) {
 			memset(it[k].dst, POISON, sz); /* fresh maps are 0 */
 		}
 	}
@@ -208,7 +210,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 			          it[k].id);
 			ok = false;
 		}
-	if (cold && x->v == VIA_USER)
+	if (cold && vias[x->v].user_memory)
 		for (int k = 0; k < nb; k++)
 			munmap(it[k].dst, sz);
 	return ok;
@@ -223,7 +225,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	int nb = batches[bi];
 	size_t bytes = size_bytes(s) * (size_t)nb;
 	int iters = block_iters(o, bytes), R = nreps(o);
-	int nbase = x->v == VIA_TCP ? 2 : 1;
+	int nbase = vias[x->v].raw_tcp ? 2 : 1;
 	reps ratio = {0}, eg = {0}, bg = {0}, p50r = {0}, bmode[2];
 	memset(bmode, 0, sizeof(bmode)); /* 0: IO_RECV, 1: IO_POLL */
 	samples lat = {0};
@@ -233,7 +235,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	/* Warm rows load into the same destinations every time: the
 	 * receive arena's, or the caller's memory faulted in beforehand. */
 	for (int k = 0; k < nb && !cold; k++) {
-		x->wdst[k] = x->v == VIA_USER
+		x->wdst[k] = vias[x->v].user_memory
 		                 ? warm_alloc(size_bytes(s))
 		                 : ecx_consumer_alloc(x->c, size_bytes(s));
 		if (x->wdst[k] == NULL)
@@ -247,7 +249,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	 * (An allocation made and freed per load would come back at the
 	 * same place every time, and stay in the cache.) */
 	int pool = sizes[s].pool;
-	if (cold && x->v != VIA_USER) {
+	if (cold && !vias[x->v].user_memory) {
 		x->cdst = calloc((size_t)pool, sizeof(*x->cdst));
 		if (x->cdst == NULL)
 			ok =
@@ -321,7 +323,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	free(x->cdst);
 	x->cdst = NULL;
 	for (int k = 0; k < nb && !cold; k++) {
-		if (x->v == VIA_USER)
+		if (vias[x->v].user_memory)
 			free(x->wdst[k]);
 		else if (x->wdst[k] != NULL)
 			ecx_consumer_free(x->c, x->wdst[k]);
@@ -335,7 +337,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	double p99 = (double)samples_pct(&lat, 99) / 1e3;
 	const char *cache = cold ? "cold" : "warm";
 	char buf[96], row[96], modes[128] = "";
-	if (x->v == VIA_TCP)
+	if (vias[x->v].raw_tcp)
 		snprintf(modes, sizeof(modes),
 		         ", \"baseline_blocking_gbps\": %.3f, "
 		         "\"baseline_polling_gbps\": %.3f",
@@ -352,7 +354,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		    "\"ratio_max\": %.3f, \"p50_us_best_rep\": %.1f, "
 		    "\"ratio_of_bests\": %.3f, \"reps\": %d, \"loads\": %d%s",
 		    sizes[s].name, nb, cache, reps_med(&eg), p50, p99,
-		    x->v == VIA_TCP ? "raw_tcp" : "memcpy", reps_med(&bg),
+		    vias[x->v].raw_tcp ? "raw_tcp" : "memcpy", reps_med(&bg),
 		    reps_med(&ratio), reps_min(&ratio), reps_max(&ratio),
 		    reps_min(&p50r), reps_max(&eg) / reps_max(&bg), R, iters,
 		    modes);
@@ -501,7 +503,7 @@ static int bench_transfer_one(const bench_opts *o, reps *groups, via v)
 	}
 	bench_ctx x = {.o = o, .groups = groups, .v = v, .tcp = -1};
 	int rc = EXIT_OK;
-	if (v == VIA_TCP && !tcp_source_start(o, &src, &x.tcp)) {
+	if (vias[v].raw_tcp && !tcp_source_start(o, &src, &x.tcp)) {
 		rc = tool_fail("bench", EXIT_FAIL,
 		               "the raw TCP baseline's sender did not start");
 		goto out;
@@ -526,7 +528,7 @@ static int bench_transfer_one(const bench_opts *o, reps *groups, via v)
 		              "60 s");
 	for (int s = 0; s < NSIZES && rc == EXIT_OK; s++) {
 		size_t sz = size_bytes(s), pool = (size_t)sizes[s].pool * sz;
-		if (v != VIA_TCP && (x.bsrc = pool_alloc(s)) == NULL)
+		if (!vias[v].raw_tcp && (x.bsrc = pool_alloc(s)) == NULL)
 			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
 		if (rc == EXIT_OK && (x.bdst = warm_alloc(pool)) == NULL)
 			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
@@ -537,8 +539,8 @@ static int bench_transfer_one(const bench_opts *o, reps *groups, via v)
 		snprintf(id0, sizeof(id0), "%s-0", sizes[s].name);
 		if (rc == EXIT_OK &&
 		    (!resident(x.bdst, pool) ||
-		     (v != VIA_TCP && (!resident(x.bsrc, pool) ||
-		                       !gen_check(id0, x.bsrc, sz)))))
+		     (!vias[v].raw_tcp && (!resident(x.bsrc, pool) ||
+		                           !gen_check(id0, x.bsrc, sz)))))
 			rc = tool_fail("bench", EXIT_FAIL,
 			               "the baseline's memory is not prepared: "
 			               "pages not in memory, or a source "
@@ -555,7 +557,7 @@ static int bench_transfer_one(const bench_opts *o, reps *groups, via v)
 		x.bsrc = x.bdst = NULL;
 	}
 	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8. */
-	if (rc == EXIT_OK && v != VIA_USER) {
+	if (rc == EXIT_OK && !vias[v].user_memory) {
 		ecx_consumer *hashed = NULL;
 		cp.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
 		cp.integrity = 1;
