@@ -40,6 +40,36 @@ typedef struct tu_child {
 	FILE *out; /* its stdout */
 } tu_child;
 
+/* The children started and not reaped yet: a test that fails leaves its
+ * children behind (cmocka goes on with the next test), and a child left
+ * running or stopped keeps the test's stdout open, so that ctest would wait
+ * for it until its timeout. At exit they are killed. */
+static pid_t tu_live[64];
+
+static inline void tu_kill_live(void)
+{
+	for (size_t i = 0; i < sizeof(tu_live) / sizeof(tu_live[0]); i++)
+		if (tu_live[i] > 0) {
+			kill(tu_live[i], SIGKILL);
+			waitpid(tu_live[i], NULL, 0);
+			tu_live[i] = 0;
+		}
+}
+
+static inline void tu_live_set(pid_t old, pid_t pid)
+{
+	static bool registered;
+	if (!registered) {
+		atexit(tu_kill_live);
+		registered = true;
+	}
+	for (size_t i = 0; i < sizeof(tu_live) / sizeof(tu_live[0]); i++)
+		if (tu_live[i] == old) {
+			tu_live[i] = pid;
+			return;
+		}
+}
+
 /* Starts argv[0] (a path) with pipes on stdin and stdout. */
 static inline bool tu_spawn(tu_child *c, char *const argv[])
 {
@@ -59,6 +89,7 @@ static inline bool tu_spawn(tu_child *c, char *const argv[])
 	close(out[1]);
 	if (rc != 0)
 		return false;
+	tu_live_set(0, c->pid);
 	c->in = fdopen(in[1], "w");
 	c->out = fdopen(out[0], "r");
 	setvbuf(c->in, NULL, _IOLBF, 0);
@@ -114,6 +145,7 @@ static inline int tu_reap(tu_child *c, int ms)
 	kill(c->pid, SIGKILL);
 	waitpid(c->pid, &st, 0);
 done:
+	tu_live_set(c->pid, 0);
 	if (c->in)
 		fclose(c->in);
 	if (c->out)

@@ -12,74 +12,18 @@
 
 #include <cmocka.h>
 
-#include "common/testutil.h"
+#include "common/fixture.h"
 #include "wire/wire.h"
 
 #include <time.h>
 
 #define MiB (1u << 20)
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-typedef struct producer {
-	tu_child ch;
-	unsigned port;
-	char zmq[256];
-	char url[64];
-} producer;
-
-/* Starts a producer peer (TCP) with extra arguments (NULL-terminated). */
-static void producer_start(producer *p, ...)
-{
-	char path[512];
-	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
-	char *argv[32] = {path, "producer", "--transport", "tcp"};
-	int n = 4;
-	va_list ap;
-	va_start(ap, p);
-	const char *a;
-	while ((a = va_arg(ap, const char *)) != NULL && n < 30)
-		argv[n++] = (char *)a;
-	va_end(ap);
-	argv[n] = NULL;
-	assert_true(tu_spawn(&p->ch, argv));
-	char line[512];
-	assert_true(tu_line(&p->ch, line, sizeof(line)));
-	if (sscanf(line, "ready %u %255s", &p->port, p->zmq) != 2)
-		fail_msg("producer did not start: %s", line);
-	snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%u", p->port);
-}
-
-static void producer_put(producer *p, const char *id, const char *shape,
-                         const char *want)
-{
-	char ans[512];
-	assert_true(
-	    tu_ask(&p->ch, ans, sizeof(ans), "put %s uint8 %s", id, shape));
-	if (strncmp(ans, want, strlen(want)) != 0)
-		fail_msg("put %s: %s (wanted %s)", id, ans, want);
-}
-
 /* A field of the peer's "leases" line: held, bytes, granted, refused,
  * expired, released, used, items, evictions. */
 static long long lease_stat(producer *p, const char *name)
 {
-	char ans[1024];
-	assert_true(tu_ask(&p->ch, ans, sizeof(ans), "leases"));
-	return tu_field(ans, name);
-}
-
-static void producer_stop(producer *p)
-{
-	char ans[64];
-	tu_ask(&p->ch, ans, sizeof(ans), "quit");
-	int st = tu_reap(&p->ch, 5000);
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	return producer_field(p, "leases", name);
 }
 
 static ecx_consumer *consumer(const char *url, const char *token)
@@ -125,10 +69,10 @@ static void test_lease_pins_until_pull(void **state)
 {
 	(void)state;
 	producer p;
-	producer_start(&p, "--capacity", "4194304", NULL);
+	producer_start(&p, "tcp", "--capacity", "4194304", NULL);
 	const char *ids[] = {"l1", "l2", "l3", "l4"};
 	for (int i = 0; i < 4; i++)
-		producer_put(&p, ids[i], "1048576", "ok");
+		producer_put(&p, ids[i], "uint8", "1048576", "ok");
 	ecx_consumer *c = consumer(p.url, NULL);
 	/* l1 and l2 are the least recently used: eviction's first choice. */
 	ecx_item it[3] = {{.id = "l1"}, {.id = "l2"}, {.id = "l3"}};
@@ -146,9 +90,9 @@ static void test_lease_pins_until_pull(void **state)
 	assert_int_equal(lease_stat(&p, "refused"), 1);
 	/* Three puts need three items' room: l3, l4 and then l5 go, never
 	 * l1 and l2. */
-	producer_put(&p, "l5", "1048576", "ok");
-	producer_put(&p, "l6", "1048576", "ok");
-	producer_put(&p, "l7", "1048576", "ok");
+	producer_put(&p, "l5", "uint8", "1048576", "ok");
+	producer_put(&p, "l6", "uint8", "1048576", "ok");
+	producer_put(&p, "l7", "uint8", "1048576", "ok");
 	assert_int_equal(lease_stat(&p, "evictions"), 3);
 	ecx_item look[3] = {{.id = "l3"}, {.id = "l4"}, {.id = "l5"}};
 	assert_int_equal(ecx_consumer_lookup(c, look, 3), 0);
@@ -163,7 +107,7 @@ static void test_lease_pins_until_pull(void **state)
 	/* And they can be evicted again: four puts take the whole arena. */
 	const char *more[] = {"l8", "l9", "l10", "l11"};
 	for (int i = 0; i < 4; i++)
-		producer_put(&p, more[i], "1048576", "ok");
+		producer_put(&p, more[i], "uint8", "1048576", "ok");
 	ecx_consumer_destroy(c);
 	producer_stop(&p);
 }
@@ -175,11 +119,11 @@ static void test_lease_release_and_expiry(void **state)
 {
 	(void)state;
 	producer p;
-	producer_start(&p, "--capacity", "4194304", "--lease-max-ms", "300",
-	               NULL);
+	producer_start(&p, "tcp", "--capacity", "4194304", "--lease-max-ms",
+	               "300", NULL);
 	const char *ids[] = {"r1", "r2", "r3", "r4"};
 	for (int i = 0; i < 4; i++)
-		producer_put(&p, ids[i], "1048576", "ok");
+		producer_put(&p, ids[i], "uint8", "1048576", "ok");
 	ecx_consumer *c = consumer(p.url, NULL);
 	ecx_item it[2] = {{.id = "r1"}, {.id = "r2"}};
 	assert_int_equal(ecx_consumer_lookup_lease(c, it, 2, 60000), 0);
@@ -203,7 +147,7 @@ static void test_lease_release_and_expiry(void **state)
 	/* Its room is back: four puts take the whole arena, r1 included. */
 	const char *more[] = {"r5", "r6", "r7", "r8"};
 	for (int i = 0; i < 4; i++)
-		producer_put(&p, more[i], "1048576", "ok");
+		producer_put(&p, more[i], "uint8", "1048576", "ok");
 	ecx_item look[2] = {{.id = "r1"}, {.id = "r2"}};
 	assert_int_equal(ecx_consumer_lookup(c, look, 2), 0);
 	assert_int_equal(look[0].status, ECX_ENOTFOUND);
@@ -227,12 +171,12 @@ static void test_lease_batch_two_producers(void **state)
 {
 	(void)state;
 	producer a, b;
-	producer_start(&a, NULL);
-	producer_start(&b, NULL);
+	producer_start(&a, "tcp", NULL);
+	producer_start(&b, "tcp", NULL);
 	char ids[64][16];
 	for (int i = 0; i < 64; i++) {
 		snprintf(ids[i], sizeof(ids[i]), "b%02d", i);
-		producer_put(i % 2 ? &b : &a, ids[i], "4096", "ok");
+		producer_put(i % 2 ? &b : &a, ids[i], "uint8", "4096", "ok");
 	}
 	char urls[160];
 	snprintf(urls, sizeof(urls), "%s,%s", a.url, b.url);
@@ -277,8 +221,8 @@ static void test_lease_token_remove_share(void **state)
 {
 	(void)state;
 	producer p;
-	producer_start(&p, "--token", "sekrit", NULL);
-	producer_put(&p, "t1", "4096", "ok");
+	producer_start(&p, "tcp", "--token", "sekrit", NULL);
+	producer_put(&p, "t1", "uint8", "4096", "ok");
 	ecx_consumer *bad = consumer(p.url, NULL);
 	ecx_item it = {.id = "t1"};
 	/* Reads of the registry need no token; the lease does. */
@@ -298,8 +242,8 @@ static void test_lease_token_remove_share(void **state)
 	ecx_consumer_destroy(good);
 	producer_stop(&p);
 
-	producer_start(&p, "--lease-share", "0", NULL);
-	producer_put(&p, "s1", "4096", "ok");
+	producer_start(&p, "tcp", "--lease-share", "0", NULL);
+	producer_put(&p, "s1", "uint8", "4096", "ok");
 	ecx_consumer *c = consumer(p.url, NULL);
 	ecx_item s1 = {.id = "s1"};
 	assert_int_equal(ecx_consumer_lookup_lease(c, &s1, 1, 1000), 0);
@@ -317,9 +261,9 @@ static void test_lease_stopped_producer(void **state)
 {
 	(void)state;
 	producer reg, p;
-	producer_start(&reg, NULL); /* its registry serves the lookup */
-	producer_start(&p, "--registry", reg.url, NULL);
-	producer_put(&p, "d1", "4096", "ok");
+	producer_start(&reg, "tcp", NULL); /* its registry serves the lookup */
+	producer_start(&p, "tcp", "--registry", reg.url, NULL);
+	producer_put(&p, "d1", "uint8", "4096", "ok");
 	ecx_consumer *c = consumer(reg.url, NULL);
 	ecx_item it = {.id = "d1"};
 	assert_int_equal(ecx_consumer_lookup_lease(c, &it, 1, 1000), 0);

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "common/testutil.h"
+#include "common/fixture.h"
 #include "registry/server.h"
 
 #include <arpa/inet.h>
@@ -23,13 +23,6 @@ static pid_t redis_pid;
 static int redis_port;
 static char redis_url[64];
 static char redis_dir[] = "/tmp/ecx-redis-XXXXXX";
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static int free_port(void)
 {
@@ -271,33 +264,17 @@ static void test_http_over_redis(void **state)
 	ecx_registry_destroy(r);
 }
 
-typedef struct producer {
-	tu_child ch;
-	char zmq[256];
-} producer;
-
-static void producer_start(producer *p, const char *capacity)
+/* A producer peer publishing to the Redis under test, with this
+ * capacity. */
+static void redis_producer_start(producer *p, const char *capacity)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
-	char *argv[] = {
-	    path, "producer",   "--registry",     redis_url,   "--registry-ttl",
-	    "2",  "--capacity", (char *)capacity, "--timeout", "2000",
-	    NULL};
-	assert_true(tu_spawn(&p->ch, argv));
-	char line[512];
-	unsigned port;
-	assert_true(tu_line(&p->ch, line, sizeof(line)));
-	if (sscanf(line, "ready %u %255s", &port, p->zmq) != 2)
-		fail_msg("producer: %s", line);
+	producer_start(p, NULL, "--registry", redis_url, "--registry-ttl", "2",
+	               "--capacity", capacity, "--timeout", "2000", NULL);
 }
 
 static void put(producer *p, const char *id, const char *shape)
 {
-	char ans[256];
-	assert_true(
-	    tu_ask(&p->ch, ans, sizeof(ans), "put %s uint8 %s", id, shape));
-	assert_string_equal(ans, "ok");
+	producer_put(p, id, "uint8", shape, "ok");
 }
 
 static bool in_redis(const char *id)
@@ -316,7 +293,7 @@ static void test_producer_lifecycle(void **state)
 {
 	(void)state;
 	producer p;
-	producer_start(&p, "2097152"); /* 2 MiB */
+	redis_producer_start(&p, "2097152"); /* 2 MiB */
 	put(&p, "life-1", "1048576");
 	put(&p, "life-2", "1048576");
 	assert_true(in_redis("life-1") && in_redis("life-2"));
@@ -368,7 +345,7 @@ static void test_many_producers(void **state)
 	producer ps[3];
 	char ids[12][16];
 	for (int k = 0; k < 3; k++) {
-		producer_start(&ps[k], "16777216");
+		redis_producer_start(&ps[k], "16777216");
 		for (int i = 0; i < 4; i++) {
 			snprintf(ids[k * 4 + i], sizeof(ids[0]), "mp%d-%d", k,
 			         i);
@@ -452,16 +429,9 @@ static void test_lease_through_http(void **state)
 	ecx_registry *r;
 	assert_int_equal(ecx_registry_create(&rp, &r, why, 200), 0);
 	snprintf(url, sizeof(url), "http://127.0.0.1:%u", ecx_registry_port(r));
-	char path[512];
-	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
-	char *argv[] = {path, "producer", "--registry", url, "--registry-ttl",
-	                "2",  NULL};
 	producer p;
-	assert_true(tu_spawn(&p.ch, argv));
-	char line[512];
-	unsigned port;
-	assert_true(tu_line(&p.ch, line, sizeof(line)));
-	assert_int_equal(sscanf(line, "ready %u %255s", &port, p.zmq), 2);
+	producer_start(&p, NULL, "--registry", url, "--registry-ttl", "2",
+	               NULL);
 	put(&p, "lh-a", "4096");
 	usleep(4500000); /* over twice the TTL */
 	assert_true(in_redis("lh-a"));
@@ -493,8 +463,8 @@ static void test_two_holders_redis(void **state)
 {
 	(void)state;
 	producer a, b;
-	producer_start(&a, "4194304");
-	producer_start(&b, "4194304");
+	redis_producer_start(&a, "4194304");
+	redis_producer_start(&b, "4194304");
 	put(&a, "rd-two", "65536");
 	put(&b, "rd-two", "65536");
 	char line[256], who[256];
@@ -541,13 +511,13 @@ static void test_two_holders_redis(void **state)
 		free(it.dst);
 		ecx_consumer_destroy(c);
 		if (round == 0) {
-			producer_start(&b, "4194304");
+			redis_producer_start(&b, "4194304");
 			put(&b, "rd-two", "65536");
 		}
 	}
 	/* A holder SIGKILLed while its entry is still there: a load that
 	 * tries it first fails over to the other. */
-	producer_start(&a, "4194304");
+	redis_producer_start(&a, "4194304");
 	put(&a, "rd-two", "65536");
 	kill(b.ch.pid, SIGKILL);
 	tu_reap(&b.ch, 1000);

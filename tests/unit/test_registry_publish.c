@@ -11,17 +11,10 @@
 
 #include <cmocka.h>
 
-#include "common/testutil.h"
+#include "common/fixture.h"
 #include "dir/dir.h"
 
 #include <time.h>
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* Every child started, killed at exit so a failed test leaves none. */
 static pid_t children[16];
@@ -87,34 +80,14 @@ static void registry_kill(registry *r)
 	tu_reap(&r->ch, 2000);
 }
 
-typedef struct producer {
-	tu_child ch;
-	char zmq[256];
-} producer;
-
-static void producer_start(producer *p, const char *url, const char *cap,
-                           const char *ttl)
+/* A producer peer publishing to the registry at url (its capacity and
+ * --registry-ttl), killed at exit if the test fails first. */
+static void publisher_start(producer *p, const char *url, const char *cap,
+                            const char *ttl)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/ecx-test-peer", tu_bindir());
-	char *argv[] = {path,        "producer",   "--registry",
-	                (char *)url, "--capacity", (char *)cap,
-	                "--timeout", "1000",       "--registry-ttl",
-	                (char *)ttl, NULL};
-	assert_true(tu_spawn(&p->ch, argv));
+	producer_start(p, NULL, "--registry", url, "--capacity", cap,
+	               "--timeout", "1000", "--registry-ttl", ttl, NULL);
 	child_started(p->ch.pid);
-	char line[512];
-	unsigned port;
-	assert_true(tu_line(&p->ch, line, sizeof(line)));
-	if (sscanf(line, "ready %u %255s", &port, p->zmq) != 2)
-		fail_msg("producer: %s", line);
-}
-
-static void producer_quit(producer *p)
-{
-	char ans[256];
-	assert_true(tu_ask(&p->ch, ans, sizeof(ans), "quit"));
-	tu_reap(&p->ch, 5000);
 }
 
 /* Whether url holds id (a fresh client each time: no back-off state). */
@@ -150,11 +123,7 @@ static uint64_t wait_listed(const char *url, const char *id, bool want,
 
 static void put_ok(producer *p, const char *id)
 {
-	char ans[256];
-	assert_true(
-	    tu_ask(&p->ch, ans, sizeof(ans), "put %s uint8 1048576", id));
-	if (strcmp(ans, "ok") != 0)
-		fail_msg("put %s: %s", id, ans);
+	producer_put(p, id, "uint8", "1048576", "ok");
 }
 
 /* Eviction while the registry answers nothing: the evicted id leaves it
@@ -165,7 +134,7 @@ static void test_evict_while_stopped(void **state)
 	registry r;
 	registry_start(&r, 0, NULL);
 	producer p;
-	producer_start(&p, r.url, "2097152", "30"); /* 2 MiB: two items */
+	publisher_start(&p, r.url, "2097152", "30"); /* 2 MiB: two items */
 	put_ok(&p, "ev-a");
 	put_ok(&p, "ev-b");
 	assert_true(listed(r.url, "ev-a") && listed(r.url, "ev-b"));
@@ -222,7 +191,7 @@ static void test_evict_across_restart(void **state)
 	registry r;
 	registry_start(&r, 0, NULL);
 	producer p;
-	producer_start(&p, r.url, "2097152", "30");
+	publisher_start(&p, r.url, "2097152", "30");
 	put_ok(&p, "rs-a");
 	put_ok(&p, "rs-b");
 	unsigned port = r.port;
@@ -291,7 +260,7 @@ static void test_killed_producer_expires(void **state)
 	registry r;
 	registry_start(&r, 0, NULL);
 	producer p;
-	producer_start(&p, r.url, "4194304", "2"); /* TTL 2 s */
+	publisher_start(&p, r.url, "4194304", "2"); /* TTL 2 s */
 	put_ok(&p, "ttl-a");
 	put_ok(&p, "ttl-b");
 	usleep(4500000); /* more than twice the TTL: renewed meanwhile */
@@ -343,8 +312,8 @@ static void test_two_holders(void **state)
 	registry r;
 	registry_start(&r, 0, NULL);
 	producer a, b;
-	producer_start(&a, r.url, "4194304", "5");
-	producer_start(&b, r.url, "4194304", "5");
+	publisher_start(&a, r.url, "4194304", "5");
+	publisher_start(&b, r.url, "4194304", "5");
 	put_ok(&a, "two");
 	put_ok(&b, "two");
 	char h[ECX_HOLDERS_MAX][256];
@@ -357,7 +326,7 @@ static void test_two_holders(void **state)
 	assert_int_equal(holders(r.url, "two", h, NULL), 1);
 	assert_string_equal(h[0], a.zmq);
 	load_ok(r.url, "two", a.zmq);
-	producer_start(&b, r.url, "4194304", "5");
+	publisher_start(&b, r.url, "4194304", "5");
 	put_ok(&b, "two");
 	assert_int_equal(holders(r.url, "two", h, NULL), 2);
 	producer_quit(&a);
@@ -378,8 +347,8 @@ static void test_failover(void **state)
 	registry r;
 	registry_start(&r, 0, NULL);
 	producer a, b;
-	producer_start(&a, r.url, "4194304", "20");
-	producer_start(&b, r.url, "4194304", "20");
+	publisher_start(&a, r.url, "4194304", "20");
+	publisher_start(&b, r.url, "4194304", "20");
 	put_ok(&a, "fo");
 	put_ok(&b, "fo");
 	ecx_consumer_params cp = {.field_mask = ECX_CONSUMER_PARAM_REGISTRY |

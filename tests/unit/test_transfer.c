@@ -1,7 +1,10 @@
 /*
  * End-to-end transfer tests: a producer in a process of its own
  * (ecx-test-peer), the consumer in this process or in more peer processes,
- * over UCX TCP and shared memory on loopback.
+ * on loopback. One suite run once per transport (UCX TCP, shared memory):
+ * each test is given the transport as its state; the table at the end says
+ * which tests run over every transport, which over one only, and which
+ * read host-wide counters (run alone).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "common/testutil.h"
+#include "common/fixture.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -22,93 +25,11 @@
 
 #define MiB (1u << 20)
 
-static uint64_t now_ms(void)
+/* The transport under test: the row of the suite this test runs in, its
+ * cmocka state (main). */
+static const char *transport_of(void **state)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-typedef struct producer {
-	tu_child ch;
-	unsigned port;
-	char zmq[256];
-	char url[64];
-} producer;
-
-static void peer_path(char *out, size_t n)
-{
-	snprintf(out, n, "%s/ecx-test-peer", tu_bindir());
-}
-
-/* Starts a producer peer; false (instead of failing the test) when it
- * could not start, e.g. its fixed port was taken. */
-static bool producer_try(producer *p, const char *transport, char **extra)
-{
-	char path[512];
-	peer_path(path, sizeof(path));
-	char *argv[32] = {path, "producer", "--transport", (char *)transport};
-	int n = 4;
-	for (; extra[n - 4] != NULL && n < 30; n++)
-		argv[n] = extra[n - 4];
-	argv[n] = NULL;
-	if (!tu_spawn(&p->ch, argv))
-		return false;
-	char line[512];
-	if (!tu_line(&p->ch, line, sizeof(line)) ||
-	    sscanf(line, "ready %u %255s", &p->port, p->zmq) != 2) {
-		tu_reap(&p->ch, 5000);
-		return false;
-	}
-	snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%u", p->port);
-	return true;
-}
-
-/* Starts a producer peer with extra arguments (NULL-terminated). */
-static void producer_start(producer *p, const char *transport, ...)
-{
-	char path[512];
-	peer_path(path, sizeof(path));
-	char *argv[32] = {path, "producer", "--transport", (char *)transport};
-	int n = 4;
-	va_list ap;
-	va_start(ap, transport);
-	const char *a;
-	while ((a = va_arg(ap, const char *)) != NULL && n < 30)
-		argv[n++] = (char *)a;
-	va_end(ap);
-	argv[n] = NULL;
-	assert_true(tu_spawn(&p->ch, argv));
-	char line[512];
-	assert_true(tu_line(&p->ch, line, sizeof(line)));
-	if (sscanf(line, "ready %u %255s", &p->port, p->zmq) != 2)
-		fail_msg("producer did not start: %s", line);
-	snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%u", p->port);
-}
-
-static void producer_put(producer *p, const char *id, const char *dtype,
-                         const char *shape, const char *want)
-{
-	char ans[512];
-	assert_true(
-	    tu_ask(&p->ch, ans, sizeof(ans), "put %s %s %s", id, dtype, shape));
-	if (strncmp(ans, want, strlen(want)) != 0)
-		fail_msg("put %s: %s (wanted %s)", id, ans, want);
-}
-
-static long long producer_stat(producer *p, const char *name)
-{
-	char ans[1024];
-	assert_true(tu_ask(&p->ch, ans, sizeof(ans), "stats"));
-	return tu_field(ans, name);
-}
-
-static void producer_stop(producer *p)
-{
-	char ans[64];
-	tu_ask(&p->ch, ans, sizeof(ans), "quit");
-	int st = tu_reap(&p->ch, 5000);
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	return (const char *)*state;
 }
 
 static ecx_consumer *consumer(const char *url, const char *transport,
@@ -293,28 +214,14 @@ static void integrity_kinds(const char *transport)
 	producer_stop(&p);
 }
 
-static void test_integrity_tcp(void **state)
+static void test_integrity(void **state)
 {
-	(void)state;
-	integrity("tcp");
+	integrity(transport_of(state));
 }
 
-static void test_integrity_kinds_tcp(void **state)
+static void test_integrity_kinds(void **state)
 {
-	(void)state;
-	integrity_kinds("tcp");
-}
-
-static void test_integrity_kinds_shm(void **state)
-{
-	(void)state;
-	integrity_kinds("shm");
-}
-
-static void test_integrity_shm(void **state)
-{
-	(void)state;
-	integrity("shm");
+	integrity_kinds(transport_of(state));
 }
 
 /* Every item of each dtype and size, through the arena and through the
@@ -390,29 +297,22 @@ static void roundtrip(const char *transport)
 	producer_stop(&p);
 }
 
-static void test_roundtrip_tcp(void **state)
+static void test_roundtrip(void **state)
 {
-	(void)state;
-	roundtrip("tcp");
-}
-
-static void test_roundtrip_shm(void **state)
-{
-	(void)state;
-	roundtrip("shm");
+	roundtrip(transport_of(state));
 }
 
 /* An unknown id and a size mismatch fail alone; the rest of the pull
  * loads. */
 static void test_item_errors(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", NULL);
+	producer_start(&p, transport, NULL);
 	producer_put(&p, "x", "uint8", "4096", "ok");
 	producer_put(&p, "y", "uint8", "8192", "ok");
 	producer_put(&p, "z", "uint8", "100", "ok");
-	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
 	ecx_item it[4] = {
 	    {.id = "x"}, {.id = "y"}, {.id = "z"}, {.id = "gone"}};
 	assert_int_equal(ecx_consumer_lookup(c, it, 4), 0);
@@ -446,13 +346,13 @@ static void test_item_errors(void **state)
 /* Least recently used goes first; a pull counts as a use. */
 static void test_eviction_order(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", "--capacity", "4194304", NULL);
+	producer_start(&p, transport, "--capacity", "4194304", NULL);
 	const char *ids[] = {"e1", "e2", "e3", "e4"};
 	for (int i = 0; i < 4; i++)
 		producer_put(&p, ids[i], "uint8", "1048576", "ok");
-	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
 	ecx_item it = {.id = "e1"};
 	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
 	it.dst = malloc(MiB);
@@ -482,15 +382,16 @@ static void test_eviction_order(void **state)
  * producer has no pins and no endpoint left. */
 static void test_pins_and_killed_consumer(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", "--capacity", "12582912", "--timeout",
+	producer_start(&p, transport, "--capacity", "12582912", "--timeout",
 	               "20000", NULL);
 	producer_put(&p, "big", "uint8", "8388608", "ok");
 	char path[512];
 	peer_path(path, sizeof(path));
-	char *argv[] = {path,  "consumer",  p.url,   "--transport",
-	                "tcp", "--timeout", "20000", NULL};
+	char *argv[] = {
+	    path,        "consumer", p.url, "--transport", (char *)transport,
+	    "--timeout", "20000",    NULL};
 	tu_child cons;
 	assert_true(tu_spawn(&cons, argv));
 	char line[256];
@@ -530,17 +431,18 @@ static void test_pins_and_killed_consumer(void **state)
  * and then loads again. */
 static void test_stalled_consumer(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", "--capacity", "33554432", "--timeout", "1000",
-	               NULL);
+	producer_start(&p, transport, "--capacity", "33554432", "--timeout",
+	               "1000", NULL);
 	producer_put(&p, "big", "uint8", "8388608", "ok");
 	producer_put(&p, "small", "uint8", "4096", "ok");
 	long long used = producer_stat(&p, "used");
 	char path[512];
 	peer_path(path, sizeof(path));
-	char *argv[] = {path,  "consumer",  p.url,  "--transport",
-	                "tcp", "--timeout", "3000", NULL};
+	char *argv[] = {
+	    path,        "consumer", p.url, "--transport", (char *)transport,
+	    "--timeout", "3000",     NULL};
 	tu_child cons;
 	assert_true(tu_spawn(&cons, argv));
 	char line[256];
@@ -553,7 +455,7 @@ static void test_stalled_consumer(void **state)
 		usleep(5000);
 	assert_int_equal(producer_stat(&p, "pinned"), 1);
 	/* Another consumer is served while one stalls. */
-	ecx_consumer *c = consumer(p.url, "tcp", 3000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 3000, NULL);
 	ecx_item it = {.id = "small"};
 	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
 	char buf[4096];
@@ -616,16 +518,9 @@ static void producer_killed(const char *transport)
 	ecx_consumer_destroy(c);
 }
 
-static void test_producer_killed_tcp(void **state)
+static void test_producer_killed(void **state)
 {
-	(void)state;
-	producer_killed("tcp");
-}
-
-static void test_producer_killed_shm(void **state)
-{
-	(void)state;
-	producer_killed("shm");
+	producer_killed(transport_of(state));
 }
 
 /* A producer over shared memory that leaves is forgotten at once (issue
@@ -803,28 +698,14 @@ static void late_write(const char *transport, bool arena)
 	producer_stop(&p2);
 }
 
-static void test_late_write_shm_arena(void **state)
+static void test_late_write_arena(void **state)
 {
-	(void)state;
-	late_write("shm", true);
+	late_write(transport_of(state), true);
 }
 
-static void test_late_write_shm_caller(void **state)
+static void test_late_write_caller(void **state)
 {
-	(void)state;
-	late_write("shm", false);
-}
-
-static void test_late_write_tcp_arena(void **state)
-{
-	(void)state;
-	late_write("tcp", true);
-}
-
-static void test_late_write_tcp_caller(void **state)
-{
-	(void)state;
-	late_write("tcp", false);
+	late_write(transport_of(state), false);
 }
 
 /* A producer merely slow (300 ms before each item, a test-only delay),
@@ -907,17 +788,17 @@ static void slow_producer(const char *transport, bool arena)
  * its bound with ETIMEDOUT, or EBUSY once the zombies reach their cap. */
 static void test_many_timeouts_one_producer(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
 	setenv("ECX_TEST_PULL_DELAY_MS", "300", 1);
-	producer_start(&p, "tcp", NULL);
+	producer_start(&p, transport, NULL);
 	unsetenv("ECX_TEST_PULL_DELAY_MS");
 	for (int i = 0; i < 4; i++) {
 		char id[8];
 		snprintf(id, sizeof(id), "z%d", i);
 		producer_put(&p, id, "uint8", "65536", "ok");
 	}
-	ecx_consumer *c = consumer(p.url, "tcp", 150, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 150, NULL);
 	ecx_item it[4];
 	char ids[4][8];
 	memset(it, 0, sizeof(it));
@@ -1027,16 +908,9 @@ static void runs_of(const char *transport)
 	producer_stop(&p);
 }
 
-static void test_runs_shm(void **state)
+static void test_runs(void **state)
 {
-	(void)state;
-	runs_of("shm");
-}
-
-static void test_runs_tcp(void **state)
-{
-	(void)state;
-	runs_of("tcp");
+	runs_of(transport_of(state));
 }
 
 /* Over TCP the data comes as active messages received in place (the
@@ -1231,30 +1105,22 @@ static void test_tcp_fold(void **state)
 	producer_stop(&p);
 }
 
-static void test_slow_producer_shm_arena(void **state)
+static void test_slow_producer_arena(void **state)
 {
-	(void)state;
-	slow_producer("shm", true);
+	slow_producer(transport_of(state), true);
 }
 
-static void test_slow_producer_tcp_caller(void **state)
+static void test_slow_producer_caller(void **state)
 {
-	(void)state;
-	slow_producer("tcp", false);
-}
-
-static void test_slow_producer_tcp_arena(void **state)
-{
-	(void)state;
-	slow_producer("tcp", true);
+	slow_producer(transport_of(state), false);
 }
 
 /* Four consumer processes at once, every byte checked by each. */
 static void test_four_consumers(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "auto", NULL);
+	producer_start(&p, transport, NULL);
 	producer_put(&p, "q1", "bfloat16", "529x3584", "ok");
 	producer_put(&p, "q2", "bfloat16", "1369x3584", "ok");
 	producer_put(&p, "q3", "uint8", "65536", "ok");
@@ -1263,7 +1129,8 @@ static void test_four_consumers(void **state)
 	peer_path(path, sizeof(path));
 	tu_child cs[4];
 	for (int i = 0; i < 4; i++) {
-		char *argv[] = {path, "consumer", p.url, NULL};
+		char *argv[] = {path,          "consumer",        p.url,
+		                "--transport", (char *)transport, NULL};
 		assert_true(tu_spawn(&cs[i], argv));
 		char line[256];
 		assert_true(tu_line(&cs[i], line, sizeof(line)));
@@ -1288,15 +1155,15 @@ static void test_four_consumers(void **state)
 /* The steady state makes no registration per item or per load. */
 static void test_no_registration_per_item(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", NULL);
+	producer_start(&p, transport, NULL);
 	char id[16];
 	for (int i = 0; i < 16; i++) {
 		snprintf(id, sizeof(id), "r%d", i);
 		producer_put(&p, id, "uint8", "65536", "ok");
 	}
-	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
 	ecx_item it[16];
 	char ids[16][16];
 	memset(it, 0, sizeof(it));
@@ -1334,9 +1201,9 @@ static void test_no_registration_per_item(void **state)
  * region; it used to run out at 16). */
 static void test_many_regions(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", NULL);
+	producer_start(&p, transport, NULL);
 	enum { N = 40, SZ = 65536 };
 	char ids[N][16];
 	ecx_item it[N];
@@ -1346,7 +1213,7 @@ static void test_many_regions(void **state)
 		producer_put(&p, ids[i], "uint8", "65536", "ok");
 		it[i].id = ids[i];
 	}
-	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
 	assert_int_equal(ecx_consumer_lookup(c, it, N), 0);
 	/* Every other 128 KiB slot: gaps keep the pieces apart. */
 	char *mem = mmap(NULL, (size_t)N * 2 * 2 * SZ, PROT_READ | PROT_WRITE,
@@ -1367,12 +1234,12 @@ static void test_many_regions(void **state)
 /* A buffer freed and a new one mapped at the same address loads right. */
 static void test_reused_address(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", NULL);
+	producer_start(&p, transport, NULL);
 	producer_put(&p, "u1", "uint8", "2097152", "ok");
 	producer_put(&p, "u2", "uint8", "2097152", "ok");
-	ecx_consumer *c = consumer(p.url, "tcp", 5000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 5000, NULL);
 	ecx_item it[2] = {{.id = "u1"}, {.id = "u2"}};
 	assert_int_equal(ecx_consumer_lookup(c, it, 2), 0);
 	int same = 0;
@@ -1485,22 +1352,15 @@ static void fresh_memory(const char *transport)
 	producer_stop(&p);
 }
 
-static void test_fresh_memory_shm(void **state)
+static void test_fresh_memory(void **state)
 {
-	(void)state;
-	fresh_memory("shm");
-}
-
-static void test_fresh_memory_tcp(void **state)
-{
-	(void)state;
-	fresh_memory("tcp");
+	fresh_memory(transport_of(state));
 }
 
 /* A producer restarted under the same address: the consumer reconnects. */
 static void test_producer_restart(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	/* Fixed ports below the ephemeral range, so no other process's
 	 * outgoing connection takes them between the two producers. */
 	producer p;
@@ -1513,11 +1373,11 @@ static void test_producer_restart(void **state)
 		snprintf(zport, sizeof(zport), "%d", base + 1);
 		char *extra[] = {"--registry-port", rport, "--zmq-port", zport,
 		                 NULL};
-		started = producer_try(&p, "tcp", extra);
+		started = producer_try(&p, transport, extra);
 	}
 	assert_true(started);
 	producer_put(&p, "s", "uint8", "10000", "ok");
-	ecx_consumer *c = consumer(p.url, "tcp", 2000, NULL);
+	ecx_consumer *c = consumer(p.url, transport, 2000, NULL);
 	ecx_item it = {.id = "s"};
 	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
 	it.dst = malloc(10000);
@@ -1528,7 +1388,7 @@ static void test_producer_restart(void **state)
 	char *extra[] = {"--registry-port", rport, "--zmq-port", zport, NULL};
 	started = false;
 	for (int i = 0; i < 20 && !started; i++) /* the old one's sockets */
-		if (!(started = producer_try(&q, "tcp", extra)))
+		if (!(started = producer_try(&q, transport, extra)))
 			usleep(100000);
 	assert_true(started);
 	assert_string_equal(q.zmq, p.zmq);
@@ -1556,18 +1416,18 @@ static void test_producer_restart(void **state)
 /* With a token, a consumer without it is refused; with it, served. */
 static void test_token(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "tcp", "--token", "hunter2", NULL);
+	producer_start(&p, transport, "--token", "hunter2", NULL);
 	producer_put(&p, "t", "uint8", "100", "ok");
-	ecx_consumer *bad = consumer(p.url, "tcp", 2000, "hunter3");
+	ecx_consumer *bad = consumer(p.url, transport, 2000, "hunter3");
 	ecx_item it = {.id = "t"};
 	assert_int_equal(ecx_consumer_lookup(bad, &it, 1), 0);
 	char buf[100];
 	it.dst = buf;
 	assert_int_equal(ecx_consumer_load(bad, &it, 1), ECX_EAUTH);
 	ecx_consumer_destroy(bad);
-	ecx_consumer *good = consumer(p.url, "tcp", 2000, "hunter2");
+	ecx_consumer *good = consumer(p.url, transport, 2000, "hunter2");
 	assert_int_equal(ecx_consumer_load(good, &it, 1), 0);
 	assert_true(tu_check("t", buf, 100));
 	/* The refused consumer never had a connection; the served one's
@@ -1662,44 +1522,6 @@ static long long orphan_shmem_kib(void)
 	if (d != NULL)
 		closedir(d);
 	return kib;
-}
-
-/* GET path from the registry at 127.0.0.1:port into buf (headers and
- * body); false when it cannot. */
-static bool http_get(unsigned port, const char *path, char *buf, size_t n)
-{
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	if (s < 0)
-		return false;
-	struct sockaddr_in a = {.sin_family = AF_INET,
-	                        .sin_port = htons((uint16_t)port),
-	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	struct timeval tv = {.tv_sec = 5};
-	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	char req[256];
-	int len = snprintf(req, sizeof(req),
-	                   "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-	                   "Connection: close\r\n\r\n",
-	                   path);
-	size_t got = 0;
-	if (connect(s, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-	    write(s, req, (size_t)len) == len) {
-		ssize_t r;
-		while (got + 1 < n && (r = read(s, buf + got, n - 1 - got)) > 0)
-			got += (size_t)r;
-	}
-	close(s);
-	buf[got] = '\0';
-	return got > 0;
-}
-
-/* The value of a Prometheus line "name V" in text, or -1. */
-static long long metric(const char *text, const char *name)
-{
-	char key[128];
-	snprintf(key, sizeof(key), "\n%s ", name);
-	const char *p = strstr(text, key);
-	return p != NULL ? atoll(p + strlen(key)) : -1;
 }
 
 /* Consumers that leave are forgotten (issue 12, defect 3): 50 consumer
@@ -1807,7 +1629,7 @@ static void test_consumers_forgotten(void **state)
 		         "bound %d ms)",
 		         conns, (unsigned long long)forgot_ms, IDLE_MS);
 	char text[16384];
-	assert_true(http_get(p.port, "/metrics", text, sizeof(text)));
+	producer_metrics(&p, text, sizeof(text));
 	assert_int_equal(metric(text, "ecx_producer_connections"), 0);
 	assert_int_equal(metric(text, "ecx_producer_items"), 1);
 	assert_int_equal(metric(text, "ecx_producer_bytes"), 4194304);
@@ -1861,11 +1683,11 @@ static void test_consumers_forgotten(void **state)
  * one by itself: the next load works, no error seen. */
 static void test_idle_reconnect(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	producer p;
-	producer_start(&p, "shm", "--idle", "400", NULL);
+	producer_start(&p, transport, "--idle", "400", NULL);
 	producer_put(&p, "i", "uint8", "65536", "ok");
-	ecx_consumer *c = consumer(p.url, "shm", tu_ms(2000), NULL);
+	ecx_consumer *c = consumer(p.url, transport, tu_ms(2000), NULL);
 	ecx_item it = {.id = "i"};
 	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
 	char *buf = malloc(65536);
@@ -1962,7 +1784,7 @@ static void test_reconnects_leave_nothing(void **state)
  * dead ones fail, and the whole load returns within timeout + 0.5 s. */
 static void test_timeout_dead_producers(void **state)
 {
-	(void)state;
+	const char *transport = transport_of(state);
 	/* The bound asserted is the timeout + 0.5 s; the timeout itself is
 	 * stretched under valgrind so the live item can load in it. */
 	const uint64_t TIMEOUT_MS = (uint64_t)tu_ms(1000);
@@ -1970,13 +1792,13 @@ static void test_timeout_dead_producers(void **state)
 	char urls[512] = "";
 	const char *ids[4] = {"d0", "d1", "d2", "d3"};
 	for (int i = 0; i < 4; i++) {
-		producer_start(&p[i], "tcp", NULL);
+		producer_start(&p[i], transport, NULL);
 		producer_put(&p[i], ids[i], "uint8", "1048576", "ok");
 		size_t off = strlen(urls);
 		snprintf(urls + off, sizeof(urls) - off, "%s%s", i ? "," : "",
 		         p[i].url);
 	}
-	ecx_consumer *c = consumer(urls, "tcp", (int)TIMEOUT_MS, NULL);
+	ecx_consumer *c = consumer(urls, transport, (int)TIMEOUT_MS, NULL);
 	ecx_item it[4];
 	memset(it, 0, sizeof(it));
 	for (int i = 0; i < 4; i++)
@@ -2019,59 +1841,123 @@ static void test_timeout_dead_producers(void **state)
 		producer_stop(&p[i]);
 }
 
-int main(void)
+/* The suite: tests run once per transport, each given the transport as
+ * its state (transport_of). */
+static const struct CMUnitTest every_transport[] = {
+    cmocka_unit_test(test_roundtrip),
+    cmocka_unit_test(test_item_errors),
+    cmocka_unit_test(test_eviction_order),
+    cmocka_unit_test(test_stalled_consumer),
+    cmocka_unit_test(test_producer_killed),
+    cmocka_unit_test(test_four_consumers),
+    cmocka_unit_test(test_no_registration_per_item),
+    cmocka_unit_test(test_many_regions),
+    cmocka_unit_test(test_reused_address),
+    cmocka_unit_test(test_fresh_memory),
+    cmocka_unit_test(test_producer_restart),
+    cmocka_unit_test(test_token),
+    cmocka_unit_test(test_late_write_arena),
+    cmocka_unit_test(test_late_write_caller),
+    cmocka_unit_test(test_slow_producer_arena),
+    cmocka_unit_test(test_many_timeouts_one_producer),
+    cmocka_unit_test(test_integrity),
+    cmocka_unit_test(test_integrity_kinds),
+    cmocka_unit_test(test_idle_reconnect),
+    cmocka_unit_test(test_runs),
+    cmocka_unit_test(test_timeout_dead_producers),
+};
+
+/* What one transport does that the others do not. Over shm a killed
+ * consumer's connection goes by the producer's idle bound, not at once
+ * (test_consumers_forgotten), so test_pins_and_killed_consumer is TCP's;
+ * and test_slow_producer_caller fails over shm today: the slow producer's
+ * items land in the caller's memory after the load timed out. */
+static const struct CMUnitTest tcp_only[] = {
+    cmocka_unit_test(test_pins_and_killed_consumer),
+    cmocka_unit_test(test_slow_producer_caller),
+    cmocka_unit_test(test_tcp_data_ways),
+    cmocka_unit_test(test_tcp_data_runs),
+    cmocka_unit_test(test_tcp_fold),
+};
+static const struct CMUnitTest shm_only[] = {
+    cmocka_unit_test(test_producer_gone_shm_mid_load),
+    cmocka_unit_test(test_producer_gone_shm_killed),
+    cmocka_unit_test(test_producer_gone_shm_exited),
+    cmocka_unit_test(test_producer_gone_shm_closed),
+    cmocka_unit_test(test_reconnects_leave_nothing),
+};
+
+/* Tests that read host-wide counters (the host's Shmem, shared memory no
+ * process maps): ctest runs them alone (RUN_SERIAL), apart from the rows. */
+static const struct CMUnitTest host_wide[] = {
+    cmocka_unit_test(test_consumers_forgotten),
+};
+
+/* The transports, one row each: the name producer and consumer are given
+ * (--transport, ECX_CONSUMER_PARAM_TRANSPORT) and the tests of its own.
+ * ctest runs `test_transfer NAME` per row (unit.test_transfer.NAME,
+ * tests/CMakeLists.txt lists them). */
+#define ROW(name, own)                                    \
+	{                                                 \
+		name, own, sizeof(own) / sizeof((own)[0]) \
+	}
+static const struct transport_row {
+	const char *name;
+	const struct CMUnitTest *own;
+	size_t nown;
+} rows[] = {
+    ROW("tcp", tcp_only),
+    ROW("shm", shm_only),
+};
+#define NROWS (sizeof(rows) / sizeof(rows[0]))
+#define NEVERY (sizeof(every_transport) / sizeof(every_transport[0]))
+
+/* Runs every_transport and the row's own tests over row r; the number
+ * of tests that failed. */
+static int run_row(const struct transport_row *r)
+{
+	struct CMUnitTest tests[NEVERY + 16];
+	size_t n = 0;
+	for (size_t i = 0; i < NEVERY; i++)
+		tests[n++] = every_transport[i];
+	for (size_t i = 0; i < r->nown && n < NEVERY + 16; i++)
+		tests[n++] = r->own[i];
+	for (size_t i = 0; i < n; i++)
+		tests[i].initial_state = (void *)r->name;
+	char group[64];
+	snprintf(group, sizeof(group), "test_transfer.%s", r->name);
+	return _cmocka_run_group_tests(group, tests, n, NULL, NULL);
+}
+
+/* test_transfer NAME: the suite over that transport (a row's name);
+ * test_transfer host_wide: the tests that read host-wide counters; no
+ * argument: every row, then those. ECX_TEST_FILTER=test_token (cmocka's
+ * pattern: * and ?) runs only the tests it names, e.g. under valgrind. */
+int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
-	/* ECX_TEST_FILTER=test_producer_gone* runs only the tests it names
-	 * (cmocka's pattern: * and ?), e.g. under valgrind. */
 	const char *filter = getenv("ECX_TEST_FILTER");
 	if (filter != NULL && filter[0] != '\0')
 		cmocka_set_test_filter(filter);
-	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_roundtrip_tcp),
-	    cmocka_unit_test(test_roundtrip_shm),
-	    cmocka_unit_test(test_item_errors),
-	    cmocka_unit_test(test_eviction_order),
-	    cmocka_unit_test(test_pins_and_killed_consumer),
-	    cmocka_unit_test(test_stalled_consumer),
-	    cmocka_unit_test(test_producer_killed_tcp),
-	    cmocka_unit_test(test_producer_killed_shm),
-	    cmocka_unit_test(test_producer_gone_shm_mid_load),
-	    cmocka_unit_test(test_producer_gone_shm_killed),
-	    cmocka_unit_test(test_producer_gone_shm_exited),
-	    cmocka_unit_test(test_producer_gone_shm_closed),
-	    cmocka_unit_test(test_four_consumers),
-	    cmocka_unit_test(test_no_registration_per_item),
-	    cmocka_unit_test(test_many_regions),
-	    cmocka_unit_test(test_reused_address),
-	    cmocka_unit_test(test_fresh_memory_shm),
-	    cmocka_unit_test(test_fresh_memory_tcp),
-	    cmocka_unit_test(test_producer_restart),
-	    cmocka_unit_test(test_token),
-	    cmocka_unit_test(test_late_write_shm_arena),
-	    cmocka_unit_test(test_late_write_shm_caller),
-	    cmocka_unit_test(test_late_write_tcp_arena),
-	    cmocka_unit_test(test_late_write_tcp_caller),
-	    cmocka_unit_test(test_slow_producer_shm_arena),
-	    cmocka_unit_test(test_many_timeouts_one_producer),
-	    cmocka_unit_test(test_slow_producer_tcp_arena),
-	    cmocka_unit_test(test_slow_producer_tcp_caller),
-	    cmocka_unit_test(test_integrity_tcp),
-	    cmocka_unit_test(test_integrity_shm),
-	    cmocka_unit_test(test_integrity_kinds_tcp),
-	    cmocka_unit_test(test_integrity_kinds_shm),
-	    cmocka_unit_test(test_consumers_forgotten),
-	    cmocka_unit_test(test_idle_reconnect),
-	    cmocka_unit_test(test_reconnects_leave_nothing),
-	    cmocka_unit_test(test_runs_shm),
-	    cmocka_unit_test(test_runs_tcp),
-	    cmocka_unit_test(test_tcp_data_ways),
-	    cmocka_unit_test(test_tcp_data_runs),
-	    cmocka_unit_test(test_tcp_fold),
-	    cmocka_unit_test(test_timeout_dead_producers),
-	};
-	/* ECX_TEST_FILTER=test_token (a glob) runs only what matches. */
-	if (getenv("ECX_TEST_FILTER") != NULL)
-		cmocka_set_test_filter(getenv("ECX_TEST_FILTER"));
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	const char *which = argc > 1 ? argv[1] : NULL;
+	int failed = 0;
+	bool known = false;
+	for (size_t i = 0; i < NROWS; i++)
+		if (which == NULL || strcmp(which, rows[i].name) == 0) {
+			failed += run_row(&rows[i]);
+			known = true;
+		}
+	if (which == NULL || strcmp(which, "host_wide") == 0) {
+		failed += cmocka_run_group_tests_name("test_transfer.host_wide",
+		                                      host_wide, NULL, NULL);
+		known = true;
+	}
+	if (!known) {
+		fprintf(stderr, "usage: test_transfer [host_wide");
+		for (size_t i = 0; i < NROWS; i++)
+			fprintf(stderr, "|%s", rows[i].name);
+		fprintf(stderr, "]\n");
+		return 2;
+	}
+	return failed;
 }

@@ -1,11 +1,14 @@
 /* bench_peers.c - the transfer benchmark's other side, in processes of
  * their own as a real producer is: ecx's producer and the raw TCP
  * baseline's sender (`ecx bench --producer-for-bench`, `--tcp-source-for-
- * bench`), and the socket settings both TCP ends share. */
+ * bench`), the socket settings both TCP ends share, and the benchmark's
+ * side of them: starting the raw TCP source, waiting for the producer's
+ * items to be listed. */
 #include "tool.h"
 
 #include "bench.h"
 #include "gen.h"
+#include "proc.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,7 +16,9 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 /* ecx's producer polls its worker for 200 us after its last work before
@@ -33,7 +38,7 @@ static void spin_readable(int fd, uint64_t spin_ns)
 
 /* The producer side of the transfer benchmark: each size's pool of items,
  * then serves until SIGTERM. */
-int bench_producer(const char *transport)
+int bench_producer(const bench_opts *o, const char *transport)
 {
 	tool_block_signals();
 	/* With integrity on: it costs the producer a hash per put (not
@@ -43,7 +48,7 @@ int bench_producer(const char *transport)
 	        ECX_PRODUCER_PARAM_BIND_HOST |
 	        ECX_PRODUCER_PARAM_REGISTRY_PORT | ECX_PRODUCER_PARAM_CAPACITY |
 	        ECX_PRODUCER_PARAM_TRANSPORT | ECX_PRODUCER_PARAM_INTEGRITY,
-	    .bind_host = peer_addr,
+	    .bind_host = o->peer_addr,
 	    .registry_port = 0,
 	    .capacity_bytes = 400u << 20,
 	    .transport = transport,
@@ -87,11 +92,11 @@ void tcp_tune(int fd)
  * is: one connection, requests in, items out, until end of file. Each
  * size's pool is as large as the producer's, so cold rows read cold
  * memory here too. */
-int bench_tcp_source(void)
+int bench_tcp_source(const bench_opts *o)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in sa = {.sin_family = AF_INET};
-	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
+	inet_pton(AF_INET, o->peer_addr, &sa.sin_addr);
 	socklen_t sl = sizeof(sa);
 	if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
 	    getsockname(l, (struct sockaddr *)&sa, &sl) != 0 ||
@@ -156,4 +161,55 @@ void tcp_limits(char *buf, size_t len)
 	snprintf(buf, len, "up to %s send, %s receive",
 	         tool_bytes(w[2], a, sizeof(a)),
 	         tool_bytes(r[2], b, sizeof(b)));
+}
+
+/* ---- the transfer benchmark's side: starting and awaiting them ---- */
+
+bool producer_settled(ecx_consumer *c)
+{
+	enum { MAXPOOL = 1024 + 64 + 32 };
+	static ecx_item it[MAXPOOL];
+	static char ids[MAXPOOL][32];
+	size_t n = 0;
+	for (int s = 0; s < NSIZES; s++)
+		for (int i = 0; i < sizes[s].pool && n < MAXPOOL; i++, n++)
+			snprintf(ids[n], sizeof(ids[n]), "%s-%d", sizes[s].name,
+			         i);
+	uint64_t end = tool_now_ns() + 60000000000ull;
+	while (tool_now_ns() < end) {
+		memset(it, 0, sizeof(it));
+		for (size_t i = 0; i < n; i++)
+			it[i].id = ids[i];
+		ecx_consumer_lookup(c, it, n);
+		size_t found = 0;
+		for (size_t i = 0; i < n; i++)
+			found += it[i].status == 0;
+		if (found == n)
+			return true;
+		usleep(100000);
+	}
+	return false;
+}
+
+bool tcp_source_start(const bench_opts *o, proc *pr, int *fd)
+{
+	char *a[] = {"bench", "--peer-addr", (char *)o->peer_addr,
+	             "--tcp-source-for-bench", NULL};
+	char line[64];
+	unsigned port;
+	if (!proc_start_via(pr, o->peer_wrap, a) ||
+	    !proc_line(pr, line, sizeof(line), 30000) ||
+	    sscanf(line, "ready %u", &port) != 1)
+		return false;
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, o->peer_addr, &sa.sin_addr);
+	*fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (*fd < 0 || connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+		return false;
+	tcp_tune(*fd);
+	/* The blocking receiver's bound, as IO_POLL's: 30 s without a byte. */
+	struct timeval tv = {.tv_sec = 30};
+	setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return true;
 }

@@ -147,7 +147,7 @@ static double batch_block(ecx_client *cl, ecx_item *its, int n, int *next,
 	return (double)(tool_now_ns() - t0) / 1e9;
 }
 
-int bench_registry(void)
+int bench_registry(const bench_opts *o)
 {
 	ecx_registry_params rp = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
 	                                        ECX_REGISTRY_PARAM_PORT,
@@ -161,20 +161,20 @@ int bench_registry(void)
 	         ecx_registry_port(reg));
 	/* Published through a client, as producers publish to a registry
 	 * of their own (the time is not measured). */
-	ecx_client_params o = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
-	                                     ECX_CLIENT_PARAM_TIMEOUT,
-	                       .registry = url,
-	                       .timeout_ms = 5000};
+	ecx_client_params cp = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
+	                                      ECX_CLIENT_PARAM_TIMEOUT,
+	                        .registry = url,
+	                        .timeout_ms = 5000};
 	ecx_client *c, *cs;
-	if (ecx_client_create(&o, &c, why, sizeof(why)) != 0) {
+	if (ecx_client_create(&cp, &c, why, sizeof(why)) != 0) {
 		ecx_registry_destroy(reg);
 		return tool_fail("bench", EXIT_FAIL, "%s", why);
 	}
 	/* The same client sleeping at once on each answer (no poll first):
 	 * what the default 200 us poll buys, and what it costs in CPU. */
-	o.field_mask |= ECX_CLIENT_PARAM_SPIN;
-	o.spin_us = 0;
-	if (ecx_client_create(&o, &cs, why, sizeof(why)) != 0) {
+	cp.field_mask |= ECX_CLIENT_PARAM_SPIN;
+	cp.spin_us = 0;
+	if (ecx_client_create(&cp, &cs, why, sizeof(why)) != 0) {
 		ecx_client_destroy(c);
 		ecx_registry_destroy(reg);
 		return tool_fail("bench", EXIT_FAIL, "%s", why);
@@ -197,8 +197,8 @@ int bench_registry(void)
 			                 ecx_last_error());
 		}
 	}
-	int R = quick ? 5 : 10, iters = quick ? 60 : 500,
-	    biters = quick ? 6 : 30;
+	int R = o->quick ? 5 : 10, iters = o->quick ? 60 : 500,
+	    biters = o->quick ? 6 : 30;
 	reps ref50 = {0}, keep50 = {0}, keep99 = {0}, ref99 = {0},
 	     batch50 = {0}, krate = {0}, frate = {0}, brate = {0}, xref = {0},
 	     xbatch = {0}, xbatch50 = {0}, kmin = {0}, bmin = {0}, rbrate = {0},
@@ -211,11 +211,11 @@ int bench_registry(void)
 		rc = tool_fail("bench", EXIT_FAIL, "out of memory");
 		goto out;
 	}
-	if (redis_url != NULL) {
+	if (o->redis_url != NULL) {
 		ecx_client_params ro = {.field_mask =
 		                            ECX_CLIENT_PARAM_REGISTRY |
 		                            ECX_CLIENT_PARAM_TIMEOUT,
-		                        .registry = redis_url,
+		                        .registry = o->redis_url,
 		                        .timeout_ms = 5000};
 		if (ecx_client_create(&ro, &rcl, why, sizeof(why)) != 0) {
 			rc = tool_fail("bench", EXIT_USAGE, "%s", why);
@@ -340,7 +340,7 @@ int bench_registry(void)
 		goto out;
 	long conns = ecx_client_connections(c);
 	char a[96], b[96];
-	if (json) {
+	if (o->json) {
 		row_json("registry", "tcp_round_trip",
 		         "\"p50_us\": %.1f, \"p50_us_min\": %.1f, "
 		         "\"p50_us_max\": %.1f, \"reps\": %d",
@@ -430,34 +430,34 @@ int bench_registry(void)
 		       fmt_reps(&xrtt, 2, d, sizeof(d)),
 		       fmt_reps(&xbatch, 1, b, sizeof(b)),
 		       fmt_reps(&xbatch50, 1, e, sizeof(e)), conns);
-		if (quick)
+		if (o->quick)
 			printf(
 			    "  targets (--quick, reported, not checked): 256 "
 			    "x single p50 / batch p50 >= %.0fx; persistent "
 			    "best p50 < %.0f us\n",
-			    tgt()->reg_batch_x, tgt()->reg_p50);
+			    tgt(o)->reg_batch_x, tgt(o)->reg_p50);
 		else
 			printf("  targets: persistent p50 < %.0f us, batched "
 			       ">= %.0fx single ids/s\n",
-			       tgt()->reg_p50, tgt()->reg_batch_x);
+			       tgt(o)->reg_p50, tgt(o)->reg_batch_x);
 	}
-	double k50 = quick ? reps_min(&keep50) : reps_med(&keep50);
-	(quick ? report_row : check_row)(
-	    k50 < tgt()->reg_p50, "registry single, persistent connection",
+	double k50 = o->quick ? reps_min(&keep50) : reps_med(&keep50);
+	(o->quick ? report_row : check_row)(
+	    o, k50 < tgt(o)->reg_p50, "registry single, persistent connection",
 	    "%sp50 %.1f us, not below %.0f us",
-	    quick ? "best repetition's " : "", k50, tgt()->reg_p50);
-	/* --quick: reported, not checked (cmd_bench.c says why), on the
+	    o->quick ? "best repetition's " : "", k50, tgt(o)->reg_p50);
+	/* --quick: reported, not checked (bench_report.c says why), on the
 	 * medians of the calls, which load moves least. */
-	if (quick)
-		report_row(reps_med(&xbatch50) >= tgt()->reg_batch_x,
+	if (o->quick)
+		report_row(o, reps_med(&xbatch50) >= tgt(o)->reg_batch_x,
 		           "registry batch of 256 ids",
 		           "256 x single p50 / batch p50 %.1fx, below %.0fx",
-		           reps_med(&xbatch50), tgt()->reg_batch_x);
+		           reps_med(&xbatch50), tgt(o)->reg_batch_x);
 	else
-		check_row(reps_med(&xbatch) >= tgt()->reg_batch_x,
+		check_row(o, reps_med(&xbatch) >= tgt(o)->reg_batch_x,
 		          "registry batch of 256 ids",
 		          "%.1fx single ids/s, below %.0fx", reps_med(&xbatch),
-		          tgt()->reg_batch_x);
+		          tgt(o)->reg_batch_x);
 out:
 	if (rcl != NULL) {
 		for (int i = 0; i < NIDS; i++)

@@ -15,6 +15,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+const bench_size sizes[] = {
+    {"64KiB", 32, 1024, 1024}, /* 64 MiB */
+    {"1MiB", 512, 1024, 64},   /* 64 MiB */
+    {"7MiB", 1024, 3584, 32},  /* 224 MiB */
+};
+
 size_t size_bytes(int s)
 {
 	return (size_t)(sizes[s].rows * sizes[s].cols * 2);
@@ -106,10 +112,10 @@ bool full_io(int fd, void *p, size_t n, io_mode m)
 }
 
 /* Loads per block: about budget bytes, within [lo, hi]. */
-int block_iters(size_t bytes)
+int block_iters(const bench_opts *o, size_t bytes)
 {
-	size_t budget = quick ? (64u << 20) : (256u << 20);
-	int lo = quick ? 3 : 4, hi = quick ? 15 : 40;
+	size_t budget = o->quick ? (64u << 20) : (256u << 20);
+	int lo = o->quick ? 3 : 4, hi = o->quick ? 15 : 40;
 	size_t n = budget / bytes;
 	return n < (size_t)lo ? lo : n > (size_t)hi ? hi : (int)n;
 }

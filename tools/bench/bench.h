@@ -1,12 +1,18 @@
 /* bench.h - what the files of `ecx bench` share. Where things are:
- *   cmd_bench.c       the entry point: --help, options, the targets and
- *                     --check (with how the --quick floors were chosen),
- *                     repetitions, output
+ *   cmd_bench.c       the entry point: --help, options, dispatch
+ *   bench_report.c    what every benchmark uses: repetitions, the targets
+ *                     and --check (with how the --quick floors were
+ *                     chosen), JSON rows
  *   bench_registry.c  registry: lookups, the reference's way and ecx's
- *   bench_transfer.c  transfer: item sizes, rows, integrity, and the
- *                     producer and the raw TCP source it runs as child
- *                     processes (--producer-for-bench, --tcp-source-for-bench)
- *   bench_file.c      file: the file-per-item baseline */
+ *   bench_transfer.c  transfer: rows (one entry per transport, vias[]),
+ *                     integrity, orchestration
+ *   bench_buffers.c   transfer: item sizes, memory and socket I/O
+ *   bench_peers.c     transfer: the producer and the raw TCP source it
+ *                     runs as child processes (--producer-for-bench,
+ *                     --tcp-source-for-bench), and starting them
+ *   bench_file.c      file: the file-per-item baseline
+ * Calls go one way: cmd_bench.c to the benchmarks, the benchmarks to
+ * bench_buffers.c, bench_peers.c and bench_report.c, never back. */
 #ifndef ECX_TOOL_BENCH_H
 #define ECX_TOOL_BENCH_H
 
@@ -14,18 +20,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- options (cmd_bench.c) ---- */
+/* ---- options (parsed by cmd_bench.c, passed to every benchmark) ---- */
 
-extern bool quick, json, check;
-extern const char *redis_url; /* --redis: a Redis to compare lookups with */
-/* transfer: which rows (--via), and where the producer and the raw TCP
- * sender run (--peer-wrap, --peer-addr: another host's namespace). */
-enum { VIA_BIT_SHM = 1, VIA_BIT_USER = 2, VIA_BIT_TCP = 4 };
-extern unsigned via_mask;
-extern const char *peer_wrap;
-extern const char *peer_addr;
+typedef struct bench_opts {
+	bool quick, json, check;
+	const char *redis_url; /* --redis: a Redis to compare lookups with */
+	/* transfer: which rows (--via: bits of bench_via_bit), and where the
+	 * producer and the raw TCP sender run (--peer-wrap, --peer-addr:
+	 * another host's namespace). */
+	unsigned via_mask;
+	const char *peer_wrap;
+	const char *peer_addr;
+} bench_opts;
 
-/* ---- repetitions (cmd_bench.c) ---- */
+/* via_mask: every transport's rows. */
+#define BENCH_VIA_ALL (~0u)
+/* The via_mask bit of the rows --via names name (shm, user, tcp); 0 for
+ * a name that is none of them (bench_transfer.c). */
+unsigned bench_via_bit(const char *name);
+
+/* ---- repetitions (bench_report.c) ---- */
 
 #define MAXREPS 16
 
@@ -35,7 +49,7 @@ typedef struct reps {
 } reps;
 
 /* Repetitions of a row: 5, 3 with --quick. */
-int nreps(void);
+int nreps(const bench_opts *o);
 /* Adds one repetition's value (beyond MAXREPS: dropped). */
 void reps_add(reps *r, double x);
 /* Median, min and max of the repetitions; 0 when there are none. */
@@ -43,7 +57,7 @@ double reps_med(const reps *r);
 double reps_min(const reps *r);
 double reps_max(const reps *r);
 
-/* ---- targets (cmd_bench.c) ---- */
+/* ---- targets and --check (bench_report.c) ---- */
 
 typedef struct targets {
 	double shm7_ratio;  /* shm 7 MiB warm loads, x memcpy, at least */
@@ -55,18 +69,22 @@ typedef struct targets {
 } targets;
 
 /* The targets in force: the stated ones, or with --quick the floors. */
-const targets *tgt(void);
-/* Records one check (--check): a row that misses is named on stderr. */
-void check_row(bool ok, const char *row, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+const targets *tgt(const bench_opts *o);
+/* Records one check (--check): a row that misses is named on stderr and
+ * counted (bench_missed). */
+void check_row(const bench_opts *o, bool ok, const char *row, const char *fmt,
+               ...) __attribute__((format(printf, 4, 5)));
 /* Reports a row (--check) that is compared but not checked: one that
  * misses is named on stderr and does not fail the run. For --quick rows
  * whose floor cannot both hold on a loaded machine and fail a 2x
- * regression (cmd_bench.c says which). */
-void report_row(bool ok, const char *row, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+ * regression (bench_report.c says which). Counted (bench_reported). */
+void report_row(const bench_opts *o, bool ok, const char *row, const char *fmt,
+                ...) __attribute__((format(printf, 4, 5)));
+/* The rows check_row and report_row named so far in this process. */
+int bench_missed(void);
+int bench_reported(void);
 
-/* ---- output (cmd_bench.c) ---- */
+/* ---- output (bench_report.c) ---- */
 
 /* Prints one JSON result line: the fields fmt gives, as a JSON fragment,
  * with "bench" and "case". */
@@ -75,7 +93,7 @@ void row_json(const char *bench, const char *name, const char *fmt, ...)
 /* "0.85 [0.80-0.90]": median [min-max] with dec decimals, in buf. */
 const char *fmt_reps(const reps *r, int dec, char *buf, size_t len);
 
-/* ---- item sizes (bench_transfer.c; the file benchmark's too) ---- */
+/* ---- item sizes (bench_buffers.c; the file benchmark's too) ---- */
 
 typedef struct bench_size {
 	const char *name;
@@ -103,7 +121,7 @@ void *fresh_map(size_t n);
 void *warm_alloc(size_t n);
 bool resident(const void *p, size_t n);
 /* Loads per timed block of loads of bytes each (bench_buffers.c). */
-int block_iters(size_t bytes);
+int block_iters(const bench_opts *o, size_t bytes);
 
 /* A request to the raw TCP source: send `count` items of `bytes` from
  * its pool, starting at item `first`. */
@@ -125,15 +143,24 @@ typedef enum { IO_SEND, IO_RECV, IO_POLL } io_mode;
  * error or end of file (errno says which). */
 bool full_io(int fd, void *p, size_t n, io_mode m);
 
+/* The transfer benchmark's side of its peers (bench_peers.c): starts the
+ * raw TCP source (through --peer-wrap, at --peer-addr) and connects *fd to
+ * it; waits (up to 60 s) until a lookup through c finds every item of the
+ * producer's pools, so that no row runs while it is still publishing. */
+struct proc;
+struct ecx_consumer;
+bool tcp_source_start(const bench_opts *o, struct proc *pr, int *fd);
+bool producer_settled(struct ecx_consumer *c);
+
 /* ---- the benchmarks: each returns an exit code ---- */
 
-int bench_registry(void); /* bench_registry.c */
-int bench_transfer(void); /* bench_transfer.c */
-int bench_file(void);     /* bench_file.c */
+int bench_registry(const bench_opts *o); /* bench_registry.c */
+int bench_transfer(const bench_opts *o); /* bench_transfer.c */
+int bench_file(const bench_opts *o);     /* bench_file.c */
 /* The transfer benchmark's child processes (bench_peers.c), run as
  * `ecx bench --producer-for-bench TRANSPORT` (serves until SIGTERM) and
  * `ecx bench --tcp-source-for-bench` (until its connection ends). */
-int bench_producer(const char *transport);
-int bench_tcp_source(void);
+int bench_producer(const bench_opts *o, const char *transport);
+int bench_tcp_source(const bench_opts *o);
 
 #endif

@@ -1,5 +1,5 @@
-/* cmd_bench.c - `ecx bench`: the entry point, its options, the targets and
- * --check, repetitions and output that every benchmark shares; each
+/* cmd_bench.c - `ecx bench`: the entry point: --help, the options (into a
+ * bench_opts every benchmark is given) and which benchmarks run; each
  * benchmark is in a file of its own (bench.h says which), interleaved with
  * its baseline in the same run (baseline, ecx, baseline, ecx, ...), ratios
  * from adjacent pairs. */
@@ -8,12 +8,10 @@
 #include "bench.h"
 
 #include <arpa/inet.h>
-#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -91,182 +89,22 @@ static const char help[] =
     "Exit codes: 0 done (and, with --check, every target met), 1 a\n"
     "benchmark failed or a target was missed, 2 usage.\n";
 
-/* The options, as bench.h describes them. */
-bool quick, json, check;
-const char *redis_url;
-unsigned via_mask = VIA_BIT_SHM | VIA_BIT_USER | VIA_BIT_TCP;
-const char *peer_wrap;
-const char *peer_addr = "127.0.0.1";
-
-int nreps(void)
-{
-	return quick ? 3 : 5;
-}
-
-/* ---- targets ---- */
-
-/* The stated targets (--check), for a quiet machine: shm 7 MiB warm
- * loads >= 0.5x memcpy, shm 64 KiB x1 warm p50 < 100 us, registry
- * persistent p50 < 150 us, batched lookups >= 20x single ids/s, tcp warm
- * loads >= 1 MiB >= 0.9x raw TCP, and the small x1 warm rows (64 KiB and
- * 1 MiB, shm and tcp) with p99 at most 3x their p50. */
-static const targets target_full = {0.5, 100, 150, 20, 0.9, 3};
-/* The --quick floors, reported under --check and not checked: a floor
- * there must hold on a loaded 2-core machine with room to spare and fail
- * a 2x regression, and on such a machine none does, since load alone
- * moves each of these by as much as a 2x regression does, ratios of two
- * things measured in the same run included:
- *   shm 7 MiB warm loads over memcpy, median of the group's rows  0.4x
- *   tcp warm loads >= 1 MiB over raw TCP, median of the rows      0.5x
- *   registry: 256 x single p50 over batch p50, median of the reps 20x
- *   shm 64 KiB x1 warm, best repetition's p50                     400 us
- *   registry persistent, best repetition's p50                    250 us
- *   64 KiB and 1 MiB x1 warm, shm and tcp: p99 over p50            3x
- * A row below its floor is named on stderr; the run still fails when a
- * benchmark fails (a load or lookup that errs, bytes that differ). The
- * samples behind this are in docs/bench.md. */
-static const targets target_quick = {0.4, 400, 250, 20, 0.5, 3};
-
-const targets *tgt(void)
-{
-	return quick ? &target_quick : &target_full;
-}
-
-static int nmissed, nreported;
-
-/* Records one check: ok says whether the row meets its target. */
-void check_row(bool ok, const char *row, const char *fmt, ...)
-{
-	if (!check || ok)
-		return;
-	char msg[256];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "ecx bench: check: %s misses its %s: %s\n", row,
-	        quick ? "--quick floor" : "target", msg);
-	nmissed++;
-}
-
-void report_row(bool ok, const char *row, const char *fmt, ...)
-{
-	if (!check || ok)
-		return;
-	char msg[256];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	nreported++;
-	fprintf(stderr,
-	        "ecx bench: check: %s misses its %s: %s (reported, not "
-	        "checked%s)\n",
-	        row, quick ? "--quick floor" : "target", msg,
-	        quick ? " under --quick" : "");
-}
-
-/* ---- repetitions ---- */
-
-void reps_add(reps *r, double x)
-{
-	if (r->n < MAXREPS)
-		r->v[r->n++] = x;
-}
-
-static int dbl_cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Median (mean of the middle two for an even count), min and max. */
-double reps_med(const reps *r)
-{
-	if (r->n == 0)
-		return 0;
-	double v[MAXREPS];
-	memcpy(v, r->v, sizeof(double) * (size_t)r->n);
-	qsort(v, (size_t)r->n, sizeof(double), dbl_cmp);
-	return r->n % 2 ? v[r->n / 2] : (v[r->n / 2 - 1] + v[r->n / 2]) / 2;
-}
-
-double reps_min(const reps *r)
-{
-	double m = r->n ? r->v[0] : 0;
-	for (int i = 1; i < r->n; i++)
-		m = r->v[i] < m ? r->v[i] : m;
-	return m;
-}
-
-double reps_max(const reps *r)
-{
-	double m = r->n ? r->v[0] : 0;
-	for (int i = 1; i < r->n; i++)
-		m = r->v[i] > m ? r->v[i] : m;
-	return m;
-}
-
-/* ---- output ---- */
-
-void row_json(const char *bench, const char *name, const char *fmt, ...)
-{
-	/* The fields come as a JSON fragment of the benchmarks' own keys
-	 * and numbers; the row is built and printed by cJSON all the same. */
-	char frag[2048];
-	va_list ap;
-	frag[0] = '{';
-	va_start(ap, fmt);
-	int k = vsnprintf(frag + 1, sizeof(frag) - 2, fmt, ap);
-	va_end(ap);
-	if (k < 0 || (size_t)k >= sizeof(frag) - 3)
-		k = 0;
-	frag[1 + k] = '}';
-	frag[2 + k] = '\0';
-	cJSON *o = cJSON_Parse(frag);
-	if (o == NULL) { /* a bug here, not bad input: say so */
-		fprintf(stderr, "ecx bench: internal: a row is not JSON: %s\n",
-		        frag);
-		o = cJSON_CreateObject();
-	}
-	cJSON_AddItemToObject(o, "bench", cJSON_CreateString(bench));
-	cJSON_AddItemToObject(o, "case", cJSON_CreateString(name));
-	char *s = cJSON_PrintUnformatted(o);
-	if (s != NULL)
-		printf("%s\n", s);
-	free(s);
-	cJSON_Delete(o);
-	fflush(stdout);
-}
-
-/* "0.85 [0.80-0.90]" with dec decimals. */
-const char *fmt_reps(const reps *r, int dec, char *buf, size_t len)
-{
-	snprintf(buf, len, "%.*f [%.*f-%.*f]", dec, reps_med(r), dec,
-	         reps_min(r), dec, reps_max(r));
-	return buf;
-}
-
-/* --via: "shm,user,tcp" or any part of it. */
-static bool parse_via(const char *arg)
+/* --via: "shm,user,tcp" or any part of it, into *mask. */
+static bool parse_via(const char *arg, unsigned *mask)
 {
 	char *buf = strdup(arg);
 	if (buf == NULL)
 		return false;
-	via_mask = 0;
+	bool ok = true;
+	*mask = 0;
 	for (char *sv, *t = strtok_r(buf, ",", &sv); t != NULL;
 	     t = strtok_r(NULL, ",", &sv)) {
-		if (strcmp(t, "shm") == 0)
-			via_mask |= VIA_BIT_SHM;
-		else if (strcmp(t, "user") == 0)
-			via_mask |= VIA_BIT_USER;
-		else if (strcmp(t, "tcp") == 0)
-			via_mask |= VIA_BIT_TCP;
-		else
-			via_mask = 1u << 31; /* not a row: refused below */
+		unsigned bit = bench_via_bit(t);
+		ok = ok && bit != 0; /* not a row: refused */
+		*mask |= bit;
 	}
 	free(buf);
-	return via_mask != 0 && (via_mask >> 31) == 0;
+	return ok && *mask != 0;
 }
 
 int cmd_bench(int argc, char **argv)
@@ -283,29 +121,30 @@ int cmd_bench(int argc, char **argv)
 	    {"peer-addr", required_argument, NULL, 'A'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
+	bench_opts o = {.via_mask = BENCH_VIA_ALL, .peer_addr = "127.0.0.1"};
 	int c;
 	bool addr_given = false;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'q':
-			quick = true;
+			o.quick = true;
 			break;
 		case 'c':
-			check = true;
+			o.check = true;
 			break;
 		case 'j':
-			json = true;
+			o.json = true;
 			break;
 		case 'P':
-			return bench_producer(optarg);
+			return bench_producer(&o, optarg);
 		case 'S':
-			return bench_tcp_source();
+			return bench_tcp_source(&o);
 		case 'R':
-			redis_url = optarg;
+			o.redis_url = optarg;
 			break;
 		case 'V':
-			if (!parse_via(optarg))
+			if (!parse_via(optarg, &o.via_mask))
 				return tool_fail(
 				    "bench", EXIT_USAGE,
 				    "--via '%s': a comma-separated "
@@ -317,7 +156,7 @@ int cmd_bench(int argc, char **argv)
 				return tool_fail("bench", EXIT_USAGE,
 				                 "--peer-wrap '%s': %m",
 				                 optarg);
-			peer_wrap = optarg;
+			o.peer_wrap = optarg;
 			break;
 		case 'A': {
 			struct in_addr ia;
@@ -326,7 +165,7 @@ int cmd_bench(int argc, char **argv)
 				                 "--peer-addr '%s': an IPv4 "
 				                 "address, such as 127.0.0.1",
 				                 optarg);
-			peer_addr = optarg;
+			o.peer_addr = optarg;
 			addr_given = true;
 			break;
 		}
@@ -340,7 +179,8 @@ int cmd_bench(int argc, char **argv)
 	}
 	/* The wrapper runs the producer and the raw TCP sender elsewhere:
 	 * only tcp rows can reach them there, and only at an address given. */
-	if (peer_wrap != NULL && (via_mask != VIA_BIT_TCP || !addr_given))
+	if (o.peer_wrap != NULL &&
+	    (o.via_mask != bench_via_bit("tcp") || !addr_given))
 		return tool_fail("bench", EXIT_USAGE,
 		                 "--peer-wrap needs --via tcp (only) and "
 		                 "--peer-addr (the address its peers bind in "
@@ -361,24 +201,25 @@ int cmd_bench(int argc, char **argv)
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	int rc = EXIT_OK;
 	if (rc == EXIT_OK && (all || strcmp(what, "registry") == 0))
-		rc = bench_registry();
+		rc = bench_registry(&o);
 	if (rc == EXIT_OK && (all || strcmp(what, "transfer") == 0))
-		rc = bench_transfer();
+		rc = bench_transfer(&o);
 	if (rc == EXIT_OK && (all || strcmp(what, "file") == 0))
-		rc = bench_file();
+		rc = bench_file(&o);
 	curl_global_cleanup();
-	if (rc == EXIT_OK && check) {
+	int nmissed = bench_missed(), nreported = bench_reported();
+	if (rc == EXIT_OK && o.check) {
 		if (nmissed > 0)
-			return tool_fail("bench", EXIT_FAIL,
-			                 "%d row(s) missed their %s", nmissed,
-			                 quick ? "--quick floors" : "targets");
-		if (!json && nreported > 0)
+			return tool_fail(
+			    "bench", EXIT_FAIL, "%d row(s) missed their %s",
+			    nmissed, o.quick ? "--quick floors" : "targets");
+		if (!o.json && nreported > 0)
 			printf("check: every checked %s met; %d row(s) below "
 			       "what they report (not checked)\n",
-			       quick ? "--quick floor" : "target", nreported);
-		else if (!json)
+			       o.quick ? "--quick floor" : "target", nreported);
+		else if (!o.json)
 			printf("check: every %s met\n",
-			       quick ? "--quick floor" : "target");
+			       o.quick ? "--quick floor" : "target");
 	}
 	return rc;
 }

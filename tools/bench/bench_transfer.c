@@ -6,9 +6,7 @@
 #include "proc.h"
 #include "stats.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,32 +14,48 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* ---- transfer: sizes, pools, memory ---- */
+/* ---- transfer: batches ---- */
 
-const bench_size sizes[] = {
-    {"64KiB", 32, 1024, 1024}, /* 64 MiB */
-    {"1MiB", 512, 1024, 64},   /* 64 MiB */
-    {"7MiB", 1024, 3584, 32},  /* 224 MiB */
-};
 static const int batches[] = {1, 8, 32};
 #define NBATCH 3
 #define MAXBATCH 32
 
 /* ---- transfer: rows ---- */
 
-/* --quick: the warm rows' median ratios of the shm 7 MiB rows and of the
- * tcp rows of 1 MiB and 7 MiB, checked as groups. */
-static reps group_shm7, group_tcp;
+/* The rows' transports, one entry each (the order they run in): the
+ * --via name, the table's label, the JSON "case", the transport the
+ * producer and consumer use, whether the baseline is raw TCP from another
+ * process (else memcpy) and whether the loads go into the caller's memory
+ * (else into the receive arena). A transport's rows are its entry here;
+ * the --check targets name the rows they hold for (bench_row). */
+typedef enum { VIA_SHM, VIA_USER, VIA_TCP, NVIA } via;
+static const struct via_row {
+	const char *opt, *label, *json, *transport;
+	bool raw_tcp, user_memory;
+} vias[NVIA] = {
+    [VIA_SHM] = {"shm", "shm", "shm", "shm", false, false},
+    [VIA_USER] = {"user", "shm*", "shm_user_memory", "shm", false, true},
+    [VIA_TCP] = {"tcp", "tcp", "tcp", "tcp", true, false},
+};
 
-typedef enum { VIA_SHM, VIA_USER, VIA_TCP } via;
-static const char *via_label[] = {"shm", "shm*", "tcp"};
-static const char *via_json[] = {"shm", "shm_user_memory", "tcp"};
+unsigned bench_via_bit(const char *name)
+{
+	for (int v = 0; v < NVIA; v++)
+		if (strcmp(name, vias[v].opt) == 0)
+			return 1u << v;
+	return 0;
+}
+
+/* --quick: the warm rows' median ratios of the shm 7 MiB rows (GROUP_SHM7)
+ * and of the tcp rows of 1 MiB and 7 MiB (GROUP_TCP), checked as groups. */
+enum { GROUP_SHM7, GROUP_TCP, NGROUP };
 
 typedef struct bench_ctx {
+	const bench_opts *o;
+	reps *groups; /* [NGROUP], bench_transfer's */
 	via v;
 	ecx_consumer *c;
 	int tcp;                   /* connection to the raw TCP source */
@@ -98,7 +112,7 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	int first = load_first(&x->cur_base, nb, cold, pool);
 	char *dst[MAXBATCH];
 	for (int k = 0; k < nb; k++) {
-		if (cold && x->v == VIA_USER)
+		if (cold && vias[x->v].user_memory)
 			dst[k] = fresh_map(sz);
 		else
 			dst[k] = x->bdst + (size_t)((first + k) % pool) * sz;
@@ -109,7 +123,7 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	}
 	bool ok = true;
 	uint64_t t0 = tool_now_ns();
-	if (x->v == VIA_TCP) {
+	if (vias[x->v].raw_tcp) {
 		tcp_req q = {.bytes = sz,
 		             .first = (uint32_t)first,
 		             .count = (uint32_t)nb};
@@ -125,10 +139,10 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	}
 	*ns = tool_now_ns() - t0;
 	if (ok && verify)
-		ok = check_items(x->v == VIA_TCP ? "raw TCP baseline"
-		                                 : "memcpy baseline",
+		ok = check_items(vias[x->v].raw_tcp ? "raw TCP baseline"
+		                                    : "memcpy baseline",
 		                 s, first, nb, (void *const *)dst);
-	if (cold && x->v == VIA_USER)
+	if (cold && vias[x->v].user_memory)
 		for (int k = 0; k < nb; k++)
 			munmap(dst[k], sz);
 	return ok;
@@ -167,7 +181,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 	for (int k = 0; k < nb; k++) {
 		if (!cold)
 			it[k].dst = x->wdst[k];
-		else if (x->v == VIA_USER)
+		else if (vias[x->v].user_memory)
 			it[k].dst = fresh_map(sz);
 		else
 			it[k].dst = x->cdst[(first + k) % pool];
@@ -176,7 +190,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 			          ids[k]);
 			nb = k;
 			ok = false;
-		} else if (verify && !(cold && x->v == VIA_USER)) {
+		} else if (verify && !(cold && vias[x->v].user_memory)) {
 			memset(it[k].dst, POISON, sz); /* fresh maps are 0 */
 		}
 	}
@@ -196,7 +210,7 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
 			          it[k].id);
 			ok = false;
 		}
-	if (cold && x->v == VIA_USER)
+	if (cold && vias[x->v].user_memory)
 		for (int k = 0; k < nb; k++)
 			munmap(it[k].dst, sz);
 	return ok;
@@ -207,10 +221,11 @@ static bool ecx_load_one(bench_ctx *x, int s, int nb, bool cold, bool verify,
  * turn first), and the faster is the repetition's baseline. */
 static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 {
+	const bench_opts *o = x->o;
 	int nb = batches[bi];
 	size_t bytes = size_bytes(s) * (size_t)nb;
-	int iters = block_iters(bytes), R = nreps();
-	int nbase = x->v == VIA_TCP ? 2 : 1;
+	int iters = block_iters(o, bytes), R = nreps(o);
+	int nbase = vias[x->v].raw_tcp ? 2 : 1;
 	reps ratio = {0}, eg = {0}, bg = {0}, p50r = {0}, bmode[2];
 	memset(bmode, 0, sizeof(bmode)); /* 0: IO_RECV, 1: IO_POLL */
 	samples lat = {0};
@@ -220,7 +235,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	/* Warm rows load into the same destinations every time: the
 	 * receive arena's, or the caller's memory faulted in beforehand. */
 	for (int k = 0; k < nb && !cold; k++) {
-		x->wdst[k] = x->v == VIA_USER
+		x->wdst[k] = vias[x->v].user_memory
 		                 ? warm_alloc(size_bytes(s))
 		                 : ecx_consumer_alloc(x->c, size_bytes(s));
 		if (x->wdst[k] == NULL)
@@ -234,7 +249,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	 * (An allocation made and freed per load would come back at the
 	 * same place every time, and stay in the cache.) */
 	int pool = sizes[s].pool;
-	if (cold && x->v != VIA_USER) {
+	if (cold && !vias[x->v].user_memory) {
 		x->cdst = calloc((size_t)pool, sizeof(*x->cdst));
 		if (x->cdst == NULL)
 			ok =
@@ -308,7 +323,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	free(x->cdst);
 	x->cdst = NULL;
 	for (int k = 0; k < nb && !cold; k++) {
-		if (x->v == VIA_USER)
+		if (vias[x->v].user_memory)
 			free(x->wdst[k]);
 		else if (x->wdst[k] != NULL)
 			ecx_consumer_free(x->c, x->wdst[k]);
@@ -322,16 +337,16 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	double p99 = (double)samples_pct(&lat, 99) / 1e3;
 	const char *cache = cold ? "cold" : "warm";
 	char buf[96], row[96], modes[128] = "";
-	if (x->v == VIA_TCP)
+	if (vias[x->v].raw_tcp)
 		snprintf(modes, sizeof(modes),
 		         ", \"baseline_blocking_gbps\": %.3f, "
 		         "\"baseline_polling_gbps\": %.3f",
 		         reps_med(&bmode[0]), reps_med(&bmode[1]));
-	snprintf(row, sizeof(row), "transfer %s %s x%d %s", via_label[x->v],
+	snprintf(row, sizeof(row), "transfer %s %s x%d %s", vias[x->v].label,
 	         sizes[s].name, nb, cache);
-	if (json)
+	if (o->json)
 		row_json(
-		    "transfer", via_json[x->v],
+		    "transfer", vias[x->v].json,
 		    "\"size\": \"%s\", \"batch\": %d, \"cache\": \"%s\", "
 		    "\"gbps\": %.3f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
 		    "\"baseline\": \"%s\", \"baseline_gbps\": %.3f, "
@@ -339,46 +354,47 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		    "\"ratio_max\": %.3f, \"p50_us_best_rep\": %.1f, "
 		    "\"ratio_of_bests\": %.3f, \"reps\": %d, \"loads\": %d%s",
 		    sizes[s].name, nb, cache, reps_med(&eg), p50, p99,
-		    x->v == VIA_TCP ? "raw_tcp" : "memcpy", reps_med(&bg),
+		    vias[x->v].raw_tcp ? "raw_tcp" : "memcpy", reps_med(&bg),
 		    reps_med(&ratio), reps_min(&ratio), reps_max(&ratio),
 		    reps_min(&p50r), reps_max(&eg) / reps_max(&bg), R, iters,
 		    modes);
 	else
 		printf("  %-4s %6s x%-3d %-4s %8.2f %9.1f %9.1f %9.2f   %s\n",
-		       via_label[x->v], sizes[s].name, nb, cache, reps_med(&eg),
-		       p50, p99, reps_med(&bg),
+		       vias[x->v].label, sizes[s].name, nb, cache,
+		       reps_med(&eg), p50, p99, reps_med(&bg),
 		       fmt_reps(&ratio, 2, buf, sizeof(buf)));
 	fflush(stdout);
 	/* --check: each row against its target; --quick: the median of a
 	 * group's rows (shm 7 MiB, tcp >= 1 MiB), and the best repetition's
 	 * p50 (load only adds to a latency), against its floor. */
-	const targets *t = tgt();
+	const targets *t = tgt(o);
 	if (!cold && x->v == VIA_SHM && s == 2) {
-		if (quick)
-			reps_add(&group_shm7, reps_med(&ratio));
+		if (o->quick)
+			reps_add(&x->groups[GROUP_SHM7], reps_med(&ratio));
 		else
-			check_row(reps_med(&ratio) >= t->shm7_ratio, row,
+			check_row(o, reps_med(&ratio) >= t->shm7_ratio, row,
 			          "%.2fx memcpy, below %.2fx", reps_med(&ratio),
 			          t->shm7_ratio);
 	}
 	if (!cold && x->v == VIA_SHM && s == 0 && nb == 1) {
-		double v = quick ? reps_min(&p50r) : p50;
-		(quick ? report_row : check_row)(
-		    v < t->shm64_p50, row, "%sp50 %.1f us, not below %.0f us",
-		    quick ? "best repetition's " : "", v, t->shm64_p50);
+		double v = o->quick ? reps_min(&p50r) : p50;
+		(o->quick ? report_row : check_row)(
+		    o, v < t->shm64_p50, row,
+		    "%sp50 %.1f us, not below %.0f us",
+		    o->quick ? "best repetition's " : "", v, t->shm64_p50);
 	}
 	/* The small single loads keep their tail near their median: p99 of
 	 * every load of the row at most p99_x times its p50. */
 	if (!cold && nb == 1 && s <= 1 && (x->v == VIA_SHM || x->v == VIA_TCP))
-		(quick ? report_row : check_row)(
-		    p99 <= t->p99_x * p50, row,
+		(o->quick ? report_row : check_row)(
+		    o, p99 <= t->p99_x * p50, row,
 		    "p99 %.1f us is %.1fx its p50 %.1f us, over %.0fx", p99,
 		    p50 > 0 ? p99 / p50 : 0, p50, t->p99_x);
 	if (!cold && x->v == VIA_TCP && s >= 1) {
-		if (quick)
-			reps_add(&group_tcp, reps_med(&ratio));
+		if (o->quick)
+			reps_add(&x->groups[GROUP_TCP], reps_med(&ratio));
 		else
-			check_row(reps_med(&ratio) >= t->tcp_ratio, row,
+			check_row(o, reps_med(&ratio) >= t->tcp_ratio, row,
 			          "%.2fx raw TCP, below %.2fx",
 			          reps_med(&ratio), t->tcp_ratio);
 	}
@@ -392,8 +408,9 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
  * first in turn. */
 static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
 {
+	const bench_opts *o = x->o;
 	size_t sz = size_bytes(s), bytes = sz * (size_t)nb;
-	int iters = block_iters(bytes), R = nreps();
+	int iters = block_iters(o, bytes), R = nreps(o);
 	ecx_consumer *cs[2] = {x->c, hashed};
 	ecx_item it[2][MAXBATCH];
 	char ids[MAXBATCH][64];
@@ -444,88 +461,39 @@ static bool bench_integrity(bench_ctx *x, ecx_consumer *hashed, int s, int nb)
 	if (!ok)
 		return false;
 	char buf[96];
-	if (json)
+	if (o->json)
 		row_json("transfer", "integrity",
 		         "\"via\": \"%s\", \"size\": \"%s\", \"batch\": %d, "
 		         "\"gbps_checking\": %.3f, \"gbps_plain\": %.3f, "
 		         "\"ratio\": %.3f, \"ratio_min\": %.3f, "
 		         "\"ratio_max\": %.3f, \"reps\": %d",
-		         via_json[x->v], sizes[s].name, nb, reps_med(&gb[1]),
+		         vias[x->v].json, sizes[s].name, nb, reps_med(&gb[1]),
 		         reps_med(&gb[0]), reps_med(&ratio), reps_min(&ratio),
 		         reps_max(&ratio), R);
 	else
 		printf("  %-4s %6s x%-3d %-4s %8.2f %9s %9s %9.2f   %s "
 		       "(integrity: checking XXH3 vs not)\n",
-		       via_label[x->v], sizes[s].name, nb, "hash",
+		       vias[x->v].label, sizes[s].name, nb, "hash",
 		       reps_med(&gb[1]), "", "", reps_med(&gb[0]),
 		       fmt_reps(&ratio, 2, buf, sizeof(buf)));
 	fflush(stdout);
 	return true;
 }
 
-/* Waits until every item of the producer's pools is found by a lookup,
- * so no row runs while the producer is still publishing. */
-static bool producer_settled(ecx_consumer *c)
-{
-	enum { MAXPOOL = 1024 + 64 + 32 };
-	static ecx_item it[MAXPOOL];
-	static char ids[MAXPOOL][32];
-	size_t n = 0;
-	for (int s = 0; s < NSIZES; s++)
-		for (int i = 0; i < sizes[s].pool && n < MAXPOOL; i++, n++)
-			snprintf(ids[n], sizeof(ids[n]), "%s-%d", sizes[s].name,
-			         i);
-	uint64_t end = tool_now_ns() + 60000000000ull;
-	while (tool_now_ns() < end) {
-		memset(it, 0, sizeof(it));
-		for (size_t i = 0; i < n; i++)
-			it[i].id = ids[i];
-		ecx_consumer_lookup(c, it, n);
-		size_t found = 0;
-		for (size_t i = 0; i < n; i++)
-			found += it[i].status == 0;
-		if (found == n)
-			return true;
-		usleep(100000);
-	}
-	return false;
-}
-
-/* Starts the raw TCP source and connects to it. */
-static bool tcp_source_start(proc *pr, int *fd)
-{
-	char *a[] = {"bench", "--peer-addr", (char *)peer_addr,
-	             "--tcp-source-for-bench", NULL};
-	char line[64];
-	unsigned port;
-	if (!proc_start_via(pr, peer_wrap, a) ||
-	    !proc_line(pr, line, sizeof(line), 30000) ||
-	    sscanf(line, "ready %u", &port) != 1)
-		return false;
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_port = htons((uint16_t)port)};
-	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
-	*fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (*fd < 0 || connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
-		return false;
-	tcp_tune(*fd);
-	/* The blocking receiver's bound, as IO_POLL's: 30 s without a byte. */
-	struct timeval tv = {.tv_sec = 30};
-	setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	return true;
-}
-
 /* One transport's rows. */
-static int bench_transfer_one(via v)
+static int bench_transfer_one(const bench_opts *o, reps *groups, via v)
 {
-	const char *transport = v == VIA_TCP ? "tcp" : "shm";
+	const char *transport = vias[v].transport;
 	proc pr = {0}, src = {0};
-	char *a[] = {"bench",           "--peer-addr",
-	             (char *)peer_addr, "--producer-for-bench",
-	             (char *)transport, NULL};
+	char *a[] = {"bench",
+	             "--peer-addr",
+	             (char *)o->peer_addr,
+	             "--producer-for-bench",
+	             (char *)transport,
+	             NULL};
 	char line[256];
 	unsigned port = 0;
-	if (!proc_start_via(&pr, peer_wrap, a) ||
+	if (!proc_start_via(&pr, o->peer_wrap, a) ||
 	    !proc_line(&pr, line, sizeof(line), 60000) ||
 	    sscanf(line, "ready %u", &port) != 1) {
 		if (pr.pid > 0)
@@ -533,15 +501,15 @@ static int bench_transfer_one(via v)
 		return tool_fail("bench", EXIT_FAIL,
 		                 "the benchmark's producer did not start");
 	}
-	bench_ctx x = {.v = v, .tcp = -1};
+	bench_ctx x = {.o = o, .groups = groups, .v = v, .tcp = -1};
 	int rc = EXIT_OK;
-	if (v == VIA_TCP && !tcp_source_start(&src, &x.tcp)) {
+	if (vias[v].raw_tcp && !tcp_source_start(o, &src, &x.tcp)) {
 		rc = tool_fail("bench", EXIT_FAIL,
 		               "the raw TCP baseline's sender did not start");
 		goto out;
 	}
 	char url[64], why[256];
-	snprintf(url, sizeof(url), "http://%s:%u", peer_addr, port);
+	snprintf(url, sizeof(url), "http://%s:%u", o->peer_addr, port);
 	ecx_consumer_params cp = {.field_mask =
 	                              ECX_CONSUMER_PARAM_REGISTRY |
 	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
@@ -560,7 +528,7 @@ static int bench_transfer_one(via v)
 		              "60 s");
 	for (int s = 0; s < NSIZES && rc == EXIT_OK; s++) {
 		size_t sz = size_bytes(s), pool = (size_t)sizes[s].pool * sz;
-		if (v != VIA_TCP && (x.bsrc = pool_alloc(s)) == NULL)
+		if (!vias[v].raw_tcp && (x.bsrc = pool_alloc(s)) == NULL)
 			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
 		if (rc == EXIT_OK && (x.bdst = warm_alloc(pool)) == NULL)
 			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
@@ -571,8 +539,8 @@ static int bench_transfer_one(via v)
 		snprintf(id0, sizeof(id0), "%s-0", sizes[s].name);
 		if (rc == EXIT_OK &&
 		    (!resident(x.bdst, pool) ||
-		     (v != VIA_TCP && (!resident(x.bsrc, pool) ||
-		                       !gen_check(id0, x.bsrc, sz)))))
+		     (!vias[v].raw_tcp && (!resident(x.bsrc, pool) ||
+		                           !gen_check(id0, x.bsrc, sz)))))
 			rc = tool_fail("bench", EXIT_FAIL,
 			               "the baseline's memory is not prepared: "
 			               "pages not in memory, or a source "
@@ -589,7 +557,7 @@ static int bench_transfer_one(via v)
 		x.bsrc = x.bdst = NULL;
 	}
 	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8. */
-	if (rc == EXIT_OK && v != VIA_USER) {
+	if (rc == EXIT_OK && !vias[v].user_memory) {
 		ecx_consumer *hashed = NULL;
 		cp.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
 		cp.integrity = 1;
@@ -614,9 +582,9 @@ out:
 	return rc;
 }
 
-int bench_transfer(void)
+int bench_transfer(const bench_opts *o)
 {
-	if (!json) {
+	if (!o->json) {
 		char lim[96];
 		tcp_limits(lim, sizeof(lim));
 		printf(
@@ -642,52 +610,53 @@ int bench_transfer(void)
 		    "  hash: warm loads into the receive arena by a consumer "
 		    "checking each item's XXH3 (integrity on); base: the "
 		    "same loads by one that does not, alternating\n",
-		    peer_wrap != NULL ? "producer reached at --peer-addr "
-		                        "through --peer-wrap"
-		                      : "loopback",
-		    nreps(), lim);
+		    o->peer_wrap != NULL ? "producer reached at --peer-addr "
+		                           "through --peer-wrap"
+		                         : "loopback",
+		    nreps(o), lim);
 		printf("  %-4s %6s %-4s %-4s %8s %9s %9s %9s   %s\n", "via",
 		       "item", "batch", "", "GB/s", "p50 us", "p99 us",
 		       "base GB/s", "ratio");
 	}
 	int rc = EXIT_OK;
-	if (via_mask & VIA_BIT_SHM)
-		rc = bench_transfer_one(VIA_SHM);
-	if (rc == EXIT_OK && (via_mask & VIA_BIT_USER))
-		rc = bench_transfer_one(VIA_USER);
-	if (rc == EXIT_OK && (via_mask & VIA_BIT_TCP))
-		rc = bench_transfer_one(VIA_TCP);
-	/* --quick: the groups are reported, not checked (cmd_bench.c says
+	reps groups[NGROUP] = {{{0}, 0}};
+	for (int v = 0; v < NVIA && rc == EXIT_OK; v++)
+		if (o->via_mask & (1u << v))
+			rc = bench_transfer_one(o, groups, (via)v);
+	const reps *group_shm7 = &groups[GROUP_SHM7],
+	           *group_tcp = &groups[GROUP_TCP];
+	/* --quick: the groups are reported, not checked (bench_report.c says
 	 * why). */
-	if (rc == EXIT_OK && quick && group_shm7.n > 0)
-		report_row(reps_med(&group_shm7) >= tgt()->shm7_ratio,
+	if (rc == EXIT_OK && o->quick && group_shm7->n > 0)
+		report_row(o, reps_med(group_shm7) >= tgt(o)->shm7_ratio,
 		           "transfer shm 7MiB warm (median of its rows)",
-		           "%.2fx memcpy, below %.2fx", reps_med(&group_shm7),
-		           tgt()->shm7_ratio);
-	if (rc == EXIT_OK && quick && group_tcp.n > 0)
-		report_row(reps_med(&group_tcp) >= tgt()->tcp_ratio,
+		           "%.2fx memcpy, below %.2fx", reps_med(group_shm7),
+		           tgt(o)->shm7_ratio);
+	if (rc == EXIT_OK && o->quick && group_tcp->n > 0)
+		report_row(o, reps_med(group_tcp) >= tgt(o)->tcp_ratio,
 		           "transfer tcp 1MiB and 7MiB warm (median of their "
 		           "rows)",
-		           "%.2fx raw TCP, below %.2fx", reps_med(&group_tcp),
-		           tgt()->tcp_ratio);
-	if (!json)
+		           "%.2fx raw TCP, below %.2fx", reps_med(group_tcp),
+		           tgt(o)->tcp_ratio);
+	if (!o->json)
 		printf("  targets%s: shm 7MiB warm >= %.2fx memcpy; shm 64KiB "
 		       "x1 warm p50 < %.0f us; tcp warm 1MiB and 7MiB >= "
 		       "%.2fx raw TCP; 64KiB and 1MiB x1 warm, shm and tcp: "
 		       "p99 <= %.0fx p50\n",
-		       quick ? " (--quick floors, reported, not checked)" : "",
-		       tgt()->shm7_ratio, tgt()->shm64_p50, tgt()->tcp_ratio,
-		       tgt()->p99_x);
-	if (quick && (group_shm7.n > 0 || group_tcp.n > 0)) {
-		if (json)
+		       o->quick ? " (--quick floors, reported, not checked)"
+		                : "",
+		       tgt(o)->shm7_ratio, tgt(o)->shm64_p50, tgt(o)->tcp_ratio,
+		       tgt(o)->p99_x);
+	if (o->quick && (group_shm7->n > 0 || group_tcp->n > 0)) {
+		if (o->json)
 			row_json("transfer", "quick_groups",
 			         "\"shm_7mib_warm_x_memcpy\": %.3f, "
 			         "\"tcp_warm_x_raw_tcp\": %.3f",
-			         reps_med(&group_shm7), reps_med(&group_tcp));
+			         reps_med(group_shm7), reps_med(group_tcp));
 		else
 			printf("  group medians: shm 7MiB warm %.2fx memcpy, "
 			       "tcp 1MiB and 7MiB warm %.2fx raw TCP\n",
-			       reps_med(&group_shm7), reps_med(&group_tcp));
+			       reps_med(group_shm7), reps_med(group_tcp));
 	}
 	return rc;
 }

@@ -23,7 +23,7 @@ static void keep_copy(const void *p, size_t n)
 	copy_sink ^= c[0] ^ c[n / 2] ^ c[n - 1];
 }
 
-int bench_file(void)
+int bench_file(const bench_opts *o)
 {
 	struct stat sb;
 	const char *base = stat("/dev/shm", &sb) == 0 ? "/dev/shm" : "/tmp";
@@ -31,8 +31,8 @@ int bench_file(void)
 	snprintf(dir, sizeof(dir), "%s/ecx-bench-%ld", base, (long)getpid());
 	if (mkdir(dir, 0700) != 0)
 		return tool_fail("bench", EXIT_FAIL, "cannot create %s", dir);
-	int R = nreps();
-	if (!json)
+	int R = nreps(o);
+	if (!o->json)
 		printf("file: one safetensors file per item in %s (vLLM's "
 		       "ECExampleConnector), loaded (open, parse, malloc, "
 		       "read); baseline: malloc and memcpy of the same size; "
@@ -49,7 +49,7 @@ int bench_file(void)
 		gen_fill(sizes[s].name, buf, d.nbytes);
 		samples sv = {0}, lat = {0};
 		reps lg = {0}, mg = {0}, ratio = {0};
-		int iters = quick ? 5 : 20;
+		int iters = o->quick ? 5 : 20;
 		char path[512], why[256];
 		for (int i = 0; i < iters; i++) {
 			snprintf(path, sizeof(path), "%s/%s-%d.safetensors",
@@ -121,7 +121,7 @@ int bench_file(void)
 		double sg = (double)d.nbytes / (double)samples_pct(&sv, 50);
 		double lp = (double)samples_pct(&lat, 50) / 1e3;
 		char rb[96];
-		if (rc == EXIT_OK && json)
+		if (rc == EXIT_OK && o->json)
 			row_json(
 			    "file", sizes[s].name,
 			    "\"save_gbps\": %.3f, \"load_gbps\": %.3f, "
