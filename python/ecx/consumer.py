@@ -20,11 +20,15 @@ class Consumer:
     load/load_start when given Items); 0 (the default here) for none.
     integrity: check every loaded item against its producer's hash (a
     mismatch is Corrupt; a producer without integrity fails the item).
+    mooncake: "auto" (None: ECX_MOONCAKE, else auto), "off" or "force":
+    how items of producers that speak only the reference's protocol load
+    (over Mooncake's TCP wire into this consumer's receiver), and whether
+    every item does; mooncake_host: the host in the receiver's session.
     """
 
     def __init__(self, registry, token=None, timeout_ms=5000,
                  recv_capacity=0, transport=None, bind_host=None,
-                 integrity=False):
+                 integrity=False, mooncake=None, mooncake_host=None):
         if not registry:
             raise ValueError("a consumer needs a registry URL")
         if not isinstance(registry, str):
@@ -45,6 +49,10 @@ class Consumer:
             p.bind_host, m = b(bind_host), m | F.BIND_HOST
         if integrity:
             p.integrity, m = 1, m | F.INTEGRITY
+        if mooncake is not None:
+            p.mooncake, m = b(mooncake), m | F.MOONCAKE
+        if mooncake_host is not None:
+            p.mooncake_host, m = b(mooncake_host), m | F.MOONCAKE_HOST
         p.field_mask = m
         self._keep = p
         self._pid = os.getpid()

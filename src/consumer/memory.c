@@ -42,6 +42,7 @@ void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg)
 
 void cons_region_drop(ecx_consumer *c, region *r)
 {
+	cons_mc_region(c, r, false);
 	ecx_ucx_mem_unmap(c->ucx, r->memh);
 	free(r->rkey);
 	__atomic_store_n(&r->len, 0, __ATOMIC_RELEASE);
@@ -119,6 +120,7 @@ region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n,
 	__atomic_store_n(&r->base, base, __ATOMIC_RELEASE);
 	__atomic_store_n(&r->len, end - base, __ATOMIC_RELEASE);
 	c->st.registrations++;
+	cons_mc_region(c, r, true);
 	return r;
 }
 
