@@ -145,9 +145,13 @@ int cmd_info(int argc, char **argv)
 	printf("id:        %s\ndtype:     %s\nshape:     ", id,
 	       ecx_dtype_name(it.desc.dtype));
 	print_shape(&it.desc);
-	printf("\nnbytes:    %llu (%s)\nproducer:  %s\n",
+	printf("\nnbytes:    %llu (%s)\nproducer:  %s%s\n",
 	       (unsigned long long)it.desc.nbytes,
-	       tool_bytes(it.desc.nbytes, b, sizeof(b)), it.producer);
+	       tool_bytes(it.desc.nbytes, b, sizeof(b)), it.producer,
+	       it.epoch == ECX_EPOCH_REFERENCE
+	           ? " (a reference producer: its entry has none of ecx's "
+	             "fields; loads use its pull op over Mooncake's wire)"
+	           : "");
 	return EXIT_OK;
 }
 

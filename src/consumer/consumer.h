@@ -250,7 +250,16 @@ struct ecx_consumer {
 	void *mc_zctx;
 	struct mcsock *mc_idle;
 	unsigned mc_nidle;
+	/* Reference pulls that timed out unanswered: each keeps its socket
+	 * and its receive-arena destination quarantined until the
+	 * producer's late answer, or ECX_MC_ZOMBIE_MS (under lock). */
+	struct mczombie *mc_zombies;
 };
+
+/* How long a timed-out reference pull's destination stays quarantined
+ * at most: past the reference's own transfer timeout (30 s, and 1 ns per
+ * byte). */
+#define ECX_MC_ZOMBIE_MS 60000
 
 /* consumer_params.mooncake */
 #define CONS_MC_AUTO 0
@@ -329,6 +338,11 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
 void cons_region_drop(ecx_consumer *c, region *r);
+/* The allocation of the receive arena that holds addr, or NULL; and the
+ * end of one quarantine of the allocation at offset off (given back when
+ * the caller has freed it and no other holds it). */
+arena_alloc *cons_arena_alloc_at(ecx_consumer *c, uint64_t addr);
+void cons_arena_unquarantine(ecx_consumer *c, uint64_t off);
 /* Makes p (timed out, still in c->inflight) a zombie: quarantines the
  * receive-arena allocations its items land in. */
 void cons_zombie_make(ecx_consumer *c, pull *p);

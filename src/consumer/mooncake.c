@@ -27,6 +27,14 @@ typedef struct mcsock {
 	void *sock;
 } mcsock;
 
+typedef struct mczombie {
+	struct mczombie *next;
+	mcsock *ms;
+	uint64_t off; /* the receive-arena allocation quarantined */
+	bool quar;
+	uint64_t until_ms;
+} mczombie;
+
 typedef struct mcpull {
 	size_t idx;   /* the load's item */
 	mcsock *ms;   /* its socket while the answer is awaited */
@@ -162,6 +170,28 @@ static void mc_fail(ecx_load *l, mcpull *p, int err, const char *fmt, ...)
 	}
 }
 
+/* Ends the zombies that have their answer (the producer is done with the
+ * range: its write came, or failed) or are past ECX_MC_ZOMBIE_MS; all of
+ * them when all. Called with c->lock. */
+static void zombies_poll(ecx_consumer *c, bool all)
+{
+	uint64_t now = c->mc_zombies != NULL ? ecx_now_ms() : 0;
+	for (mczombie **zp = &c->mc_zombies; *zp != NULL;) {
+		mczombie *z = *zp;
+		char buf[256];
+		int n = zmq_recv(z->ms->sock, buf, sizeof(buf), ZMQ_DONTWAIT);
+		if (n < 0 && !all && now < z->until_ms) {
+			zp = &z->next;
+			continue;
+		}
+		*zp = z->next;
+		if (z->quar)
+			cons_arena_unquarantine(c, z->off);
+		sock_give(c, z->ms, n >= 0 && !all);
+		free(z);
+	}
+}
+
 void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n)
 {
 	l->mc = calloc(n, sizeof(*l->mc));
@@ -180,6 +210,7 @@ void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n)
 	}
 	char why[256];
 	pthread_mutex_lock(&c->lock);
+	zombies_poll(c, false);
 	int rc = mc_ensure(c, why, sizeof(why));
 	char session[ECX_ADDR_MAX] = "";
 	if (rc == 0)
@@ -312,6 +343,12 @@ static void answer(ecx_load *l, mcpull *p, const char *buf, size_t n)
 
 int cons_mc_poll(ecx_load *l)
 {
+	ecx_consumer *c = l->c;
+	if (__atomic_load_n(&c->mc_zombies, __ATOMIC_RELAXED) != NULL &&
+	    pthread_mutex_trylock(&c->lock) == 0) {
+		zombies_poll(c, false);
+		pthread_mutex_unlock(&c->lock);
+	}
 	if (l->nmc == 0 || cons_mc_done(l))
 		return 0;
 	int did = 0;
@@ -352,7 +389,35 @@ void cons_mc_finish(ecx_load *l)
 		mcpull *p = &l->mc[k];
 		if (p->reg != NULL)
 			p->reg->inuse--;
-		sock_give(c, p->ms, false);
+		if (p->ms == NULL)
+			continue;
+		if (p->done) { /* never sent */
+			sock_give(c, p->ms, false);
+			continue;
+		}
+		/* Unanswered: the producer may still be writing (refused now,
+		 * the reservation is gone); its destination in the arena is
+		 * not handed out again until it answers. */
+		mczombie *z = calloc(1, sizeof(*z));
+		ecx_item *x = &l->items[p->idx];
+		arena_alloc *a =
+		    x->desc.nbytes > 0
+		        ? cons_arena_alloc_at(c, (uint64_t)(uintptr_t)x->dst)
+		        : NULL;
+		if (z == NULL) {
+			sock_give(c, p->ms, false);
+			continue;
+		}
+		z->ms = p->ms;
+		z->until_ms = ecx_now_ms() + ECX_MC_ZOMBIE_MS;
+		if (a != NULL) {
+			a->zombies++;
+			c->st_quarantined++;
+			z->off = a->off;
+			z->quar = true;
+		}
+		z->next = c->mc_zombies;
+		c->mc_zombies = z;
 	}
 	pthread_mutex_unlock(&c->lock);
 	free(l->mc);
@@ -378,6 +443,9 @@ void cons_mc_destroy(ecx_consumer *c)
 {
 	ecx_mc_recv_destroy(c->mc);
 	c->mc = NULL;
+	pthread_mutex_lock(&c->lock);
+	zombies_poll(c, true);
+	pthread_mutex_unlock(&c->lock);
 	while (c->mc_idle != NULL) {
 		mcsock *m = c->mc_idle;
 		c->mc_idle = m->next;

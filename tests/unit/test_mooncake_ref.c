@@ -420,9 +420,18 @@ static void test_ref_late(void **state)
 	for (size_t i = 0; i < it[0].desc.nbytes; i++)
 		if (d[i] != 0)
 			fail_msg("byte %zu landed after the load", i);
+	/* Freed while the producer might still write: not handed out again
+	 * until it answered. */
+	void *old = it[0].dst;
+	ecx_consumer_free(c, old);
+	void *again = ecx_consumer_alloc(c, it[0].desc.nbytes);
+	assert_ptr_not_equal(again, old);
+	it[0].dst = again;
 	f->prod.mode = GOOD;
-	/* The next load works (a new socket: the old one is closed). */
+	/* The next load works (a new socket: the old one waits for its
+	 * answer). */
 	assert_int_equal(ecx_consumer_load(c, it, 1), ECX_OK);
+	assert_true(tu_check(ids[0], it[0].dst, it[0].desc.nbytes));
 	ecx_consumer_destroy(c);
 }
 
