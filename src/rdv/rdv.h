@@ -3,9 +3,10 @@
  * consumer and a producer first meet (ecx's hello exchanges UCX worker
  * addresses; the reference's {"op":"pull",...} is answered there too).
  *
- * The server is a REP socket with a thread of its own that decodes each
- * request (wire/) and hands it to the role's handler; the client is one
- * bounded REQ round trip. May include: core/, wire/. Never: UCX, a
+ * The server is a ROUTER socket (REQ peers see a REP) with a thread of its
+ * own that decodes each request (wire/) and hands it to the role's
+ * handler, which answers at once or later (ecx_rdv_defer); the client is
+ * one bounded REQ round trip. May include: core/, wire/. Never: UCX, a
  * registry, or a role's state (the role answers through its handler).
  */
 #ifndef ECX_RDV_H
@@ -14,8 +15,27 @@
 #include "wire/wire.h"
 
 /* Answers one decoded request with a malloc'd reply (ecx_zresp_encode_*),
- * or NULL when out of memory. Runs on the server's thread. */
+ * or NULL when out of memory. Runs on the server's thread. A handler that
+ * cannot answer at once takes the request's ticket (ecx_rdv_defer), returns
+ * ECX_RDV_LATER, and answers it later with ecx_rdv_answer. */
 typedef char *(*ecx_rdv_fn)(void *arg, const ecx_zreq *r);
+
+/* A request whose answer is given later, from any thread. */
+typedef struct ecx_rdv_ticket ecx_rdv_ticket;
+
+extern char ecx_rdv_later[];
+#define ECX_RDV_LATER (ecx_rdv_later)
+
+/* ecx_rdv_defer, called by a handler (on the server's thread), takes the
+ * ticket of the request it handles; NULL elsewhere. The server then sends
+ * nothing for it until ecx_rdv_answer. */
+ecx_rdv_ticket *ecx_rdv_defer(void);
+
+/* ecx_rdv_answer sends reply (malloc'd, taken over; NULL: out of memory)
+ * as the answer to t, from any thread, and frees t. Does not block. Every
+ * ticket must be answered before its server is destroyed; answers that
+ * reach a server after its thread stopped are dropped. */
+void ecx_rdv_answer(ecx_rdv_ticket *t, char *reply);
 
 typedef struct ecx_rdv_server_opts {
 	const char *bind;      /* host or address to bind */
