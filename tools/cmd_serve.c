@@ -68,6 +68,10 @@ static const char help[] =
     "  --timeout MS         bound on transfers and registry calls (5s)\n"
     "  --verify-hash        hash each item at put (XXH3) and send the hash\n"
     "                       with every pull, for consumers that check it\n"
+    "  --no-mooncake        refuse the reference's pull op (by default it\n"
+    "                       is served: the item is written into the\n"
+    "                       consumer's Mooncake session over Mooncake's\n"
+    "                       TCP wire)\n"
     "  --json               print the ready line as JSON\n"
     "  -h, --help           this text\n"
     "\n"
@@ -210,6 +214,7 @@ int cmd_serve(int argc, char **argv)
 	    {"dtype", required_argument, NULL, 'd'},
 	    {"registry-ttl", required_argument, NULL, 'L'},
 	    {"verify-hash", no_argument, NULL, 'H'},
+	    {"no-mooncake", no_argument, NULL, 'M'},
 	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
 	serve_opts o = {.count = 200};
@@ -321,6 +326,10 @@ int cmd_serve(int argc, char **argv)
 		case 'H':
 			p->field_mask |= ECX_PRODUCER_PARAM_INTEGRITY;
 			p->integrity = 1;
+			break;
+		case 'M':
+			p->field_mask |= ECX_PRODUCER_PARAM_MOONCAKE;
+			p->mooncake = 0;
 			break;
 		case 'L':
 			if (!tool_parse_uint(optarg, 0, 86400 * 365, &v))

@@ -249,6 +249,7 @@ enum {
 	ECX_PRODUCER_PARAM_LEASE_SHARE = 1u << 12,
 	ECX_PRODUCER_PARAM_IDLE = 1u << 13,
 	ECX_PRODUCER_PARAM_STARTING = 1u << 14,
+	ECX_PRODUCER_PARAM_MOONCAKE = 1u << 15,
 };
 
 /* Leases: the time a lookup's lease pins an item when the consumer asks
@@ -307,6 +308,12 @@ typedef struct ecx_producer_params {
 	                        that puts what it serves first. Default
 	                        false: healthy once create returns (before
 	                        that, starting, whatever this says) */
+	int mooncake;        /* answer the reference's pull op
+	                        ({"op":"pull","dst_session",...}) by writing
+	                        the item into that Mooncake session over
+	                        Mooncake's TCP wire (docs/protocol.md);
+	                        default true; false: such pulls are refused
+	                        (EUNSUPPORTED) */
 } ecx_producer_params;
 
 #define ECX_IDLE_MS_DEFAULT 15000

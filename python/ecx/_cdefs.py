@@ -30,6 +30,7 @@ class ProducerParam(enum.IntFlag):
     LEASE_SHARE = 1 << 12
     IDLE = 1 << 13
     STARTING = 1 << 14
+    MOONCAKE = 1 << 15
 
 
 class ConsumerParam(enum.IntFlag):
@@ -96,7 +97,8 @@ class ecx_producer_params(ctypes.Structure):
                 ("lease_max_ms", ctypes.c_int),
                 ("lease_share_pct", ctypes.c_int),
                 ("idle_ms", ctypes.c_int),
-                ("starting", ctypes.c_int)]
+                ("starting", ctypes.c_int),
+                ("mooncake", ctypes.c_int)]
 
 
 class ecx_consumer_params(ctypes.Structure):

@@ -19,6 +19,8 @@ class Producer:
     the lease of this producer's registry entries (default 30). idle_ms:
     a consumer connection with no pull for this long is closed and its
     memory unmapped (default 15000; a live consumer reconnects by itself).
+    mooncake: False refuses the reference's pull op (by default it is
+    served by writing into the consumer's Mooncake session).
 
     The arena (capacity_bytes) is mapped and touched here, so construction
     takes as long as populating it (seconds for GiBs); puts never do.
@@ -28,7 +30,7 @@ class Producer:
                  advertise_host=None, zmq_port=None, registry_port=9018,
                  registry=None, token=None, transport=None, timeout_ms=None,
                  integrity=False, lease_max_ms=None, lease_share_pct=None,
-                 registry_ttl_s=None, idle_ms=None):
+                 registry_ttl_s=None, idle_ms=None, mooncake=None):
         F = C.ProducerParam
         p = C.ecx_producer_params()
         m = F(0)
@@ -62,6 +64,8 @@ class Producer:
             p.registry_ttl_s, m = int(registry_ttl_s), m | F.REGISTRY_TTL
         if idle_ms is not None:
             p.idle_ms, m = int(idle_ms), m | F.IDLE
+        if mooncake is not None:
+            p.mooncake, m = int(bool(mooncake)), m | F.MOONCAKE
         p.field_mask = m
         self._keep = p
         self._h = None

@@ -1,7 +1,8 @@
 /*
  * hello.c - what the producer answers on its rendezvous socket: ecx's
  * hello (records the consumer's worker address, sends this worker's) and
- * the reference's single-item pull (answered in the reference's shape).
+ * the reference's single-item pull (refpull.c writes it into its Mooncake
+ * session).
  */
 #include "producer/producer.h"
 
@@ -166,24 +167,6 @@ static char *bye_answer(ecx_producer *p, const ecx_zreq *r)
 	return ecx_zresp_encode_bye(gone);
 }
 
-/* The reference's {"op":"pull",...}: answered in its reply shape. ecx
- * cannot write into a Mooncake session, so a pull that would succeed there
- * is refused with the reason. */
-static char *ref_pull_answer(ecx_producer *p, const ecx_zreq *r)
-{
-	pthread_mutex_lock(&p->lock);
-	item *it = prod_item_find(p, r->mm_hash);
-	int rc = it == NULL || !it->ready       ? ECX_ENOTFOUND
-	         : it->desc.nbytes != r->nbytes ? ECX_ESIZE
-	                                        : ECX_EUNSUPPORTED;
-	pthread_mutex_unlock(&p->lock);
-	if (rc != ECX_EUNSUPPORTED)
-		return ecx_zresp_encode_error(rc, NULL);
-	return ecx_zresp_encode_error(
-	    rc, "ecx cannot write into a Mooncake session; pull with an ecx "
-	        "consumer");
-}
-
 /* Keeps this producer's entries in a remote registry: with Redis, writes
  * them again every third of their TTL; with HTTP, checks every 2 s whether
  * the registry restarted and then publishes them again. Runs on the
@@ -193,8 +176,19 @@ char *prod_rdv_handle(void *arg, const ecx_zreq *r)
 {
 	ecx_producer *p = arg;
 	if (p->token != NULL &&
-	    !ecx_ct_equal(r->token, strlen(r->token), p->token, p->token_len))
-		return ecx_zresp_encode_error(ECX_EAUTH, NULL);
+	    !ecx_ct_equal(r->token, strlen(r->token), p->token, p->token_len)) {
+		if (r->op != ECX_ZOP_PULL)
+			return ecx_zresp_encode_error(ECX_EAUTH, NULL);
+		/* The reference's pull carries no token. */
+		prod_ref_refuse(p, REF_TOKEN);
+		return ecx_zresp_encode_error(
+		    ECX_EAUTH, r->token[0] == '\0'
+		                   ? "this producer requires a token and the "
+		                     "reference's pull carries none: start it "
+		                     "without a token to serve reference "
+		                     "consumers"
+		                   : "bad token");
+	}
 	if (r->op == ECX_ZOP_LEASE)
 		return prod_lease_answer(p, r);
 	if (r->op == ECX_ZOP_RELEASE)
@@ -202,5 +196,5 @@ char *prod_rdv_handle(void *arg, const ecx_zreq *r)
 	if (r->op == ECX_ZOP_BYE)
 		return bye_answer(p, r);
 	return r->op == ECX_ZOP_HELLO ? hello_answer(p, r)
-	                              : ref_pull_answer(p, r);
+	                              : prod_ref_pull(p, r);
 }

@@ -79,6 +79,10 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	if (p == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&p->lock, NULL);
+	p->mooncake = !(m & ECX_PRODUCER_PARAM_MOONCAKE) || pp->mooncake;
+	int rc = prod_ref_init(p, why, whylen);
+	if (rc != 0)
+		goto fail;
 	p->epoch = ecx_random_epoch();
 	ecx_shm_domain(p->domain, sizeof(p->domain));
 	p->timeout_ms = timeout;
@@ -93,7 +97,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 	p->lease_max_ms = (uint64_t)lease_ms;
 	p->lease_cap = cap * (uint64_t)lease_pct / 100;
 	p->lease_rng = p->epoch;
-	int rc = ECX_ENOMEM;
+	rc = ECX_ENOMEM;
 	p->nbuckets = 1024;
 	p->buckets = calloc(p->nbuckets, sizeof(*p->buckets));
 	if (p->buckets == NULL || !ecx_alloc_init(&p->alloc, cap))
@@ -174,6 +178,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		goto fail;
 	ecx_strlcpy(p->address, ecx_rdv_server_address(p->rdv),
 	            sizeof(p->address));
+	prod_ref_named(p);
 	rc = prod_publisher_start(p, why, whylen);
 	if (rc != 0)
 		goto fail;
@@ -266,7 +271,11 @@ size_t prod_metrics(void *arg, char *buf, size_t len)
 	    (unsigned long long)s.leases_used,
 	    (unsigned long long)s.leases_released,
 	    (unsigned long long)s.leases_expired);
-	return n < 0 ? 0 : (size_t)n;
+	if (n < 0)
+		return 0;
+	return (size_t)n +
+	       prod_ref_metrics(arg, (size_t)n < len ? buf + n : buf,
+	                        (size_t)n < len ? len - (size_t)n : 0);
 }
 
 void ecx_producer_destroy(ecx_producer *p)
@@ -279,6 +288,9 @@ void ecx_producer_destroy(ecx_producer *p)
 	pthread_mutex_lock(&p->lock);
 	p->closing = true;
 	pthread_mutex_unlock(&p->lock);
+	/* Reference pulls in flight end now and are answered, while the
+	 * rendezvous server can still send the answers. */
+	prod_ref_stop(p);
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;
 	/* Unpublish everything this producer published; with the embedded

@@ -9,6 +9,8 @@
  *   conns.c     consumer connections: failure, idle close, reaping
  *   rkeys.c     a connection's remote keys and prefaulting
  *   hello.c     the rendezvous requests (hello, the reference's pull)
+ *   refpull.c   the reference's pull served: writes into its Mooncake
+ *               session (mooncake/writer.h) on threads of its own
  *   lease.c     leases: pins a lookup takes until the pull, a release or
  *               the expiry
  *
@@ -22,6 +24,7 @@
 
 #include "dir/dir.h"
 #include "mem/alloc.h"
+#include "mooncake/writer.h"
 #include "rdv/rdv.h"
 #include "registry/server.h"
 #include "xfer/ucx.h"
@@ -118,6 +121,36 @@ typedef struct job_send {
 	int status;        /* the send's, for its items */
 	uint64_t upto;     /* a piece's landed notice: its body (else 0) */
 } job_send;
+
+/* Why a reference pull was refused (the /metrics reason label). */
+enum {
+	REF_UNKNOWN_ID,  /* unknown mm_hash */
+	REF_SIZE,        /* size mismatch */
+	REF_TOKEN,       /* the producer asks a token; the op carries none */
+	REF_DISABLED,    /* the producer was started with mooncake off */
+	REF_BUSY,        /* too many reference pulls queued */
+	REF_DESTINATION, /* outside the session's buffers, or refused there */
+	REF_TIMEOUT,     /* the write did not end by the deadline */
+	REF_UNREACHABLE, /* the session's ports cannot be reached */
+	REF_FAILED,      /* any other failure of the write */
+	REF_NREASONS
+};
+
+/* A reference pull waiting for, or in, a write. */
+typedef struct ref_task {
+	struct ref_task *next;
+	ecx_rdv_ticket *ticket;
+	item *it; /* pinned */
+	const void *src;
+	uint64_t nbytes, dst_ptr, deadline_ns;
+	char session[ECX_ADDR_MAX];
+} ref_task;
+
+/* Threads that write reference pulls: one more is started while every
+ * one is busy, up to REF_THREADS, so a receiver that stalls holds up one
+ * thread until its pull's deadline, not the others' pulls. */
+#define REF_THREADS 8
+#define REF_QUEUE_MAX 1024
 
 /* One pull, from its arrival to its reply. */
 typedef struct job {
@@ -216,6 +249,18 @@ struct ecx_producer {
 	bool closing; /* destroy has begun: the registry takes no lease */
 	/* rendezvous */
 	ecx_rdv_server *rdv;
+	/* reference pulls (refpull.c): ref_lock guards the queue and the
+	 * threads; the counters are atomic */
+	bool mooncake; /* serve them (ECX_PRODUCER_PARAM_MOONCAKE) */
+	ecx_mc_writer *mc;
+	pthread_mutex_t ref_lock;
+	pthread_cond_t ref_cond;
+	ref_task *ref_head, *ref_tail;
+	size_t ref_queued;
+	unsigned ref_threads, ref_idle;
+	bool ref_stop;
+	pthread_t ref_thr[REF_THREADS];
+	uint64_t ref_pulls, ref_bytes, ref_refused[REF_NREASONS];
 	ecx_producer_stats st;
 };
 
@@ -317,5 +362,20 @@ void prod_rkeys_drop(conn *c);
 
 /* hello.c: answers one rendezvous request (an rdv handler). */
 char *prod_rdv_handle(void *arg, const ecx_zreq *r);
+
+/* refpull.c. prod_ref_init and prod_ref_stop bracket the producer's life
+ * (stop: before the rendezvous server goes; waits end at once, answers
+ * every pull still queued or in flight). prod_ref_pull answers the
+ * reference's pull on the rendezvous thread: a refusal at once, else a
+ * ticket answered by a writer thread (ECX_RDV_LATER). prod_ref_refuse
+ * counts a refusal decided elsewhere. prod_ref_metrics appends the
+ * Prometheus lines. */
+int prod_ref_init(ecx_producer *p, char *why, size_t whylen);
+/* Once p->address is known: the name the writer gives peers. */
+void prod_ref_named(ecx_producer *p);
+void prod_ref_stop(ecx_producer *p);
+char *prod_ref_pull(ecx_producer *p, const ecx_zreq *r);
+void prod_ref_refuse(ecx_producer *p, int reason);
+size_t prod_ref_metrics(ecx_producer *p, char *buf, size_t len);
 
 #endif /* ECX_PRODUCER_H */

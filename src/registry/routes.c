@@ -341,7 +341,7 @@ void ecx_registry_set_metrics(ecx_registry *r, ecx_registry_metrics_fn fn,
 
 static int route_metrics(ecx_registry *r, ecx_reg_answer *a)
 {
-	size_t cap = 4096, off = 0;
+	size_t cap = 16384, off = 0;
 	char *s = malloc(cap);
 	if (s == NULL)
 		return answer_error(a, 500, "out of memory");

@@ -349,6 +349,21 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 	return json_print_free(o);
 }
 
+char *ecx_zresp_encode_ref_pull(int err, const char *detail)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o == NULL)
+		return NULL;
+	cJSON_AddBoolToObject(o, "ok", err == 0);
+	cJSON_AddNumberToObject(o, "mooncake_ret", err == 0 ? 0 : -1);
+	if (err != 0) {
+		cJSON_AddStringToObject(
+		    o, "err", detail != NULL ? detail : ecx_strerror(err));
+		cJSON_AddStringToObject(o, "code", ecx_err_name(err));
+	}
+	return json_print_free(o);
+}
+
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
                              unsigned transport, uint64_t idle_ms, uint64_t pid,

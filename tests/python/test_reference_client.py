@@ -6,6 +6,7 @@ and sends {"op": "pull", ...} to producer_zmq with ZeroMQ. This test is such
 a client, on Python's standard library (and pyzmq for the pull), not ecx's.
 """
 import json
+import socket
 import urllib.error
 import urllib.request
 
@@ -71,14 +72,21 @@ def test_reference_pull_gets_the_reference_reply_shape(serve):
             finally:
                 sock.close()
 
-        base = dict(op="pull", dst_session="10.0.0.9:17001",
+        # A Mooncake session nobody listens at: the write is tried and
+        # fails as a transfer (ok false, mooncake_ret -1), on loopback.
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+        probe.close()
+        base = dict(op="pull", dst_session=f"127.0.0.1:{closed}",
                     dst_ptr=140737488355328)
         r = pull(mm_hash="nope", nbytes=1024, **base)
         assert r["ok"] is False and r["err"] == "unknown mm_hash"
         r = pull(mm_hash="synthetic-0", nbytes=3, **base)
         assert r["ok"] is False and r["err"] == "size mismatch"
         r = pull(mm_hash="synthetic-0", nbytes=1024, **base)
-        assert r["ok"] is False and "Mooncake" in r["err"]
+        assert r["ok"] is False and r["mooncake_ret"] == -1
+        assert "cannot connect" in r["err"]
         r = pull(op="push")
         assert r == {"ok": False, "err": "unknown op", "code": "EUNSUPPORTED"}
         # Garbage, then a good request on a fresh socket: still answered.
