@@ -121,14 +121,23 @@ class Consumer:
         return arr, keep
 
     @staticmethod
-    def _errors(arr, items):
+    def _errors(arr, items, detail=""):
+        """Per item: None, or its error; detail (the load's own words,
+        which name the first failed item) is added to that item's."""
         for a, item in zip(arr, items):
             if a.status == 0 and getattr(item, "lease", 0):
                 item.lease = 0  # its pull ended it
-        return [None if a.status == 0 else
-                error(a.status, f"{item.id} from {item.producer}: "
-                       f"{strerror(a.status)}")
-                for a, item in zip(arr, items)]
+        out = []
+        for a, item in zip(arr, items):
+            if a.status == 0:
+                out.append(None)
+                continue
+            msg = f"{item.id} from {item.producer}: {strerror(a.status)}"
+            if detail and f"first: {item.id}" in detail:
+                msg += " (" + detail.split("first: ", 1)[1] + ")"
+                detail = ""
+            out.append(error(a.status, msg))
+        return out
 
     def load_into(self, pairs):
         """Loads each (Item, tensor) pair in one batched call (one pull per
@@ -143,7 +152,8 @@ class Consumer:
         if rc == EFORK:
             raise error(rc)
         del keep
-        return self._errors(arr, [it for it, _ in pairs])
+        detail = C.ecx_last_error().decode() if rc != 0 else ""
+        return self._errors(arr, [it for it, _ in pairs], detail)
 
     def load_start(self, items):
         """Starts loading, without waiting: items are Items (from lookup;
