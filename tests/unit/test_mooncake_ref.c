@@ -435,12 +435,106 @@ static void test_ref_late(void **state)
 	ecx_consumer_destroy(c);
 }
 
+static int u64cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* An ecx producer, and an ecx consumer forced onto Mooncake's wire: the
+ * reference's pull op to the producer, its writer into the consumer's
+ * receiver. A batch, byte for byte, with no hello; then the median of
+ * 64 KiB loads, printed beside the same loads over ecx's own pulls. */
+static void test_force_ecx(void **state)
+{
+	(void)state;
+	ecx_producer_params pp = {.field_mask =
+	                              ECX_PRODUCER_PARAM_CAPACITY |
+	                              ECX_PRODUCER_PARAM_BIND_HOST |
+	                              ECX_PRODUCER_PARAM_REGISTRY_PORT,
+	                          .capacity_bytes = 64u << 20,
+	                          .bind_host = "127.0.0.1",
+	                          .registry_port = 0};
+	ecx_producer *p = NULL;
+	char why[256] = "";
+	if (ecx_producer_create(&pp, &p, why, sizeof(why)) != 0)
+		fail_msg("producer: %s", why);
+	static const uint64_t sizes[4] = {65536, 1u << 20, 7u << 20, 100};
+	static const char *fids[4] = {"f-64k", "f-1m", "f-7m", "f-100"};
+	for (int i = 0; i < 4; i++) {
+		ecx_tensor_desc d;
+		uint64_t shape[1] = {sizes[i]};
+		ecx_tensor_set(&d, ECX_DTYPE_UINT8, 1, shape);
+		void *b = malloc(sizes[i]);
+		tu_fill(fids[i], b, sizes[i]);
+		assert_int_equal(ecx_producer_put(p, fids[i], &d, b), 0);
+		free(b);
+	}
+	fix f;
+	snprintf(f.url, sizeof(f.url), "http://127.0.0.1:%u",
+	         ecx_producer_registry_port(p));
+	ecx_consumer *c[2] = {consumer(&f, "force", 5000),
+	                      consumer(&f, NULL, 5000)};
+	ecx_item it[4];
+	memset(it, 0, sizeof(it));
+	for (int i = 0; i < 4; i++)
+		it[i].id = fids[i];
+	assert_int_equal(ecx_consumer_lookup(c[0], it, 4), 0);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(it[i].status, 0);
+		assert_true(it[i].epoch != ECX_EPOCH_REFERENCE);
+		it[i].dst = ecx_consumer_alloc(c[0], it[i].desc.nbytes);
+	}
+	int rc = ecx_consumer_load(c[0], it, 4);
+	if (rc != 0)
+		fail_msg("forced load: %s", ecx_consumer_last_error());
+	for (int i = 0; i < 4; i++)
+		assert_true(tu_check(fids[i], it[i].dst, it[i].desc.nbytes));
+	ecx_consumer_stats st;
+	ecx_consumer_stats_get(c[0], &st);
+	assert_int_equal(st.mc_pulls, 4);
+	assert_int_equal(st.connections, 0);
+	for (int i = 0; i < 4; i++)
+		ecx_consumer_free(c[0], it[i].dst);
+	enum { N = 300 };
+	uint64_t t[2][N];
+	for (int k = 0; k < 2; k++) {
+		ecx_item one;
+		memset(&one, 0, sizeof(one));
+		one.id = fids[0];
+		assert_int_equal(ecx_consumer_lookup(c[k], &one, 1), 0);
+		one.dst = ecx_consumer_alloc(c[k], one.desc.nbytes);
+		for (int i = 0; i < N + 20; i++) {
+			struct timespec a, b;
+			clock_gettime(CLOCK_MONOTONIC, &a);
+			assert_int_equal(ecx_consumer_load(c[k], &one, 1), 0);
+			clock_gettime(CLOCK_MONOTONIC, &b);
+			if (i >= 20) /* after the first connection */
+				t[k][i - 20] =
+				    (uint64_t)(b.tv_sec - a.tv_sec) *
+				        1000000000u +
+				    (uint64_t)(b.tv_nsec - a.tv_nsec);
+		}
+		assert_true(tu_check(fids[0], one.dst, one.desc.nbytes));
+		qsort(t[k], N, sizeof(t[k][0]), u64cmp);
+	}
+	printf("# 64 KiB load, loopback, same run: reference pull over "
+	       "Mooncake's wire p50 %.1f us p90 %.1f us; ecx's pull p50 "
+	       "%.1f us p90 %.1f us\n",
+	       (double)t[0][N / 2] / 1e3, (double)t[0][N * 9 / 10] / 1e3,
+	       (double)t[1][N / 2] / 1e3, (double)t[1][N * 9 / 10] / 1e3);
+	ecx_consumer_destroy(c[0]);
+	ecx_consumer_destroy(c[1]);
+	ecx_producer_destroy(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_setup_teardown(test_ref_load, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_ref_errors, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_ref_late, setup, teardown),
+	    cmocka_unit_test(test_force_ecx),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
