@@ -386,6 +386,14 @@ static void test_ref_errors(void **state)
 	ecx_consumer_stats_get(c, &st);
 	assert_int_equal(st.mc_rej_range, 1);
 	f->prod.mode = GOOD;
+	/* Given an ecx epoch (by hand), the item goes to ecx's hello, which
+	 * the producer does not speak: said so, not a transport error. */
+	lookup(c, it, 1, false);
+	it[0].epoch = 5;
+	it[0].dst = ecx_consumer_alloc(c, it[0].desc.nbytes);
+	assert_int_equal(ecx_consumer_load(c, it, 1), ECX_EUNSUPPORTED);
+	assert_non_null(strstr(ecx_consumer_last_error(),
+	                       "speaks only the reference's protocol"));
 	ecx_consumer_destroy(c);
 }
 
