@@ -20,7 +20,7 @@ extern bool quick, json, check;
 extern const char *redis_url; /* --redis: a Redis to compare lookups with */
 /* transfer: which rows (--via), and where the producer and the raw TCP
  * sender run (--peer-wrap, --peer-addr: another host's namespace). */
-enum { VIA_BIT_SHM = 1, VIA_BIT_USER = 2, VIA_BIT_TCP = 4 };
+enum { VIA_BIT_SHM = 1, VIA_BIT_USER = 2, VIA_BIT_TCP = 4, VIA_BIT_MC = 8 };
 extern unsigned via_mask;
 extern const char *peer_wrap;
 extern const char *peer_addr;
@@ -86,6 +86,10 @@ typedef struct bench_size {
 #define NSIZES 3
 extern const bench_size sizes[NSIZES]; /* 64 KiB, 1 MiB, 7 MiB */
 
+struct proc;
+/* Starts the raw TCP source (a child process, through --peer-wrap) and
+ * connects *fd to it (bench_peers.c). */
+bool tcp_source_start(struct proc *pr, int *fd);
 /* TCP_NODELAY on a socket (bench_peers.c; the registry's floor too). */
 void tcp_tune(int fd);
 /* The kernel's TCP buffer ceilings, as "up to S send, R receive", for a

@@ -6,6 +6,7 @@
 
 #include "bench.h"
 #include "gen.h"
+#include "proc.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -158,4 +159,28 @@ void tcp_limits(char *buf, size_t len)
 	snprintf(buf, len, "up to %s send, %s receive",
 	         tool_bytes(w[2], a, sizeof(a)),
 	         tool_bytes(r[2], b, sizeof(b)));
+}
+
+/* Starts the raw TCP source and connects to it. */
+bool tcp_source_start(proc *pr, int *fd)
+{
+	char *a[] = {"bench", "--peer-addr", (char *)peer_addr,
+	             "--tcp-source-for-bench", NULL};
+	char line[64];
+	unsigned port;
+	if (!proc_start_via(pr, peer_wrap, a) ||
+	    !proc_line(pr, line, sizeof(line), 30000) ||
+	    sscanf(line, "ready %u", &port) != 1)
+		return false;
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
+	*fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (*fd < 0 || connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+		return false;
+	tcp_tune(*fd);
+	/* The blocking receiver's bound, as IO_POLL's: 30 s without a byte. */
+	struct timeval tv = {.tv_sec = 30};
+	setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return true;
 }

@@ -37,9 +37,13 @@ static const int batches[] = {1, 8, 32};
  * tcp rows of 1 MiB and 7 MiB, checked as groups. */
 static reps group_shm7, group_tcp;
 
-typedef enum { VIA_SHM, VIA_USER, VIA_TCP } via;
-static const char *via_label[] = {"shm", "shm*", "tcp"};
-static const char *via_json[] = {"shm", "shm_user_memory", "tcp"};
+/* mc: over TCP, the reference's pull op and Mooncake's wire (the
+ * consumer's mooncake=force), against the same raw TCP baseline. */
+typedef enum { VIA_SHM, VIA_USER, VIA_TCP, VIA_MC } via;
+static const char *via_label[] = {"shm", "shm*", "tcp", "mc"};
+static const char *via_json[] = {"shm", "shm_user_memory", "tcp", "mooncake"};
+/* Whether the rows of v have the raw TCP baseline. */
+#define RAW(v) ((v) == VIA_TCP || (v) == VIA_MC)
 
 typedef struct bench_ctx {
 	via v;
@@ -109,7 +113,7 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	}
 	bool ok = true;
 	uint64_t t0 = tool_now_ns();
-	if (x->v == VIA_TCP) {
+	if (RAW(x->v)) {
 		tcp_req q = {.bytes = sz,
 		             .first = (uint32_t)first,
 		             .count = (uint32_t)nb};
@@ -125,8 +129,8 @@ static bool base_load(bench_ctx *x, int s, int nb, bool cold, io_mode rm,
 	}
 	*ns = tool_now_ns() - t0;
 	if (ok && verify)
-		ok = check_items(x->v == VIA_TCP ? "raw TCP baseline"
-		                                 : "memcpy baseline",
+		ok = check_items(RAW(x->v) ? "raw TCP baseline"
+		                           : "memcpy baseline",
 		                 s, first, nb, (void *const *)dst);
 	if (cold && x->v == VIA_USER)
 		for (int k = 0; k < nb; k++)
@@ -210,7 +214,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	int nb = batches[bi];
 	size_t bytes = size_bytes(s) * (size_t)nb;
 	int iters = block_iters(bytes), R = nreps();
-	int nbase = x->v == VIA_TCP ? 2 : 1;
+	int nbase = RAW(x->v) ? 2 : 1;
 	reps ratio = {0}, eg = {0}, bg = {0}, p50r = {0}, bmode[2];
 	memset(bmode, 0, sizeof(bmode)); /* 0: IO_RECV, 1: IO_POLL */
 	samples lat = {0};
@@ -322,7 +326,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	double p99 = (double)samples_pct(&lat, 99) / 1e3;
 	const char *cache = cold ? "cold" : "warm";
 	char buf[96], row[96], modes[128] = "";
-	if (x->v == VIA_TCP)
+	if (RAW(x->v))
 		snprintf(modes, sizeof(modes),
 		         ", \"baseline_blocking_gbps\": %.3f, "
 		         "\"baseline_polling_gbps\": %.3f",
@@ -339,7 +343,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		    "\"ratio_max\": %.3f, \"p50_us_best_rep\": %.1f, "
 		    "\"ratio_of_bests\": %.3f, \"reps\": %d, \"loads\": %d%s",
 		    sizes[s].name, nb, cache, reps_med(&eg), p50, p99,
-		    x->v == VIA_TCP ? "raw_tcp" : "memcpy", reps_med(&bg),
+		    RAW(x->v) ? "raw_tcp" : "memcpy", reps_med(&bg),
 		    reps_med(&ratio), reps_min(&ratio), reps_max(&ratio),
 		    reps_min(&p50r), reps_max(&eg) / reps_max(&bg), R, iters,
 		    modes);
@@ -374,6 +378,10 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		    p99 <= t->p99_x * p50, row,
 		    "p99 %.1f us is %.1fx its p50 %.1f us, over %.0fx", p99,
 		    p50 > 0 ? p99 / p50 : 0, p50, t->p99_x);
+	/* Mooncake's wire: 7 MiB x1 warm against 0.9x raw TCP, reported. */
+	if (!cold && x->v == VIA_MC && s == 2 && nb == 1)
+		report_row(reps_med(&ratio) >= 0.9, row,
+		           "%.2fx raw TCP, below 0.90x", reps_med(&ratio));
 	if (!cold && x->v == VIA_TCP && s >= 1) {
 		if (quick)
 			reps_add(&group_tcp, reps_med(&ratio));
@@ -491,34 +499,10 @@ static bool producer_settled(ecx_consumer *c)
 	return false;
 }
 
-/* Starts the raw TCP source and connects to it. */
-static bool tcp_source_start(proc *pr, int *fd)
-{
-	char *a[] = {"bench", "--peer-addr", (char *)peer_addr,
-	             "--tcp-source-for-bench", NULL};
-	char line[64];
-	unsigned port;
-	if (!proc_start_via(pr, peer_wrap, a) ||
-	    !proc_line(pr, line, sizeof(line), 30000) ||
-	    sscanf(line, "ready %u", &port) != 1)
-		return false;
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_port = htons((uint16_t)port)};
-	inet_pton(AF_INET, peer_addr, &sa.sin_addr);
-	*fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (*fd < 0 || connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
-		return false;
-	tcp_tune(*fd);
-	/* The blocking receiver's bound, as IO_POLL's: 30 s without a byte. */
-	struct timeval tv = {.tv_sec = 30};
-	setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	return true;
-}
-
 /* One transport's rows. */
 static int bench_transfer_one(via v)
 {
-	const char *transport = v == VIA_TCP ? "tcp" : "shm";
+	const char *transport = RAW(v) ? "tcp" : "shm";
 	proc pr = {0}, src = {0};
 	char *a[] = {"bench",           "--peer-addr",
 	             (char *)peer_addr, "--producer-for-bench",
@@ -535,20 +519,21 @@ static int bench_transfer_one(via v)
 	}
 	bench_ctx x = {.v = v, .tcp = -1};
 	int rc = EXIT_OK;
-	if (v == VIA_TCP && !tcp_source_start(&src, &x.tcp)) {
+	if (RAW(v) && !tcp_source_start(&src, &x.tcp)) {
 		rc = tool_fail("bench", EXIT_FAIL,
 		               "the raw TCP baseline's sender did not start");
 		goto out;
 	}
 	char url[64], why[256];
 	snprintf(url, sizeof(url), "http://%s:%u", peer_addr, port);
-	ecx_consumer_params cp = {.field_mask =
-	                              ECX_CONSUMER_PARAM_REGISTRY |
-	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
-	                              ECX_CONSUMER_PARAM_TRANSPORT,
-	                          .registry = url,
-	                          .recv_capacity = 240u << 20,
-	                          .transport = transport};
+	ecx_consumer_params cp = {
+	    .field_mask =
+	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	        ECX_CONSUMER_PARAM_TRANSPORT | ECX_CONSUMER_PARAM_MOONCAKE,
+	    .registry = url,
+	    .recv_capacity = 240u << 20,
+	    .transport = transport,
+	    .mooncake = v == VIA_MC ? "force" : "off"};
 	if (ecx_consumer_create(&cp, &x.c, why, sizeof(why)) != 0) {
 		rc = tool_fail("bench", EXIT_FAIL, "%s", why);
 		goto out;
@@ -560,7 +545,7 @@ static int bench_transfer_one(via v)
 		              "60 s");
 	for (int s = 0; s < NSIZES && rc == EXIT_OK; s++) {
 		size_t sz = size_bytes(s), pool = (size_t)sizes[s].pool * sz;
-		if (v != VIA_TCP && (x.bsrc = pool_alloc(s)) == NULL)
+		if (!RAW(v) && (x.bsrc = pool_alloc(s)) == NULL)
 			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
 		if (rc == EXIT_OK && (x.bdst = warm_alloc(pool)) == NULL)
 			rc = tool_fail("bench", EXIT_FAIL, "out of memory");
@@ -571,8 +556,8 @@ static int bench_transfer_one(via v)
 		snprintf(id0, sizeof(id0), "%s-0", sizes[s].name);
 		if (rc == EXIT_OK &&
 		    (!resident(x.bdst, pool) ||
-		     (v != VIA_TCP && (!resident(x.bsrc, pool) ||
-		                       !gen_check(id0, x.bsrc, sz)))))
+		     (!RAW(v) && (!resident(x.bsrc, pool) ||
+		                  !gen_check(id0, x.bsrc, sz)))))
 			rc = tool_fail("bench", EXIT_FAIL,
 			               "the baseline's memory is not prepared: "
 			               "pages not in memory, or a source "
@@ -588,8 +573,9 @@ static int bench_transfer_one(via v)
 		free(x.bdst);
 		x.bsrc = x.bdst = NULL;
 	}
-	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8. */
-	if (rc == EXIT_OK && v != VIA_USER) {
+	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8
+	 * (the reference's pull carries no hash: not for mc). */
+	if (rc == EXIT_OK && v != VIA_USER && v != VIA_MC) {
 		ecx_consumer *hashed = NULL;
 		cp.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
 		cp.integrity = 1;
@@ -635,6 +621,9 @@ int bench_transfer(void)
 		    "TCP_NODELAY, kernel-tuned socket buffers as UCX's "
 		    "(%s), the faster of a blocking and a polling receiver "
 		    "in each repetition\n"
+		    "  mc: as tcp, each item a reference pull op answered by "
+		    "a write over Mooncake's TCP wire (the consumer's "
+		    "mooncake=force), same baseline\n"
 		    "  warm: the same ids into the same destinations; cold: "
 		    "ids unused for 32+ MiB of loads, into destinations "
 		    "unused as long (shm*: never-touched memory), baselines "
@@ -657,6 +646,8 @@ int bench_transfer(void)
 		rc = bench_transfer_one(VIA_USER);
 	if (rc == EXIT_OK && (via_mask & VIA_BIT_TCP))
 		rc = bench_transfer_one(VIA_TCP);
+	if (rc == EXIT_OK && (via_mask & VIA_BIT_MC))
+		rc = bench_transfer_one(VIA_MC);
 	/* --quick: the groups are reported, not checked (cmd_bench.c says
 	 * why). */
 	if (rc == EXIT_OK && quick && group_shm7.n > 0)

@@ -78,12 +78,13 @@ static const char help[] =
     "  --redis URL  registry: also batched lookups against this Redis\n"
     "            (redis://HOST:PORT; bench/redis_vs_http.sh starts one)\n"
     "  --via LIST  transfer: only these rows, comma-separated: shm,\n"
-    "            user (shm*), tcp (default: all three)\n"
+    "            user (shm*), tcp (default: all three), mooncake (mc: tcp\n"
+    "            over the reference's pull and Mooncake's wire)\n"
     "  --peer-wrap PROG  transfer: start the producer and the raw TCP\n"
     "            sender as 'PROG /path/to/ecx ARGS...'; PROG must exec\n"
     "            its arguments (e.g. a script entering another network\n"
-    "            namespace: bench/two_hosts.sh). Needs --via tcp and\n"
-    "            --peer-addr\n"
+    "            namespace: bench/two_hosts.sh). Needs --via tcp or\n"
+    "            mooncake, and --peer-addr\n"
     "  --peer-addr ADDR  transfer: the IPv4 address they bind and are\n"
     "            reached at (default 127.0.0.1)\n"
     "  -h, --help\n"
@@ -262,6 +263,8 @@ static bool parse_via(const char *arg)
 			via_mask |= VIA_BIT_USER;
 		else if (strcmp(t, "tcp") == 0)
 			via_mask |= VIA_BIT_TCP;
+		else if (strcmp(t, "mooncake") == 0)
+			via_mask |= VIA_BIT_MC;
 		else
 			via_mask = 1u << 31; /* not a row: refused below */
 	}
@@ -340,9 +343,11 @@ int cmd_bench(int argc, char **argv)
 	}
 	/* The wrapper runs the producer and the raw TCP sender elsewhere:
 	 * only tcp rows can reach them there, and only at an address given. */
-	if (peer_wrap != NULL && (via_mask != VIA_BIT_TCP || !addr_given))
+	if (peer_wrap != NULL &&
+	    ((via_mask & ~(unsigned)(VIA_BIT_TCP | VIA_BIT_MC)) != 0 ||
+	     !addr_given))
 		return tool_fail("bench", EXIT_USAGE,
-		                 "--peer-wrap needs --via tcp (only) and "
+		                 "--peer-wrap needs --via tcp or mooncake and "
 		                 "--peer-addr (the address its peers bind in "
 		                 "their namespace); see 'ecx bench --help'");
 	const char *what = optind < argc ? argv[optind] : "all";
