@@ -242,8 +242,9 @@ struct ecx_consumer {
 	/* Mooncake's wire (mooncake.c): the mode (CONS_MC_*), where the
 	 * receiver listens and what host its session names (NULL: the
 	 * defaults), the receiver (started under lock at the first load that
-	 * needs it, NULL before), a ZeroMQ context for the reference's pulls
-	 * and their idle REQ sockets (under lock). */
+	 * needs it, NULL before), the ZeroMQ context of the reference's pulls
+	 * (the rendezvous client's) and their idle REQ sockets (under
+	 * lock). */
 	int mc_mode;
 	char *mc_bind, *mc_host;
 	ecx_mc_recv *mc;

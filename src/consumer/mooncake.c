@@ -84,13 +84,8 @@ static int mc_ensure(ecx_consumer *c, char *why, size_t whylen)
 {
 	if (c->mc != NULL)
 		return 0;
-	if (c->mc_zctx == NULL) {
-		c->mc_zctx = zmq_ctx_new();
-		if (c->mc_zctx == NULL)
-			return ecx_why(why, whylen, ECX_ENOMEM,
-			               "zmq_ctx_new failed");
-		zmq_ctx_set(c->mc_zctx, ZMQ_IO_THREADS, 1);
-	}
+	/* The rendezvous client's context: no threads of its own. */
+	c->mc_zctx = ecx_rdv_client_zctx(c->rdv);
 	int rc =
 	    ecx_mc_recv_create(c->mc_bind, c->mc_host, &c->mc, why, whylen);
 	if (rc != 0)
@@ -452,9 +447,7 @@ void cons_mc_destroy(ecx_consumer *c)
 		zmq_close(m->sock);
 		free(m);
 	}
-	if (c->mc_zctx != NULL)
-		zmq_ctx_term(c->mc_zctx);
-	c->mc_zctx = NULL;
+	c->mc_zctx = NULL; /* the rendezvous client's: it ends it */
 	free(c->mc_bind);
 	free(c->mc_host);
 }

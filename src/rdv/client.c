@@ -23,6 +23,11 @@ struct ecx_rdv_client {
 	char domain[ECX_DOMAIN_MAX];
 };
 
+void *ecx_rdv_client_zctx(ecx_rdv_client *c)
+{
+	return c->zctx;
+}
+
 int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen)
 {
 	ecx_rdv_client *c = calloc(1, sizeof(*c));

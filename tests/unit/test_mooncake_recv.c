@@ -380,9 +380,12 @@ static void test_release_mid_body(void **state)
 	memset(b, 0x55, MB);
 	send_all(fd, b, MB);
 	/* Until the first half is in. */
-	for (int i = 0; i < 300 && f->mem[MB - 1] != 0x55; i++)
+	for (int i = 0; i < 300 && __atomic_load_n(&f->mem[MB - 1],
+	                                           __ATOMIC_ACQUIRE) != 0x55;
+	     i++)
 		msleep(10);
-	assert_int_equal(f->mem[MB - 1], 0x55);
+	assert_int_equal(__atomic_load_n(&f->mem[MB - 1], __ATOMIC_ACQUIRE),
+	                 0x55);
 	uint64_t t0 = now_ns();
 	assert_int_equal(ecx_mc_recv_release(f->r, id), 0);
 	assert_true(now_ns() - t0 < 100000000u);
