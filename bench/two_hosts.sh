@@ -16,10 +16,14 @@
 # may be shared). Needs root, ip, unshare, timeout, ucx_perftest and
 # /usr/bin/python3.
 #
+# VIA (default tcp) is the rows' --via: VIA=tcp,mooncake adds the rows over
+# Mooncake's wire (the reference's pull) beside them, same run.
+#
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
 ECX=$(readlink -f "${1:?usage: two_hosts.sh PATH/TO/ecx [RUNS]}")
 RUNS=${2:-5}
+VIA=${VIA:-tcp}
 PY=/usr/bin/python3
 case "$RUNS" in '' | *[!0-9]* | 0)
 	echo "two_hosts.sh: RUNS must be a positive number" >&2
@@ -115,7 +119,7 @@ echo "# two hosts: namespaces joined by a veth, $(nproc) cores, $RUNS runs," \
 for r in $(seq "$RUNS"); do
 	echo "## run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 	bg_wait timeout -k 5 900 "$work/in_ns" "$B" "$ECX" bench transfer \
-		--via tcp --json --peer-wrap "$work/peer" --peer-addr 192.0.2.1 \
+		--via "$VIA" --json --peer-wrap "$work/peer" --peer-addr 192.0.2.1 \
 		>"$work/run$r.json" 2>"$work/run$r.err" || {
 		echo "two_hosts.sh: run $r failed: $(tail -3 "$work/run$r.err")" >&2
 		exit 1
@@ -195,9 +199,10 @@ rows = {}
 for r in range(1, runs + 1):
     for line in open(f"{work}/run{r}.json"):
         o = json.loads(line)
-        if o.get("bench") != "transfer" or o.get("case") != "tcp":
+        if o.get("bench") != "transfer" or o.get("case") not in (
+                "tcp", "mooncake"):
             continue
-        key = (o["size"], o["batch"], o["cache"])
+        key = (o["size"], o["batch"], o["cache"], o["case"])
         o["run"] = r
         rows.setdefault(key, []).append(o)
     pf = open(f"{work}/perftest{r}.txt").read().split("\n")
@@ -208,8 +213,8 @@ for r in range(1, runs + 1):
         if len(f) >= 7:
             rows.setdefault(("perftest", int(f[1]), f[0]), []).append(
                 (r, float(f[-3]) * 1048576 / 1e9))
-print("%-6s %-5s %-4s  %-23s %-23s %s" % (
-    "item", "batch", "", "ecx GB/s min/med/max", "raw TCP GB/s",
+print("%-8s %-6s %-5s %-4s  %-23s %-23s %s" % (
+    "via", "item", "batch", "", "ecx GB/s min/med/max", "raw TCP GB/s",
     "ecx/raw TCP min/median/max (spread: min vs median); each run's"))
 for key in sorted(k for k in rows if k[0] != "perftest"):
     v = rows[key]
@@ -217,9 +222,10 @@ for key in sorted(k for k in rows if k[0] != "perftest"):
     b = [o["baseline_gbps"] for o in v]
     q = [o["ratio"] for o in v]
     med = statistics.median(q)
-    print("%-6s x%-4d %-4s  %5.2f %5.2f %5.2f       %5.2f %5.2f %5.2f       "
-          "%.2f %.2f %.2f (min %.0f%% below); %s" % (
-              key[0], key[1], key[2], min(e), statistics.median(e), max(e),
+    print("%-8s %-6s x%-4d %-4s  %5.2f %5.2f %5.2f       %5.2f %5.2f %5.2f"
+          "       %.2f %.2f %.2f (min %.0f%% below); %s" % (
+              key[3], key[0], key[1], key[2], min(e), statistics.median(e),
+              max(e),
               min(b), statistics.median(b), max(b), min(q), med, max(q),
               100 * (1 - min(q) / med), " ".join("%.2f" % x for x in q)))
 for key in sorted(k for k in rows if k[0] == "perftest"):
@@ -232,9 +238,9 @@ put = dict(rows.get(("perftest", 7340032, "ucp_put_bw"), []))
 for key in sorted(k for k in rows if k[0] == "7MiB" and k[2] == "warm"):
     q = [o["gbps"] / put[o["run"]] for o in rows[key] if put.get(o["run"])]
     if q:
-        print("7MiB x%d warm / ucp_put_bw 7 MiB, same run: %.2f %.2f %.2f "
-              "(min/median/max); %s" % (
-                  key[1], min(q), statistics.median(q), max(q),
+        print("%s 7MiB x%d warm / ucp_put_bw 7 MiB, same run: %.2f %.2f "
+              "%.2f (min/median/max); %s" % (
+                  key[3], key[1], min(q), statistics.median(q), max(q),
                   " ".join("%.2f" % x for x in q)))
 PY
 echo "$line (the streams are Python threads: the sending and receiving are system calls that run in parallel)"

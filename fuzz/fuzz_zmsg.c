@@ -10,5 +10,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	ecx_zresp z;
 	if (ecx_zresp_decode((const char *)data, size, &z, why, 160) == 0)
 		ecx_zresp_free(&z);
+	/* The reference's answer to its pull, as a consumer reads it. */
+	bool ok;
+	int64_t ret;
+	char err[64];
+	(void)ecx_ref_reply_decode((const char *)data, size, &ok, &ret, err,
+	                           sizeof(err), why, 160);
 	return 0;
 }

@@ -39,6 +39,9 @@ static const char help[] =
     "                       producer took at put (it must run with\n"
     "                       --verify-hash)\n"
     "  --transport T        auto (default), tcp or shm\n"
+    "  --mooncake M         auto (default, $ECX_MOONCAKE), off or force:\n"
+    "                       how an item of a reference producer loads (over\n"
+    "                       Mooncake's TCP wire), and whether every item does\n"
     "  --token T            bearer token (default $ECX_TOKEN)\n"
     "  --timeout MS         bound on each step (default 5s)\n"
     "  --json               print the result as JSON\n"
@@ -55,9 +58,10 @@ int cmd_get(int argc, char **argv)
 	    {"verify", no_argument, NULL, 'v'},
 	    {"verify-hash", no_argument, NULL, 'H'},
 	    {"transport", required_argument, NULL, 'T'},
+	    {"mooncake", required_argument, NULL, 'M'},
 	    TOOL_OPT_ENTRIES,
 	    {NULL, 0, NULL, 0}};
-	const char *out = NULL, *transport = NULL;
+	const char *out = NULL, *transport = NULL, *mooncake = NULL;
 	tool_common t = {.token = getenv("ECX_TOKEN"), .timeout_ms = 5000};
 	bool verify = false, hash = false;
 	int c;
@@ -75,6 +79,9 @@ int cmd_get(int argc, char **argv)
 			break;
 		case 'T':
 			transport = optarg;
+			break;
+		case 'M':
+			mooncake = optarg;
 			break;
 		default: {
 			int rc = tool_opt("get", help, c, optarg, &t);
@@ -106,13 +113,15 @@ int cmd_get(int argc, char **argv)
 	    .field_mask =
 	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
 	        ECX_CONSUMER_PARAM_TIMEOUT | ECX_CONSUMER_PARAM_RECV_CAPACITY |
-	        ECX_CONSUMER_PARAM_TRANSPORT | ECX_CONSUMER_PARAM_INTEGRITY,
+	        ECX_CONSUMER_PARAM_TRANSPORT | ECX_CONSUMER_PARAM_INTEGRITY |
+	        ECX_CONSUMER_PARAM_MOONCAKE,
 	    .registry = argv[optind],
 	    .token = t.token,
 	    .timeout_ms = t.timeout_ms,
 	    .recv_capacity = 0,
 	    .transport = transport,
-	    .integrity = hash};
+	    .integrity = hash,
+	    .mooncake = mooncake};
 	ecx_consumer *cons;
 	int rc = ecx_consumer_create(&cp, &cons, why, sizeof(why));
 	if (rc != 0)

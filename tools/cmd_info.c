@@ -11,10 +11,11 @@ static const char info_help[] =
     "usage: ecx info [--json] [--token T] [--timeout MS] REGISTRY ID\n"
     "\n"
     "Prints the registry entry of one item: dtype, shape, size and the\n"
-    "producer that holds it. REGISTRY is http://HOST:PORT,\n"
-    "redis://HOST:PORT[/DB] or redis+sentinel://HOST:PORT[,HOST:PORT...]\n"
-    "/MASTER[/DB], or several separated by commas (the first that has\n"
-    "the id answers).\n"
+    "producer that holds it (\"a reference producer\" when the entry has\n"
+    "none of ecx's fields: its items load over Mooncake's TCP wire).\n"
+    "REGISTRY is http://HOST:PORT, redis://HOST:PORT[/DB] or\n"
+    "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB], or several\n"
+    "separated by commas (the first that has the id answers).\n"
     "\n"
     "Options:\n"
     "  --json           print the entry as the registry's JSON\n"
@@ -148,9 +149,13 @@ int cmd_info(int argc, char **argv)
 	printf("id:        %s\ndtype:     %s\nshape:     ", id,
 	       ecx_dtype_name(it.desc.dtype));
 	print_shape(&it.desc);
-	printf("\nnbytes:    %llu (%s)\nproducer:  %s\n",
+	printf("\nnbytes:    %llu (%s)\nproducer:  %s%s\n",
 	       (unsigned long long)it.desc.nbytes,
-	       tool_bytes(it.desc.nbytes, b, sizeof(b)), it.producer);
+	       tool_bytes(it.desc.nbytes, b, sizeof(b)), it.producer,
+	       it.epoch == ECX_EPOCH_REFERENCE
+	           ? " (a reference producer: its entry has none of ecx's "
+	             "fields; loads use its pull op over Mooncake's wire)"
+	           : "");
 	return EXIT_OK;
 }
 

@@ -445,6 +445,8 @@ enum {
 	ECX_CONSUMER_PARAM_BIND_HOST = 1u << 5,
 	ECX_CONSUMER_PARAM_REGCACHE_MAX = 1u << 6,
 	ECX_CONSUMER_PARAM_INTEGRITY = 1u << 7,
+	ECX_CONSUMER_PARAM_MOONCAKE = 1u << 8,
+	ECX_CONSUMER_PARAM_MOONCAKE_HOST = 1u << 9,
 };
 
 typedef struct ecx_consumer_params {
@@ -464,10 +466,32 @@ typedef struct ecx_consumer_params {
 	                           fails the item with ECX_ECORRUPT, and a
 	                           producer that sends no hash fails it with
 	                           ECX_EUNSUPPORTED; default false */
+	/* Mooncake TransferEngine's TCP wire, which producers that speak only
+	 * the reference's protocol (ECX_EPOCH_REFERENCE) write with:
+	 * "auto" (default): their items are loaded with the reference's pull
+	 * op into this consumer's Mooncake receiver, started at the first;
+	 * "off": no receiver, their items fail with ECX_EUNSUPPORTED;
+	 * "force": every item is loaded that way, an ecx producer's too (for
+	 * tests and benchmarks; the reference's pull sends no token). The
+	 * environment variable ECX_MOONCAKE sets it when this field is not
+	 * given. */
+	const char *mooncake;
+	/* The host in the receiver's session name (what producers connect
+	 * to); default bind_host, else this host's first non-loopback IPv4
+	 * address. The receiver listens on every address unless bind_host is
+	 * given. */
+	const char *mooncake_host;
 } ecx_consumer_params;
 
 ECX_API int ecx_consumer_create(const ecx_consumer_params *params,
                                 ecx_consumer **out, char *why, size_t whylen);
+
+/* An item's epoch when its registry entry is in the reference's shape
+ * (nbytes, shape, dtype, producer_zmq and none of ecx's fields): its
+ * producer speaks only the reference's protocol, so a load sends it the
+ * reference's pull op and takes the bytes over Mooncake's TCP wire
+ * (ecx_consumer_params.mooncake), with no hello and no lease. */
+#define ECX_EPOCH_REFERENCE UINT64_MAX
 
 /* One item of a lookup or a load. lookup fills desc, producer and epoch
  * (status 0, or ECX_ENOTFOUND); load reads id, desc, producer and epoch
@@ -590,6 +614,16 @@ typedef struct ecx_consumer_stats {
 	/* pages of the caller's memory that were not resident, faulted in
 	 * by the consumer before a pull into them */
 	uint64_t pages_populated;
+	/* Over Mooncake's wire (ecx_consumer_params.mooncake): reference
+	 * pulls sent, and the bytes they landed; then what its receiver
+	 * refused, by reason: a write outside every range a pull of this
+	 * consumer reserved for exactly that item, one past its pull's
+	 * expiry (or after its load ended), a READ, a bad header (size 0, a
+	 * range that wraps), and handshakes closed unanswered (bad frame,
+	 * JSON, RDMA, over the cap, out of time). */
+	uint64_t mc_pulls, mc_bytes;
+	uint64_t mc_rej_range, mc_rej_expired, mc_rej_read, mc_rej_header;
+	uint64_t mc_hs_refused;
 } ecx_consumer_stats;
 
 ECX_API void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out);

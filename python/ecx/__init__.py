@@ -24,6 +24,7 @@ import weakref  # noqa: F401
 from ._lib import LIBRARY_PATH, __version__, load_library  # noqa: F401
 from .client import Client
 from .consumer import Consumer, Load
+from ._cdefs import EPOCH_REFERENCE  # noqa: F401
 from .dtypes import DTYPES, MAX_DIMS  # noqa: F401
 from .errors import (EFORK, Corrupt, EcxError, Forked,  # noqa: F401
                      NotFound, Timeout)

@@ -43,6 +43,13 @@ class ConsumerParam(enum.IntFlag):
     BIND_HOST = 1 << 5
     REGCACHE_MAX = 1 << 6
     INTEGRITY = 1 << 7
+    MOONCAKE = 1 << 8
+    MOONCAKE_HOST = 1 << 9
+
+
+# ECX_EPOCH_REFERENCE: the epoch of an item whose entry is in the
+# reference's shape (its producer speaks only the reference's protocol).
+EPOCH_REFERENCE = (1 << 64) - 1
 
 
 class ClientParam(enum.IntFlag):
@@ -102,7 +109,9 @@ class ecx_consumer_params(ctypes.Structure):
                 ("transport", ctypes.c_char_p),
                 ("bind_host", ctypes.c_char_p),
                 ("regcache_max", ctypes.c_uint),
-                ("integrity", ctypes.c_int)]
+                ("integrity", ctypes.c_int),
+                ("mooncake", ctypes.c_char_p),
+                ("mooncake_host", ctypes.c_char_p)]
 
 
 class ecx_client_params(ctypes.Structure):
@@ -121,7 +130,9 @@ PRODUCER_STATS = ["items", "bytes_used", "capacity", "pinned", "evictions",
                   "leases_released", "leases_used"]
 CONSUMER_STATS = ["lookups", "loads", "loaded", "failed", "bytes",
                   "registrations", "regcache_hits", "connections",
-                  "pages_populated"]
+                  "pages_populated", "mc_pulls", "mc_bytes",
+                  "mc_rej_range", "mc_rej_expired", "mc_rej_read",
+                  "mc_rej_header", "mc_hs_refused"]
 
 
 class ecx_producer_stats(ctypes.Structure):

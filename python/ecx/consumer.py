@@ -20,11 +20,15 @@ class Consumer:
     load/load_start when given Items); 0 (the default here) for none.
     integrity: check every loaded item against its producer's hash (a
     mismatch is Corrupt; a producer without integrity fails the item).
+    mooncake: "auto" (None: ECX_MOONCAKE, else auto), "off" or "force":
+    how items of producers that speak only the reference's protocol load
+    (over Mooncake's TCP wire into this consumer's receiver), and whether
+    every item does; mooncake_host: the host in the receiver's session.
     """
 
     def __init__(self, registry, token=None, timeout_ms=5000,
                  recv_capacity=0, transport=None, bind_host=None,
-                 integrity=False):
+                 integrity=False, mooncake=None, mooncake_host=None):
         if not registry:
             raise ValueError("a consumer needs a registry URL")
         if not isinstance(registry, str):
@@ -45,6 +49,10 @@ class Consumer:
             p.bind_host, m = b(bind_host), m | F.BIND_HOST
         if integrity:
             p.integrity, m = 1, m | F.INTEGRITY
+        if mooncake is not None:
+            p.mooncake, m = b(mooncake), m | F.MOONCAKE
+        if mooncake_host is not None:
+            p.mooncake_host, m = b(mooncake_host), m | F.MOONCAKE_HOST
         p.field_mask = m
         self._keep = p
         self._pid = os.getpid()
@@ -113,14 +121,23 @@ class Consumer:
         return arr, keep
 
     @staticmethod
-    def _errors(arr, items):
+    def _errors(arr, items, detail=""):
+        """Per item: None, or its error; detail (the load's own words,
+        which name the first failed item) is added to that item's."""
         for a, item in zip(arr, items):
             if a.status == 0 and getattr(item, "lease", 0):
                 item.lease = 0  # its pull ended it
-        return [None if a.status == 0 else
-                error(a.status, f"{item.id} from {item.producer}: "
-                       f"{strerror(a.status)}")
-                for a, item in zip(arr, items)]
+        out = []
+        for a, item in zip(arr, items):
+            if a.status == 0:
+                out.append(None)
+                continue
+            msg = f"{item.id} from {item.producer}: {strerror(a.status)}"
+            if detail and f"first: {item.id}" in detail:
+                msg += " (" + detail.split("first: ", 1)[1] + ")"
+                detail = ""
+            out.append(error(a.status, msg))
+        return out
 
     def load_into(self, pairs):
         """Loads each (Item, tensor) pair in one batched call (one pull per
@@ -135,7 +152,8 @@ class Consumer:
         if rc == EFORK:
             raise error(rc)
         del keep
-        return self._errors(arr, [it for it, _ in pairs])
+        detail = C.ecx_last_error().decode() if rc != 0 else ""
+        return self._errors(arr, [it for it, _ in pairs], detail)
 
     def load_start(self, items):
         """Starts loading, without waiting: items are Items (from lookup;

@@ -52,6 +52,17 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 		             data);
 		goto fail;
 	}
+	rc = cons_mc_mode(HAS(MOONCAKE) ? pp->mooncake : NULL, &c->mc_mode, why,
+	                  whylen);
+	if (rc != 0)
+		goto fail;
+	rc = ECX_ENOMEM;
+	if (HAS(BIND_HOST) && pp->bind_host && pp->bind_host[0] &&
+	    (c->mc_bind = strdup(pp->bind_host)) == NULL)
+		goto fail_msg;
+	if (HAS(MOONCAKE_HOST) && pp->mooncake_host && pp->mooncake_host[0] &&
+	    (c->mc_host = strdup(pp->mooncake_host)) == NULL)
+		goto fail_msg;
 	if (HAS(TOKEN) && pp->token && pp->token[0] &&
 	    (c->token = strdup(pp->token)) == NULL)
 		goto fail_msg;
@@ -144,6 +155,7 @@ void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
 	}
 	pthread_mutex_lock(&c->lock);
 	*out = c->st;
+	cons_mc_stats(c, out);
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -157,6 +169,8 @@ void ecx_consumer_destroy(ecx_consumer *c)
 	if (c->hooked)
 		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,
 		                        c);
+	/* The receiver first: nothing lands once it is gone. */
+	cons_mc_destroy(c);
 	if (c->ucx != NULL) {
 		/* Goodbyes first, while the progress thread still runs: the
 		 * producers close their endpoints to this worker. */

@@ -8,8 +8,11 @@
  *               caller's memory
  *   load.c      lookups and loads: one pull per producer, bounded waits
  *   failover.c  other holders of an item that failed
+ *   mooncake.c  loads over Mooncake's TCP wire: the reference's pull op,
+ *               answered by a write into this consumer's receiver
  *
- * May include: every layer below (core, wire, mem, xfer, rdv, dir). Never:
+ * May include: every layer below (core, wire, mem, xfer, mooncake, rdv,
+ * dir). Never:
  * producer/ or registry/ (a consumer reaches registries as a client).
  * Locks: c->lock guards connections, pulls in flight, the arena allocator,
  * the registration cache and the stats; it is never held while the worker
@@ -23,6 +26,7 @@
 
 #include "dir/dir.h"
 #include "mem/alloc.h"
+#include "mooncake/receiver.h"
 #include "rdv/rdv.h"
 #include "xfer/ucx.h"
 
@@ -183,6 +187,11 @@ struct ecx_load {
 	 * a failover): it progresses the worker in place of the progress
 	 * thread from the send of the last pull on (waiting: since then). */
 	bool sync, waiting;
+	/* Items loaded with the reference's pull over Mooncake's wire
+	 * (mooncake.c): nmc of them, mc_left not answered yet (atomic). */
+	struct mcpull *mc;
+	size_t nmc;
+	size_t mc_left;
 };
 
 typedef struct arena_alloc {
@@ -230,7 +239,33 @@ struct ecx_consumer {
 	bool hooked;
 	ecx_consumer_stats st;
 	uint64_t st_quarantined; /* arena allocations held by zombies */
+	/* Mooncake's wire (mooncake.c): the mode (CONS_MC_*), where the
+	 * receiver listens and what host its session names (NULL: the
+	 * defaults), the receiver (started under lock at the first load that
+	 * needs it, NULL before), the ZeroMQ context of the reference's pulls
+	 * (the rendezvous client's) and their idle REQ sockets (under
+	 * lock). */
+	int mc_mode;
+	char *mc_bind, *mc_host;
+	ecx_mc_recv *mc;
+	void *mc_zctx;
+	struct mcsock *mc_idle;
+	unsigned mc_nidle;
+	/* Reference pulls that timed out unanswered: each keeps its socket
+	 * and its receive-arena destination quarantined until the
+	 * producer's late answer, or ECX_MC_ZOMBIE_MS (under lock). */
+	struct mczombie *mc_zombies;
 };
+
+/* How long a timed-out reference pull's destination stays quarantined
+ * at most: past the reference's own transfer timeout (30 s, and 1 ns per
+ * byte). */
+#define ECX_MC_ZOMBIE_MS 60000
+
+/* consumer_params.mooncake */
+#define CONS_MC_AUTO 0
+#define CONS_MC_OFF 1
+#define CONS_MC_FORCE 2
 
 /* replies.c */
 /* Takes the pull numbered req out of the in-flight list (NULL if it is not
@@ -305,6 +340,11 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
 void cons_region_drop(ecx_consumer *c, region *r);
+/* The allocation of the receive arena that holds addr, or NULL; and the
+ * end of one quarantine of the allocation at offset off (given back when
+ * the caller has freed it and no other holds it). */
+arena_alloc *cons_arena_alloc_at(ecx_consumer *c, uint64_t addr);
+void cons_arena_unquarantine(ecx_consumer *c, uint64_t off);
 /* Makes p (timed out, still in c->inflight) a zombie: quarantines the
  * receive-arena allocations its items land in. */
 void cons_zombie_make(ecx_consumer *c, pull *p);
@@ -322,5 +362,29 @@ region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n, uint64_t lo,
  * fraction of this speed). Returns the pages populated (counted in the
  * stats). Called without c->lock. */
 uint64_t cons_span_populate(ecx_consumer *c, uint64_t lo, uint64_t hi);
+
+/* mooncake.c. Whether item x of a load goes over Mooncake's wire (its
+ * producer speaks only the reference's protocol, or mode force). */
+bool cons_mc_wants(const ecx_consumer *c, const ecx_item *x);
+/* Sends the reference's pull for the n items of l at idx (each reserved
+ * in the receiver until l's deadline), without waiting; an item that
+ * cannot go is failed with its reason in l->why. */
+void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n);
+/* Takes the answers that have come (never blocks); returns how many. */
+int cons_mc_poll(ecx_load *l);
+/* Whether every reference pull of l has its answer. */
+bool cons_mc_done(const ecx_load *l);
+/* After l's wait: the pulls not answered time out; no byte lands in any
+ * of l's ranges through the receiver once this returns. Frees l->mc. */
+void cons_mc_finish(ecx_load *l);
+/* A region is made or dropped: the receiver's metadata follows it.
+ * Called with c->lock. */
+void cons_mc_region(ecx_consumer *c, const region *r, bool add);
+/* Parses the mooncake setting (NULL: ECX_MOONCAKE, else auto). */
+int cons_mc_mode(const char *s, int *mode, char *why, size_t whylen);
+/* Adds the receiver's counters to st; stops the receiver and frees what
+ * mooncake.c holds. */
+void cons_mc_stats(ecx_consumer *c, ecx_consumer_stats *st);
+void cons_mc_destroy(ecx_consumer *c);
 
 #endif /* ECX_CONSUMER_H */

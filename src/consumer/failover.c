@@ -162,7 +162,7 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 			sub[ns] = *x;
 			ecx_strlcpy(sub[ns].producer, pick->producer_zmq,
 			            sizeof(sub[ns].producer));
-			sub[ns].epoch = pick->epoch;
+			sub[ns].epoch = ecx_entry_item_epoch(pick);
 			sub[ns].lease = 0; /* a lease is its holder's alone */
 			smap[ns++] = map[q];
 		}

@@ -57,7 +57,7 @@ static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
 			items[i].desc = li[i].entry.desc;
 			ecx_strlcpy(items[i].producer, li[i].entry.producer_zmq,
 			            sizeof(items[i].producer));
-			items[i].epoch = li[i].entry.epoch;
+			items[i].epoch = ecx_entry_item_epoch(&li[i].entry);
 		}
 	}
 	ecx_lookup_items_clear(li, n);
@@ -368,14 +368,17 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	l->deadline_ns = deadline_ns;
 	l->pulls = calloc(n + 1, sizeof(*l->pulls));
 	size_t *group = calloc(n + 1, sizeof(*group));
+	size_t *mcidx = calloc(n + 1, sizeof(*mcidx));
+	size_t nmc = 0;
 	if (c->integrity) {
 		l->xxh = calloc(n + 1, sizeof(*l->xxh));
 		l->has_xxh = calloc(n + 1, 1);
 	}
-	if (l->pulls == NULL || group == NULL ||
+	if (l->pulls == NULL || group == NULL || mcidx == NULL ||
 	    (c->integrity && (l->xxh == NULL || l->has_xxh == NULL ||
 	                      !cons_load_hash_init(l, n)))) {
 		free(group);
+		free(mcidx);
 		free(l->pulls);
 		free(l->xxh);
 		free(l->has_xxh);
@@ -397,8 +400,27 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 			x->status = ECX_ESIZE;
 		else if (x->dst == NULL && x->desc.nbytes > 0)
 			x->status = ECX_EINVAL;
+		if (x->status == ITEM_PENDING &&
+		    x->epoch == ECX_EPOCH_REFERENCE && !cons_mc_wants(c, x)) {
+			x->status = ECX_EUNSUPPORTED;
+			if (l->why_err == 0) {
+				snprintf(l->why, sizeof(l->why),
+				         "%s: its producer %s speaks only the "
+				         "reference's protocol (its entry has "
+				         "none of ecx's fields), whose data "
+				         "moves over Mooncake's wire, and this "
+				         "consumer's Mooncake receiver is off "
+				         "(mooncake=off)",
+				         x->id, x->producer);
+				l->why_err = ECX_EUNSUPPORTED;
+			}
+		}
 		if (x->status != ITEM_PENDING)
 			continue;
+		if (cons_mc_wants(c, x)) {
+			mcidx[nmc++] = i;
+			continue;
+		}
 		for (size_t k = 0; k < l->npulls && group[i] == SIZE_MAX; k++)
 			if (strcmp(items[l->pulls[k]->idx[0]].producer,
 			           x->producer) == 0)
@@ -425,6 +447,10 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	if (!retry)
 		c->st.loads += n;
 	pthread_mutex_unlock(&c->lock);
+	/* The reference's pulls go first: nothing of them waits. */
+	if (nmc > 0)
+		cons_mc_start(c, l, mcidx, nmc);
+	free(mcidx);
 	/* Every connection this load needs, the hellos in parallel, all
 	 * within the load's deadline (counted from this call). */
 	if (l->npulls > 0)
@@ -445,6 +471,8 @@ int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 
 static bool load_done(ecx_load *l)
 {
+	if (!cons_mc_done(l))
+		return false;
 	for (size_t k = 0; k < l->npulls; k++)
 		if (!__atomic_load_n(&l->pulls[k]->done, __ATOMIC_ACQUIRE))
 			return false;
@@ -456,6 +484,7 @@ int ecx_load_test(ecx_load *l)
 	if (l != NULL && ecx_forked(l->c->pid, "consumer"))
 		return ECX_EFORK;
 	ecx_ucx_progress(l->c->ucx);
+	cons_mc_poll(l);
 	cons_pconns_watch(l->c, false);
 	return load_done(l) ||
 	               ecx_now_ns() >= l->deadline_ns + ECX_LOAD_GRACE_NS
@@ -517,6 +546,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		/* With integrity on, what has landed is hashed meanwhile. */
 		int did = (int)ecx_ucx_progress(c->ucx);
 		did += cons_load_hash_landed(l);
+		did += cons_mc_poll(l);
 		/* A producer over shared memory that exits says nothing:
 		 * its process is watched (conns.c). */
 		cons_pconns_watch(c, false);
@@ -530,6 +560,9 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		else
 			sched_yield();
 	}
+	/* The reference's pulls not answered by now time out. */
+	if (l->nmc > 0)
+		cons_mc_finish(l);
 	int first = 0;
 	uint64_t ok = 0, bad = 0, bytes = 0;
 	/* One pull per producer: at most npulls endpoints to close. */
@@ -650,8 +683,10 @@ int ecx_load_wait(ecx_load *l)
 	 * sides cannot agree on): the producer's own words. */
 	if (first == had && why[0] != '\0' && !cons_failover_worth(first))
 		snprintf(detail, sizeof(detail), "%s", why);
-	else if (first == had && first == ECX_ECLOSED && why[0] != '\0') {
-		/* Why its holder failed (a producer seen to exit). */
+	else if (first == had && (first == ECX_ECLOSED || first == ECX_EIO) &&
+	         why[0] != '\0') {
+		/* Why its holder failed (a producer seen to exit, a reference
+		 * producer's failed write). */
 		size_t k = strlen(detail);
 		snprintf(detail + k, sizeof(detail) - k, " (%s)", why);
 	}

@@ -42,6 +42,7 @@ void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg)
 
 void cons_region_drop(ecx_consumer *c, region *r)
 {
+	cons_mc_region(c, r, false);
 	ecx_ucx_mem_unmap(c->ucx, r->memh);
 	free(r->rkey);
 	__atomic_store_n(&r->len, 0, __ATOMIC_RELEASE);
@@ -119,6 +120,7 @@ region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n,
 	__atomic_store_n(&r->base, base, __ATOMIC_RELEASE);
 	__atomic_store_n(&r->len, end - base, __ATOMIC_RELEASE);
 	c->st.registrations++;
+	cons_mc_region(c, r, true);
 	return r;
 }
 
@@ -290,8 +292,7 @@ void ecx_consumer_free(ecx_consumer *c, void *ptr)
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* The allocation of the receive arena that holds addr, or NULL. */
-static arena_alloc *arena_alloc_at(ecx_consumer *c, uint64_t addr)
+arena_alloc *cons_arena_alloc_at(ecx_consumer *c, uint64_t addr)
 {
 	uint64_t base = (uint64_t)(uintptr_t)c->arena_base;
 	if (!c->arena.live || addr < base || addr >= base + c->arena.len)
@@ -304,6 +305,21 @@ static arena_alloc *arena_alloc_at(ecx_consumer *c, uint64_t addr)
 	return NULL;
 }
 
+void cons_arena_unquarantine(ecx_consumer *c, uint64_t off)
+{
+	for (size_t i = 0; i < c->nallocs; i++) {
+		arena_alloc *a = &c->allocs[i];
+		if (a->off != off)
+			continue;
+		if (--a->zombies == 0 && a->freed) {
+			ecx_alloc_give(&c->alloc, a->off, a->size);
+			c->allocs[i] = c->allocs[--c->nallocs];
+		}
+		break;
+	}
+	c->st_quarantined--;
+}
+
 void cons_zombie_make(ecx_consumer *c, pull *p)
 {
 	p->zombie = true;
@@ -312,7 +328,8 @@ void cons_zombie_make(ecx_consumer *c, pull *p)
 		const ecx_item *x = &p->load->items[p->idx[k]];
 		if (x->desc.nbytes == 0)
 			continue;
-		arena_alloc *a = arena_alloc_at(c, (uint64_t)(uintptr_t)x->dst);
+		arena_alloc *a =
+		    cons_arena_alloc_at(c, (uint64_t)(uintptr_t)x->dst);
 		if (a == NULL)
 			continue;
 		a->zombies++;
@@ -330,19 +347,8 @@ void cons_zombie_end(ecx_consumer *c, pull *p)
 {
 	for (size_t g = 0; g < p->nregs; g++)
 		p->regs[g]->inuse--;
-	for (size_t q = 0; q < p->nquar; q++) {
-		for (size_t i = 0; i < c->nallocs; i++) {
-			arena_alloc *a = &c->allocs[i];
-			if (a->off != p->quar[q])
-				continue;
-			if (--a->zombies == 0 && a->freed) {
-				ecx_alloc_give(&c->alloc, a->off, a->size);
-				c->allocs[i] = c->allocs[--c->nallocs];
-			}
-			break;
-		}
-	}
-	c->st_quarantined -= p->nquar;
+	for (size_t q = 0; q < p->nquar; q++)
+		cons_arena_unquarantine(c, p->quar[q]);
 	free(p->quar);
 	free(p->regs);
 	free(p->idx);

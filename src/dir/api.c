@@ -180,7 +180,7 @@ static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
 			items[i].desc = li[i].entry.desc;
 			ecx_strlcpy(items[i].producer, li[i].entry.producer_zmq,
 			            sizeof(items[i].producer));
-			items[i].epoch = li[i].entry.epoch;
+			items[i].epoch = ecx_entry_item_epoch(&li[i].entry);
 		}
 	}
 	ecx_lookup_items_clear(li, n);
@@ -204,7 +204,7 @@ static int entry_of_item(const ecx_item *item, ecx_entry *e, char *why,
 		return rc;
 	e->desc = item->desc;
 	memcpy(e->producer_zmq, item->producer, pl + 1);
-	e->epoch = item->epoch;
+	e->epoch = ecx_item_entry_epoch(item->epoch);
 	return 0;
 }
 
@@ -270,7 +270,7 @@ int ecx_client_list(ecx_client *c, const char *after, size_t limit,
 	for (size_t i = 0; i < n; i++) {
 		ecx_item it = {.id = rows[i].id,
 		               .desc = rows[i].entry.desc,
-		               .epoch = rows[i].entry.epoch};
+		               .epoch = ecx_entry_item_epoch(&rows[i].entry)};
 		ecx_strlcpy(it.producer, rows[i].entry.producer_zmq,
 		            sizeof(it.producer));
 		rc = fn(arg, &it);
@@ -343,7 +343,7 @@ int ecx_item_from_json(const char *json, size_t len, ecx_item *item, char *why,
 	}
 	item->desc = e.desc;
 	ecx_strlcpy(item->producer, e.producer_zmq, sizeof(item->producer));
-	item->epoch = e.epoch;
+	item->epoch = ecx_entry_item_epoch(&e);
 	return 0;
 }
 

@@ -23,6 +23,11 @@ struct ecx_rdv_client {
 	char domain[ECX_DOMAIN_MAX];
 };
 
+void *ecx_rdv_client_zctx(ecx_rdv_client *c)
+{
+	return c->zctx;
+}
+
 int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen)
 {
 	ecx_rdv_client *c = calloc(1, sizeof(*c));
@@ -241,7 +246,19 @@ static void call_recv(ecx_rdv_call *k, void *s)
 	k->err = ecx_zresp_decode(zmq_msg_data(&m), zmq_msg_size(&m), &k->resp,
 	                          k->why, sizeof(k->why));
 	zmq_msg_close(&m);
-	if (k->err == 0 && !k->resp.ok) {
+	if (k->err == 0 && !k->resp.ok &&
+	    strcmp(k->resp.detail, "unknown op") == 0) {
+		/* The reference's answer to what it does not speak. */
+		k->err = ecx_why(
+		    k->why, sizeof(k->why), ECX_EUNSUPPORTED,
+		    "producer %s answers 'unknown op': it speaks only the "
+		    "reference's protocol (no hello, lease or goodbye); its "
+		    "items load with the reference's pull over Mooncake's wire "
+		    "when their entries have no ecx_epoch (a lookup gives them "
+		    "epoch ECX_EPOCH_REFERENCE)",
+		    k->address);
+		ecx_zresp_free(&k->resp);
+	} else if (k->err == 0 && !k->resp.ok) {
 		k->err = ecx_why(k->why, sizeof(k->why), k->resp.err,
 		                 "producer %s refused: %s", k->address,
 		                 k->resp.detail);

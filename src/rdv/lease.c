@@ -331,7 +331,10 @@ static void reqs_rounds(ecx_rdv_leaser *l, req *rq, size_t nr,
 
 static bool found_item(const ecx_item *x)
 {
-	return x->status == 0 && x->producer[0] != '\0' && x->lease == 0;
+	/* A producer that speaks only the reference's protocol has no
+	 * leases: its items stay found, unleased. */
+	return x->status == 0 && x->producer[0] != '\0' && x->lease == 0 &&
+	       x->epoch != ECX_EPOCH_REFERENCE;
 }
 
 void ecx_rdv_lease(ecx_rdv_leaser *l, ecx_item *items, size_t n,

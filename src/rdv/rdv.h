@@ -63,6 +63,10 @@ typedef struct ecx_rdv_client ecx_rdv_client;
 
 int ecx_rdv_client_create(ecx_rdv_client **out, char *why, size_t whylen);
 void ecx_rdv_client_destroy(ecx_rdv_client *c);
+/* The client's ZeroMQ context, for other REQ sockets of its owner (the
+ * consumer's reference pulls): valid until destroy, which closes it (its
+ * owner closes those sockets first). */
+void *ecx_rdv_client_zctx(ecx_rdv_client *c);
 /* What every hello of this client offers: the transports it allows
  * (ECX_TR_*) and its shared-memory domain (ecx_shm_domain). Set once,
  * before the first hello. */

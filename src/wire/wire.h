@@ -58,6 +58,17 @@ typedef struct ecx_entry {
 #define ECX_TTL_MAX_S 86400      /* the longest lease an entry may ask for */
 #define ECX_ENTRY_TTL_DEFAULT 30 /* seconds, on both stores */
 
+/* An item's epoch from its entry's, and back: an entry with no epoch is in
+ * the reference's shape, and its item's epoch is ECX_EPOCH_REFERENCE. */
+static inline uint64_t ecx_entry_item_epoch(const ecx_entry *e)
+{
+	return e->epoch != 0 ? e->epoch : ECX_EPOCH_REFERENCE;
+}
+static inline uint64_t ecx_item_entry_epoch(uint64_t item_epoch)
+{
+	return item_epoch != ECX_EPOCH_REFERENCE ? item_epoch : 0;
+}
+
 cJSON *ecx_entry_to_json(const ecx_entry *e);
 char *ecx_entry_encode(const ecx_entry *e);
 int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
@@ -361,6 +372,14 @@ typedef struct ecx_zresp {
 	uint64_t lease_ms;
 	uint64_t released;
 } ecx_zresp;
+
+/* The reference's answer to its pull: {"ok": true, "mooncake_ret": 0}, or
+ * {"ok": false, "err": "..."} with or without "mooncake_ret". *ok, *ret
+ * (0 when absent; a number that is not an integer is ECX_EPROTO) and err
+ * (the "err" string, "" when absent). ECX_EPROTO when "ok" is not a
+ * boolean. */
+int ecx_ref_reply_decode(const char *buf, size_t len, bool *ok, int64_t *ret,
+                         char *err, size_t errlen, char *why, size_t whylen);
 
 char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,

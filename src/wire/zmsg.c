@@ -572,3 +572,36 @@ out:
 		ecx_zresp_free(&r);
 	return rc;
 }
+
+int ecx_ref_reply_decode(const char *buf, size_t len, bool *ok, int64_t *ret,
+                         char *err, size_t errlen, char *why, size_t whylen)
+{
+	cJSON *o = ecx_json_parse(buf, len, ECX_ZMQ_MAX_MSG, why, whylen);
+	if (o == NULL)
+		return len > ECX_ZMQ_MAX_MSG ? ECX_ETOOBIG : ECX_EPROTO;
+	int rc = 0;
+	const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "ok");
+	const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "mooncake_ret");
+	const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "err");
+	*ret = 0;
+	if (errlen > 0)
+		err[0] = '\0';
+	if (!cJSON_IsBool(k)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "\"ok\" is missing or not a boolean");
+	} else if (m != NULL &&
+	           (!cJSON_IsNumber(m) || m->valuedouble > 9007199254740992.0 ||
+	            m->valuedouble < -9007199254740992.0 ||
+	            m->valuedouble != (double)(int64_t)m->valuedouble)) {
+		rc = ecx_why(why, whylen, ECX_EPROTO,
+		             "\"mooncake_ret\" is not an integer");
+	} else {
+		*ok = cJSON_IsTrue(k);
+		if (m != NULL)
+			*ret = (int64_t)m->valuedouble;
+		if (cJSON_IsString(e))
+			ecx_strlcpy(err, e->valuestring, errlen);
+	}
+	cJSON_Delete(o);
+	return rc;
+}

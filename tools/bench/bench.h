@@ -33,10 +33,12 @@ typedef struct bench_opts {
 	const char *peer_addr;
 } bench_opts;
 
-/* via_mask: every transport's rows. */
-#define BENCH_VIA_ALL (~0u)
-/* The via_mask bit of the rows --via names name (shm, user, tcp); 0 for
- * a name that is none of them (bench_transfer.c). */
+/* via_mask with no --via: the shm, user and tcp rows (mooncake only when
+ * named). */
+#define BENCH_VIA_DEFAULT \
+	(bench_via_bit("shm") | bench_via_bit("user") | bench_via_bit("tcp"))
+/* The via_mask bit of the rows --via names name (shm, user, tcp,
+ * mooncake); 0 for a name that is none of them (bench_transfer.c). */
 unsigned bench_via_bit(const char *name);
 
 /* ---- repetitions (bench_report.c) ---- */

@@ -31,14 +31,19 @@ static const int batches[] = {1, 8, 32};
  * process (else memcpy) and whether the loads go into the caller's memory
  * (else into the receive arena). A transport's rows are its entry here;
  * the --check targets name the rows they hold for (bench_row). */
-typedef enum { VIA_SHM, VIA_USER, VIA_TCP, NVIA } via;
+/* mc: over TCP, each item a reference pull op answered by a write over
+ * Mooncake's TCP wire (the consumer's mooncake=force), against the same
+ * raw TCP baseline; the consumers of the other rows have mooncake off. It
+ * runs only when --via names it. */
+typedef enum { VIA_SHM, VIA_USER, VIA_TCP, VIA_MC, NVIA } via;
 static const struct via_row {
-	const char *opt, *label, *json, *transport;
+	const char *opt, *label, *json, *transport, *mooncake;
 	bool raw_tcp, user_memory;
 } vias[NVIA] = {
-    [VIA_SHM] = {"shm", "shm", "shm", "shm", false, false},
-    [VIA_USER] = {"user", "shm*", "shm_user_memory", "shm", false, true},
-    [VIA_TCP] = {"tcp", "tcp", "tcp", "tcp", true, false},
+    [VIA_SHM] = {"shm", "shm", "shm", "shm", "off", false, false},
+    [VIA_USER] = {"user", "shm*", "shm_user_memory", "shm", "off", false, true},
+    [VIA_TCP] = {"tcp", "tcp", "tcp", "tcp", "off", true, false},
+    [VIA_MC] = {"mooncake", "mc", "mooncake", "tcp", "force", true, false},
 };
 
 unsigned bench_via_bit(const char *name)
@@ -390,6 +395,10 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		    o, p99 <= t->p99_x * p50, row,
 		    "p99 %.1f us is %.1fx its p50 %.1f us, over %.0fx", p99,
 		    p50 > 0 ? p99 / p50 : 0, p50, t->p99_x);
+	/* Mooncake's wire: 7 MiB x1 warm against 0.9x raw TCP, reported. */
+	if (!cold && x->v == VIA_MC && s == 2 && nb == 1)
+		report_row(o, reps_med(&ratio) >= 0.9, row,
+		           "%.2fx raw TCP, below 0.90x", reps_med(&ratio));
 	if (!cold && x->v == VIA_TCP && s >= 1) {
 		if (o->quick)
 			reps_add(&x->groups[GROUP_TCP], reps_med(&ratio));
@@ -510,13 +519,14 @@ static int bench_transfer_one(const bench_opts *o, reps *groups, via v)
 	}
 	char url[64], why[256];
 	snprintf(url, sizeof(url), "http://%s:%u", o->peer_addr, port);
-	ecx_consumer_params cp = {.field_mask =
-	                              ECX_CONSUMER_PARAM_REGISTRY |
-	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
-	                              ECX_CONSUMER_PARAM_TRANSPORT,
-	                          .registry = url,
-	                          .recv_capacity = 240u << 20,
-	                          .transport = transport};
+	ecx_consumer_params cp = {
+	    .field_mask =
+	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	        ECX_CONSUMER_PARAM_TRANSPORT | ECX_CONSUMER_PARAM_MOONCAKE,
+	    .registry = url,
+	    .recv_capacity = 240u << 20,
+	    .transport = transport,
+	    .mooncake = vias[v].mooncake};
 	if (ecx_consumer_create(&cp, &x.c, why, sizeof(why)) != 0) {
 		rc = tool_fail("bench", EXIT_FAIL, "%s", why);
 		goto out;
@@ -556,8 +566,9 @@ static int bench_transfer_one(const bench_opts *o, reps *groups, via v)
 		free(x.bdst);
 		x.bsrc = x.bdst = NULL;
 	}
-	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8. */
-	if (rc == EXIT_OK && !vias[v].user_memory) {
+	/* Integrity's price, into the receive arena, 1 MiB and 7 MiB x8
+	 * (the reference's pull carries no hash: not for mc). */
+	if (rc == EXIT_OK && !vias[v].user_memory && v != VIA_MC) {
 		ecx_consumer *hashed = NULL;
 		cp.field_mask |= ECX_CONSUMER_PARAM_INTEGRITY;
 		cp.integrity = 1;
@@ -603,6 +614,9 @@ int bench_transfer(const bench_opts *o)
 		    "TCP_NODELAY, kernel-tuned socket buffers as UCX's "
 		    "(%s), the faster of a blocking and a polling receiver "
 		    "in each repetition\n"
+		    "  mc: as tcp, each item a reference pull op answered by "
+		    "a write over Mooncake's TCP wire (the consumer's "
+		    "mooncake=force), same baseline\n"
 		    "  warm: the same ids into the same destinations; cold: "
 		    "ids unused for 32+ MiB of loads, into destinations "
 		    "unused as long (shm*: never-touched memory), baselines "

@@ -76,12 +76,13 @@ static const char help[] =
     "  --redis URL  registry: also batched lookups against this Redis\n"
     "            (redis://HOST:PORT; bench/redis_vs_http.sh starts one)\n"
     "  --via LIST  transfer: only these rows, comma-separated: shm,\n"
-    "            user (shm*), tcp (default: all three)\n"
+    "            user (shm*), tcp (default: these three), mooncake (mc:\n"
+    "            tcp over the reference's pull and Mooncake's wire)\n"
     "  --peer-wrap PROG  transfer: start the producer and the raw TCP\n"
     "            sender as 'PROG /path/to/ecx ARGS...'; PROG must exec\n"
     "            its arguments (e.g. a script entering another network\n"
-    "            namespace: bench/two_hosts.sh). Needs --via tcp and\n"
-    "            --peer-addr\n"
+    "            namespace: bench/two_hosts.sh). Needs --via tcp or\n"
+    "            mooncake, and --peer-addr\n"
     "  --peer-addr ADDR  transfer: the IPv4 address they bind and are\n"
     "            reached at (default 127.0.0.1)\n"
     "  -h, --help\n"
@@ -121,7 +122,8 @@ int cmd_bench(int argc, char **argv)
 	    {"peer-addr", required_argument, NULL, 'A'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
-	bench_opts o = {.via_mask = BENCH_VIA_ALL, .peer_addr = "127.0.0.1"};
+	bench_opts o = {.via_mask = BENCH_VIA_DEFAULT,
+	                .peer_addr = "127.0.0.1"};
 	int c;
 	bool addr_given = false;
 	optind = 1;
@@ -179,10 +181,10 @@ int cmd_bench(int argc, char **argv)
 	}
 	/* The wrapper runs the producer and the raw TCP sender elsewhere:
 	 * only tcp rows can reach them there, and only at an address given. */
-	if (o.peer_wrap != NULL &&
-	    (o.via_mask != bench_via_bit("tcp") || !addr_given))
+	unsigned tcpish = bench_via_bit("tcp") | bench_via_bit("mooncake");
+	if (o.peer_wrap != NULL && ((o.via_mask & ~tcpish) != 0 || !addr_given))
 		return tool_fail("bench", EXIT_USAGE,
-		                 "--peer-wrap needs --via tcp (only) and "
+		                 "--peer-wrap needs --via tcp or mooncake and "
 		                 "--peer-addr (the address its peers bind in "
 		                 "their namespace); see 'ecx bench --help'");
 	const char *what = optind < argc ? argv[optind] : "all";

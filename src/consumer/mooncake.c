@@ -1,0 +1,453 @@
+/*
+ * mooncake.c - loads from producers that speak only the reference's
+ * protocol: each item is one reference pull op ({"op":"pull", "mm_hash",
+ * "dst_session", "dst_ptr", "nbytes"}) on a ZeroMQ REQ socket of its own,
+ * answered once the producer has written the bytes into this consumer's
+ * Mooncake receiver (mooncake/receiver.h), which takes them only inside
+ * the range reserved for that item and before the load's deadline. A
+ * batch to one producer goes as parallel pulls, one socket each: the
+ * producer's REP socket serves them one at a time.
+ */
+#include "consumer/consumer.h"
+
+#include <zmq.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MOD "consumer"
+
+/* Idle REQ sockets kept for later pulls, all producers together. */
+#define MC_IDLE_MAX 64
+
+typedef struct mcsock {
+	struct mcsock *next;
+	char address[ECX_ADDR_MAX];
+	void *sock;
+} mcsock;
+
+typedef struct mczombie {
+	struct mczombie *next;
+	mcsock *ms;
+	uint64_t off; /* the receive-arena allocation quarantined */
+	bool quar;
+	uint64_t until_ms;
+} mczombie;
+
+typedef struct mcpull {
+	size_t idx;   /* the load's item */
+	mcsock *ms;   /* its socket while the answer is awaited */
+	uint64_t res; /* its reservation in the receiver (0: none) */
+	region *reg;  /* the region its destination is in, pinned */
+	bool done;
+} mcpull;
+
+int cons_mc_mode(const char *s, int *mode, char *why, size_t whylen)
+{
+	const char *from = "mooncake";
+	if (s == NULL || s[0] == '\0') {
+		s = getenv("ECX_MOONCAKE");
+		from = "ECX_MOONCAKE";
+	}
+	if (s == NULL || s[0] == '\0' || strcmp(s, "auto") == 0)
+		*mode = CONS_MC_AUTO;
+	else if (strcmp(s, "off") == 0)
+		*mode = CONS_MC_OFF;
+	else if (strcmp(s, "force") == 0)
+		*mode = CONS_MC_FORCE;
+	else
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "%s=%s: use auto (the default), off or force",
+		               from, s);
+	return 0;
+}
+
+bool cons_mc_wants(const ecx_consumer *c, const ecx_item *x)
+{
+	return c->mc_mode == CONS_MC_FORCE ||
+	       (x->epoch == ECX_EPOCH_REFERENCE && c->mc_mode != CONS_MC_OFF);
+}
+
+void cons_mc_region(ecx_consumer *c, const region *r, bool add)
+{
+	if (c->mc == NULL)
+		return;
+	if (add)
+		(void)ecx_mc_recv_buffer_add(c->mc, r->base, r->len);
+	else
+		ecx_mc_recv_buffer_remove(c->mc, r->base);
+}
+
+/* Starts the receiver and what it needs. Called with c->lock. */
+static int mc_ensure(ecx_consumer *c, char *why, size_t whylen)
+{
+	if (c->mc != NULL)
+		return 0;
+	/* The rendezvous client's context: no threads of its own. */
+	c->mc_zctx = ecx_rdv_client_zctx(c->rdv);
+	int rc =
+	    ecx_mc_recv_create(c->mc_bind, c->mc_host, &c->mc, why, whylen);
+	if (rc != 0)
+		return rc;
+	if (c->arena.live)
+		cons_mc_region(c, &c->arena, true);
+	for (unsigned i = 0; i < c->ncache; i++)
+		if (c->cache[i].live)
+			cons_mc_region(c, &c->cache[i], true);
+	return 0;
+}
+
+/* An idle socket to address, or a new one; NULL when ZeroMQ cannot. Called
+ * with c->lock. */
+static mcsock *sock_take(ecx_consumer *c, const char *address)
+{
+	for (mcsock **pp = &c->mc_idle; *pp != NULL; pp = &(*pp)->next) {
+		mcsock *m = *pp;
+		if (strcmp(m->address, address) == 0) {
+			*pp = m->next;
+			c->mc_nidle--;
+			return m;
+		}
+	}
+	mcsock *m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return NULL;
+	ecx_strlcpy(m->address, address, sizeof(m->address));
+	m->sock = zmq_socket(c->mc_zctx, ZMQ_REQ);
+	int zero = 0, one = 1;
+	int64_t maxmsg = ECX_ZMQ_MAX_MSG;
+	if (m->sock == NULL ||
+	    zmq_setsockopt(m->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+	    zmq_setsockopt(m->sock, ZMQ_IPV6, &one, sizeof(one)) != 0 ||
+	    zmq_setsockopt(m->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) !=
+	        0 ||
+	    zmq_connect(m->sock, address) != 0) {
+		if (m->sock != NULL)
+			zmq_close(m->sock);
+		free(m);
+		return NULL;
+	}
+	return m;
+}
+
+/* A socket that had its answer goes back to the idle ones; one that did
+ * not (a REQ socket cannot send again before it) is closed. Called with
+ * c->lock. */
+static void sock_give(ecx_consumer *c, mcsock *m, bool answered)
+{
+	if (m == NULL)
+		return;
+	if (answered && c->mc_nidle < MC_IDLE_MAX) {
+		m->next = c->mc_idle;
+		c->mc_idle = m;
+		c->mc_nidle++;
+		return;
+	}
+	zmq_close(m->sock);
+	free(m);
+}
+
+/* Item k of l failed with err; the first failure's words are kept. */
+static void mc_fail(ecx_load *l, mcpull *p, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void mc_fail(ecx_load *l, mcpull *p, int err, const char *fmt, ...)
+{
+	ecx_item *x = &l->items[p->idx];
+	x->status = err;
+	if (l->why_err == 0) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(l->why, sizeof(l->why), fmt, ap);
+		va_end(ap);
+		l->why_err = err;
+		ecx_debug(MOD, "%s", l->why);
+	}
+}
+
+/* Ends the zombies that have their answer (the producer is done with the
+ * range: its write came, or failed) or are past ECX_MC_ZOMBIE_MS; all of
+ * them when all. Called with c->lock. */
+static void zombies_poll(ecx_consumer *c, bool all)
+{
+	uint64_t now = c->mc_zombies != NULL ? ecx_now_ms() : 0;
+	for (mczombie **zp = &c->mc_zombies; *zp != NULL;) {
+		mczombie *z = *zp;
+		char buf[256];
+		int n = zmq_recv(z->ms->sock, buf, sizeof(buf), ZMQ_DONTWAIT);
+		if (n < 0 && !all && now < z->until_ms) {
+			zp = &z->next;
+			continue;
+		}
+		*zp = z->next;
+		if (z->quar)
+			cons_arena_unquarantine(c, z->off);
+		sock_give(c, z->ms, n >= 0 && !all);
+		free(z);
+	}
+}
+
+void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n)
+{
+	l->mc = calloc(n, sizeof(*l->mc));
+	if (l->mc == NULL) {
+		for (size_t k = 0; k < n; k++)
+			l->items[idx[k]].status = ECX_ENOMEM;
+		return;
+	}
+	l->nmc = n;
+	for (size_t k = 0; k < n; k++) {
+		l->mc[k].idx = idx[k];
+		const ecx_item *x = &l->items[idx[k]];
+		uint64_t a = (uint64_t)(uintptr_t)x->dst;
+		if (x->desc.nbytes > 0)
+			cons_span_populate(c, a, a + x->desc.nbytes);
+	}
+	char why[256];
+	pthread_mutex_lock(&c->lock);
+	zombies_poll(c, false);
+	int rc = mc_ensure(c, why, sizeof(why));
+	char session[ECX_ADDR_MAX] = "";
+	if (rc == 0)
+		ecx_strlcpy(session, ecx_mc_recv_session(c->mc),
+		            sizeof(session));
+	for (size_t k = 0; k < n; k++) {
+		mcpull *p = &l->mc[k];
+		ecx_item *x = &l->items[p->idx];
+		p->done = true;
+		if (rc != 0) {
+			mc_fail(l, p, rc, "no Mooncake receiver for %s: %s",
+			        x->id, why);
+			continue;
+		}
+		int err = 0;
+		uint64_t nb = x->desc.nbytes;
+		void *dst = nb > 0 ? x->dst : c->zero;
+		uint64_t a = (uint64_t)(uintptr_t)dst;
+		p->reg =
+		    cons_region_for(c, dst, nb, a, a + (nb ? nb : 1), &err);
+		if (p->reg == NULL) {
+			mc_fail(l, p, err,
+			        "%s: no registration for its destination",
+			        x->id);
+			continue;
+		}
+		if (nb > 0 && (p->res = ecx_mc_recv_reserve(
+		                   c->mc, a, nb, l->deadline_ns)) == 0) {
+			mc_fail(l, p, ECX_ENOMEM, "out of memory");
+			continue;
+		}
+		p->ms = sock_take(c, x->producer);
+		if (p->ms == NULL) {
+			mc_fail(l, p, ECX_ECONNECT,
+			        "cannot open a ZeroMQ socket to %s: %s",
+			        x->producer, zmq_strerror(zmq_errno()));
+			continue;
+		}
+		p->done = false;
+		c->st.mc_pulls++;
+	}
+	pthread_mutex_unlock(&c->lock);
+	size_t left = 0;
+	for (size_t k = 0; k < n; k++) {
+		mcpull *p = &l->mc[k];
+		if (p->done)
+			continue;
+		ecx_item *x = &l->items[p->idx];
+		uint64_t nb = x->desc.nbytes;
+		char *msg = ecx_zreq_encode_pull(
+		    x->id, session,
+		    (uint64_t)(uintptr_t)(nb > 0 ? x->dst : c->zero), nb);
+		/* Queued at once, even while the socket connects. */
+		int s = msg != NULL ? zmq_send(p->ms->sock, msg, strlen(msg),
+		                               ZMQ_DONTWAIT)
+		                    : -1;
+		free(msg);
+		if (s < 0) {
+			p->done = true;
+			mc_fail(
+			    l, p, ECX_ECONNECT,
+			    "cannot send the reference pull of %s to %s: %s",
+			    x->id, x->producer, zmq_strerror(zmq_errno()));
+			continue;
+		}
+		left++;
+	}
+	__atomic_store_n(&l->mc_left, left, __ATOMIC_RELEASE);
+}
+
+bool cons_mc_done(const ecx_load *l)
+{
+	return __atomic_load_n(&l->mc_left, __ATOMIC_ACQUIRE) == 0;
+}
+
+/* What the producer's "err" says, as an ecx error. */
+static int ref_err(const char *err)
+{
+	if (strcmp(err, "unknown mm_hash") == 0)
+		return ECX_ENOTFOUND;
+	if (strcmp(err, "size mismatch") == 0)
+		return ECX_ESIZE;
+	if (strcmp(err, "unknown op") == 0)
+		return ECX_EUNSUPPORTED;
+	return ECX_EIO;
+}
+
+/* The answer buf (n bytes) to pull p. */
+static void answer(ecx_load *l, mcpull *p, const char *buf, size_t n)
+{
+	ecx_consumer *c = l->c;
+	ecx_item *x = &l->items[p->idx];
+	bool ok = false;
+	int64_t ret = 0;
+	char err[200], why[200];
+	int rc = ecx_ref_reply_decode(buf, n, &ok, &ret, err, sizeof(err), why,
+	                              sizeof(why));
+	/* Whatever it says, nothing more lands in the item's range. */
+	uint64_t landed = p->res != 0 ? ecx_mc_recv_release(c->mc, p->res) : 0;
+	p->res = 0;
+	uint64_t nb = x->desc.nbytes;
+	if (rc != 0)
+		mc_fail(l, p, ECX_EPROTO,
+		        "reference pull of %s: %s answers what is no pull "
+		        "reply: %s",
+		        x->id, x->producer, why);
+	else if (!ok)
+		mc_fail(l, p, ref_err(err),
+		        "reference pull of %s: %s refused it: %s "
+		        "(mooncake_ret %lld)",
+		        x->id, x->producer, err[0] ? err : "no reason given",
+		        (long long)ret);
+	else if (landed < nb)
+		mc_fail(l, p, ECX_EIO,
+		        "reference pull of %s: %s answered ok but %llu of "
+		        "%llu bytes came into the Mooncake session",
+		        x->id, x->producer, (unsigned long long)landed,
+		        (unsigned long long)nb);
+	else
+		x->status = 0;
+	pthread_mutex_lock(&c->lock);
+	if (x->status == 0)
+		c->st.mc_bytes += nb;
+	sock_give(c, p->ms, true);
+	pthread_mutex_unlock(&c->lock);
+	p->ms = NULL;
+	p->done = true;
+	__atomic_sub_fetch(&l->mc_left, 1, __ATOMIC_ACQ_REL);
+}
+
+int cons_mc_poll(ecx_load *l)
+{
+	ecx_consumer *c = l->c;
+	if (__atomic_load_n(&c->mc_zombies, __ATOMIC_RELAXED) != NULL &&
+	    pthread_mutex_trylock(&c->lock) == 0) {
+		zombies_poll(c, false);
+		pthread_mutex_unlock(&c->lock);
+	}
+	if (l->nmc == 0 || cons_mc_done(l))
+		return 0;
+	int did = 0;
+	char buf[4096];
+	for (size_t k = 0; k < l->nmc; k++) {
+		mcpull *p = &l->mc[k];
+		if (p->done)
+			continue;
+		int n = zmq_recv(p->ms->sock, buf, sizeof(buf), ZMQ_DONTWAIT);
+		if (n < 0)
+			continue;
+		answer(l, p, buf,
+		       (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf));
+		did++;
+	}
+	return did;
+}
+
+void cons_mc_finish(ecx_load *l)
+{
+	ecx_consumer *c = l->c;
+	int ms = c->timeout_ms;
+	for (size_t k = 0; k < l->nmc; k++) {
+		mcpull *p = &l->mc[k];
+		if (p->res != 0)
+			ecx_mc_recv_release(c->mc, p->res);
+		p->res = 0;
+		if (!p->done) {
+			ecx_item *x = &l->items[p->idx];
+			mc_fail(l, p, ECX_ETIMEDOUT,
+			        "reference pull of %s: %s did not answer "
+			        "within the load's %d ms",
+			        x->id, x->producer, ms);
+		}
+	}
+	pthread_mutex_lock(&c->lock);
+	for (size_t k = 0; k < l->nmc; k++) {
+		mcpull *p = &l->mc[k];
+		if (p->reg != NULL)
+			p->reg->inuse--;
+		if (p->ms == NULL)
+			continue;
+		if (p->done) { /* never sent */
+			sock_give(c, p->ms, false);
+			continue;
+		}
+		/* Unanswered: the producer may still be writing (refused now,
+		 * the reservation is gone); its destination in the arena is
+		 * not handed out again until it answers. */
+		mczombie *z = calloc(1, sizeof(*z));
+		ecx_item *x = &l->items[p->idx];
+		arena_alloc *a =
+		    x->desc.nbytes > 0
+		        ? cons_arena_alloc_at(c, (uint64_t)(uintptr_t)x->dst)
+		        : NULL;
+		if (z == NULL) {
+			sock_give(c, p->ms, false);
+			continue;
+		}
+		z->ms = p->ms;
+		z->until_ms = ecx_now_ms() + ECX_MC_ZOMBIE_MS;
+		if (a != NULL) {
+			a->zombies++;
+			c->st_quarantined++;
+			z->off = a->off;
+			z->quar = true;
+		}
+		z->next = c->mc_zombies;
+		c->mc_zombies = z;
+	}
+	pthread_mutex_unlock(&c->lock);
+	free(l->mc);
+	l->mc = NULL;
+	l->nmc = 0;
+	__atomic_store_n(&l->mc_left, 0, __ATOMIC_RELEASE);
+}
+
+void cons_mc_stats(ecx_consumer *c, ecx_consumer_stats *st)
+{
+	if (c->mc == NULL)
+		return;
+	ecx_mc_recv_stats s;
+	ecx_mc_recv_stats_get(c->mc, &s);
+	st->mc_rej_range = s.rej_range;
+	st->mc_rej_expired = s.rej_expired;
+	st->mc_rej_read = s.rej_read;
+	st->mc_rej_header = s.rej_header;
+	st->mc_hs_refused = s.hs_refused;
+}
+
+void cons_mc_destroy(ecx_consumer *c)
+{
+	ecx_mc_recv_destroy(c->mc);
+	c->mc = NULL;
+	pthread_mutex_lock(&c->lock);
+	zombies_poll(c, true);
+	pthread_mutex_unlock(&c->lock);
+	while (c->mc_idle != NULL) {
+		mcsock *m = c->mc_idle;
+		c->mc_idle = m->next;
+		zmq_close(m->sock);
+		free(m);
+	}
+	c->mc_zctx = NULL; /* the rendezvous client's: it ends it */
+	free(c->mc_bind);
+	free(c->mc_host);
+}

@@ -1,0 +1,581 @@
+/*
+ * receiver.c - the handshake server and data port of a consumer's
+ * Mooncake session (receiver.h says what it accepts), on one thread with
+ * epoll over non-blocking sockets.
+ */
+#define _GNU_SOURCE
+#include "mooncake/receiver_priv.h"
+
+#include <cjson/cJSON.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- tables (under r->lock) ---- */
+
+static res *res_find(ecx_mc_recv *r, uint64_t id)
+{
+	for (size_t i = 0; i < r->nres; i++)
+		if (r->res[i].id == id)
+			return &r->res[i];
+	return NULL;
+}
+
+/* The reservation that holds all of [addr, addr + size), or NULL. */
+static res *res_cover(ecx_mc_recv *r, uint64_t addr, uint64_t size)
+{
+	for (size_t i = 0; i < r->nres; i++)
+		if (!r->res[i].dead &&
+		    ecx_mc_range_within(addr, size, r->res[i].addr,
+		                        r->res[i].len))
+			return &r->res[i];
+	return NULL;
+}
+
+int ecx_mc_recv_buffer_add(ecx_mc_recv *r, uint64_t addr, uint64_t len)
+{
+	if (len == 0 || addr == 0)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	int rc = 0;
+	if (r->nbufs == r->capbufs) {
+		size_t cap = r->capbufs ? r->capbufs * 2 : 16;
+		buf *b = realloc(r->bufs, cap * sizeof(*b));
+		if (b == NULL)
+			rc = ECX_ENOMEM;
+		else {
+			r->bufs = b;
+			r->capbufs = cap;
+		}
+	}
+	if (rc == 0)
+		r->bufs[r->nbufs++] = (buf){addr, len};
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+void ecx_mc_recv_buffer_remove(ecx_mc_recv *r, uint64_t addr)
+{
+	pthread_mutex_lock(&r->lock);
+	for (size_t i = 0; i < r->nbufs; i++)
+		if (r->bufs[i].addr == addr) {
+			r->bufs[i] = r->bufs[--r->nbufs];
+			break;
+		}
+	pthread_mutex_unlock(&r->lock);
+}
+
+uint64_t ecx_mc_recv_reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
+                             uint64_t expiry_ns)
+{
+	if (len == 0 || addr + len < addr)
+		return 0;
+	uint64_t id = 0;
+	pthread_mutex_lock(&r->lock);
+	if (r->nres == r->capres) {
+		size_t cap = r->capres ? r->capres * 2 : 64;
+		res *n = realloc(r->res, cap * sizeof(*n));
+		if (n != NULL) {
+			r->res = n;
+			r->capres = cap;
+		}
+	}
+	if (r->nres < r->capres) {
+		id = ++r->next_id;
+		r->res[r->nres++] = (res){
+		    .id = id, .addr = addr, .len = len, .expiry_ns = expiry_ns};
+	}
+	pthread_mutex_unlock(&r->lock);
+	return id;
+}
+
+uint64_t ecx_mc_recv_landed(ecx_mc_recv *r, uint64_t id)
+{
+	pthread_mutex_lock(&r->lock);
+	res *x = res_find(r, id);
+	uint64_t n = x != NULL ? x->landed : 0;
+	pthread_mutex_unlock(&r->lock);
+	return n;
+}
+
+uint64_t ecx_mc_recv_release(ecx_mc_recv *r, uint64_t id)
+{
+	pthread_mutex_lock(&r->lock);
+	res *x = res_find(r, id);
+	if (x == NULL) {
+		pthread_mutex_unlock(&r->lock);
+		return 0;
+	}
+	x->dead = true;
+	/* The thread checks dead before each recv into the range: what is
+	 * under way now is one non-blocking recv. */
+	while ((x = res_find(r, id))->busy > 0)
+		pthread_cond_wait(&r->cv, &r->lock);
+	uint64_t n = x->landed;
+	*x = r->res[--r->nres];
+	pthread_mutex_unlock(&r->lock);
+	return n;
+}
+
+void ecx_mc_recv_stats_get(ecx_mc_recv *r, ecx_mc_recv_stats *out)
+{
+	pthread_mutex_lock(&r->lock);
+	*out = r->st;
+	pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- sockets ---- */
+
+void recv_nodelay(int fd)
+{
+	int one = 1;
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* A listening socket at host (NULL or "": every address, dual-stack). */
+static int listen_at(const char *host, uint16_t *port, char *why, size_t whylen)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+	                         .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	bool any = host == NULL || host[0] == '\0';
+	int fd = -1;
+	if (any) {
+		fd = socket(AF_INET6,
+		            SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (fd >= 0) {
+			int zero = 0;
+			(void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero,
+			                 sizeof(zero));
+			struct sockaddr_in6 a = {.sin6_family = AF_INET6,
+			                         .sin6_addr = in6addr_any};
+			if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+				close(fd);
+				fd = -1;
+			}
+		}
+		if (fd < 0) {
+			fd = socket(AF_INET,
+			            SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+			            0);
+			struct sockaddr_in a = {.sin_family = AF_INET};
+			if (fd >= 0 &&
+			    bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+				close(fd);
+				fd = -1;
+			}
+		}
+	} else {
+		char h[ECX_MC_NAME_MAX];
+		ecx_strlcpy(h, host, sizeof(h));
+		size_t n = strlen(h);
+		if (n > 1 && h[0] == '[' && h[n - 1] == ']') {
+			memmove(h, h + 1, n - 2);
+			h[n - 2] = '\0';
+		}
+		int e = getaddrinfo(h, "0", &hints, &ai);
+		if (e != 0)
+			return ecx_why(why, whylen, ECX_EINVAL,
+			               "mooncake receiver: bind host '%s': %s",
+			               host, gai_strerror(e));
+		fd = socket(ai->ai_family,
+		            SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+			close(fd);
+			fd = -1;
+		}
+		freeaddrinfo(ai);
+	}
+	if (fd < 0 || listen(fd, 128) != 0) {
+		int err = errno;
+		if (fd >= 0)
+			close(fd);
+		return ecx_why(why, whylen,
+		               err == EADDRINUSE ? ECX_EADDRINUSE : ECX_EIO,
+		               "mooncake receiver: cannot listen at %s: %s",
+		               any ? "every address" : host, strerror(err));
+	}
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	getsockname(fd, (struct sockaddr *)&ss, &sl);
+	*port = ntohs(ss.ss_family == AF_INET6
+	                  ? ((struct sockaddr_in6 *)&ss)->sin6_port
+	                  : ((struct sockaddr_in *)&ss)->sin_port);
+	return fd;
+}
+
+void recv_ep_add(ecx_mc_recv *r, int fd, uint32_t ev, tag *t)
+{
+	struct epoll_event e = {.events = ev, .data.ptr = t};
+	(void)epoll_ctl(r->ep, EPOLL_CTL_ADD, fd, &e);
+}
+
+void recv_ep_mod(ecx_mc_recv *r, int fd, uint32_t ev, tag *t)
+{
+	struct epoll_event e = {.events = ev, .data.ptr = t};
+	(void)epoll_ctl(r->ep, EPOLL_CTL_MOD, fd, &e);
+}
+
+/* ---- data ---- */
+
+static void d_close(ecx_mc_recv *r, dconn *d, bool cut)
+{
+	for (size_t i = 0; i < ECX_MC_DATA_CONNS_MAX; i++)
+		if (r->dc[i] == d)
+			r->dc[i] = NULL;
+	close(d->fd);
+	if (cut)
+		COUNT(r, cut);
+	free(d);
+}
+
+/* Sends d's status (v2) and goes on to the next header, or closes; returns
+ * false when d is gone. */
+static bool d_status(ecx_mc_recv *r, dconn *d, uint64_t status)
+{
+	if (!d->v2) {
+		if (d->close_after) {
+			d_close(r, d, false);
+			return false;
+		}
+		d->state = D_HDR;
+		d->have = 0;
+		return true;
+	}
+	ecx_mc_status_encode(status, d->st);
+	d->st_off = 0;
+	d->state = D_STATUS;
+	return true;
+}
+
+/* Header complete: decides what becomes of its body. */
+static bool d_header(ecx_mc_recv *r, dconn *d)
+{
+	ecx_mc_hdr_decode(d->hdr, &d->h);
+	d->v2 = ecx_mc_hdr_v2(&d->h);
+	d->got = 0;
+	d->res_id = 0;
+	d->reject = false;
+	d->close_after = false;
+	uint64_t now = ecx_now_ns();
+	pthread_mutex_lock(&r->lock);
+	if (!ecx_mc_hdr_is_write(&d->h)) {
+		r->st.rej_read++;
+		d->close_after = true; /* a READ's answer would be its bytes */
+	} else if (d->h.size == 0 || d->h.addr + d->h.size < d->h.addr) {
+		r->st.rej_header++;
+		d->close_after = true;
+	} else {
+		res *x = res_cover(r, d->h.addr, d->h.size);
+		if (x == NULL)
+			r->st.rej_range++;
+		else if (now >= x->expiry_ns)
+			r->st.rej_expired++;
+		else
+			d->res_id = x->id;
+		d->close_after = d->res_id == 0 && d->h.size > ECX_MC_DRAIN_MAX;
+	}
+	pthread_mutex_unlock(&r->lock);
+	if (d->res_id != 0) {
+		d->state = D_LAND;
+		return true;
+	}
+	d->reject = true;
+	if (d->close_after || !ecx_mc_hdr_is_write(&d->h))
+		return d_status(r, d, ECX_MC_STATUS_REJECTED);
+	d->state = D_DROP;
+	return true;
+}
+
+/* One recv of the body into its reservation, if it still holds; else
+ * the rest is dropped. Returns the recv's result (-2: switched to drop). */
+static ssize_t d_land(ecx_mc_recv *r, dconn *d)
+{
+	uint64_t now = ecx_now_ns();
+	pthread_mutex_lock(&r->lock);
+	res *x = res_find(r, d->res_id);
+	bool ok = x != NULL && !x->dead && now < x->expiry_ns;
+	if (ok)
+		x->busy++;
+	else
+		r->st.rej_expired++;
+	pthread_mutex_unlock(&r->lock);
+	if (!ok) {
+		d->reject = true;
+		d->close_after = d->h.size - d->got > ECX_MC_DRAIN_MAX;
+		if (d->close_after) {
+			d_status(r, d, ECX_MC_STATUS_REJECTED);
+		} else {
+			d->state = D_DROP;
+		}
+		return -2;
+	}
+	ssize_t n = recv(d->fd, (void *)(uintptr_t)(d->h.addr + d->got),
+	                 d->h.size - d->got, 0);
+	int err = errno;
+	pthread_mutex_lock(&r->lock);
+	x = res_find(r, d->res_id);
+	if (--x->busy == 0 && x->dead)
+		pthread_cond_broadcast(&r->cv);
+	if (n > 0 && d->got + (uint64_t)n == d->h.size) {
+		x->landed += d->h.size;
+		r->st.writes++;
+		r->st.bytes += d->h.size;
+	}
+	pthread_mutex_unlock(&r->lock);
+	errno = err;
+	return n;
+}
+
+static void d_event(ecx_mc_recv *r, dconn *d)
+{
+	for (;;) {
+		ssize_t n;
+		if (d->state == D_STATUS) {
+			n = send(d->fd, d->st + d->st_off,
+			         sizeof(d->st) - d->st_off, MSG_NOSIGNAL);
+			if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+				recv_ep_mod(r, d->fd, EPOLLOUT, &d->t);
+				return;
+			}
+			if (n <= 0) {
+				d_close(r, d, false);
+				return;
+			}
+			d->st_off += (size_t)n;
+			if (d->st_off < sizeof(d->st))
+				continue;
+			if (d->close_after) {
+				/* The peer reads the status, then sees the
+				 * end. */
+				shutdown(d->fd, SHUT_WR);
+				d_close(r, d, false);
+				return;
+			}
+			recv_ep_mod(r, d->fd, EPOLLIN, &d->t);
+			d->state = D_HDR;
+			d->have = 0;
+			continue;
+		}
+		if (d->state == D_HDR) {
+			n = recv(d->fd, d->hdr + d->have,
+			         sizeof(d->hdr) - d->have, 0);
+		} else if (d->state == D_LAND) {
+			n = d_land(r, d);
+			if (n == -2)
+				continue;
+		} else {
+			uint64_t left = d->h.size - d->got;
+			n = recv(d->fd, r->scratch,
+			         left < sizeof(r->scratch) ? left
+			                                   : sizeof(r->scratch),
+			         0);
+		}
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return;
+		if (n <= 0) {
+			/* The peer went: mid-request is a cut. */
+			d_close(r, d, d->state != D_HDR || d->have > 0);
+			return;
+		}
+		d->last_ms = ecx_now_ms();
+		if (d->state == D_HDR) {
+			d->have += (size_t)n;
+			if (d->have == sizeof(d->hdr) && !d_header(r, d))
+				return;
+			continue;
+		}
+		d->got += (uint64_t)n;
+		if (d->got < d->h.size)
+			continue;
+		if (!d_status(r, d,
+		              d->reject ? ECX_MC_STATUS_REJECTED
+		                        : ECX_MC_STATUS_OK))
+			return;
+	}
+}
+
+static void d_accept(ecx_mc_recv *r)
+{
+	for (;;) {
+		int fd = accept4(r->data_fd, NULL, NULL,
+		                 SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		size_t slot = ECX_MC_DATA_CONNS_MAX;
+		for (size_t i = 0; i < ECX_MC_DATA_CONNS_MAX; i++)
+			if (r->dc[i] == NULL) {
+				slot = i;
+				break;
+			}
+		dconn *d =
+		    slot < ECX_MC_DATA_CONNS_MAX ? calloc(1, sizeof(*d)) : NULL;
+		if (d == NULL) {
+			close(fd);
+			continue;
+		}
+		recv_nodelay(fd);
+		d->t.kind = K_DATA;
+		d->fd = fd;
+		d->last_ms = ecx_now_ms();
+		r->dc[slot] = d;
+		recv_ep_add(r, fd, EPOLLIN, &d->t);
+	}
+}
+
+/* Closes handshakes out of time and data connections that stalled. */
+static void sweep(ecx_mc_recv *r)
+{
+	uint64_t now = ecx_now_ms();
+	for (size_t i = 0; i < ECX_MC_HS_CONNS_MAX; i++)
+		if (r->hs[i] != NULL && now >= r->hs[i]->deadline_ms)
+			recv_hs_close(r, r->hs[i], r->hs[i]->state != HS_DRAIN);
+	for (size_t i = 0; i < ECX_MC_DATA_CONNS_MAX; i++) {
+		dconn *d = r->dc[i];
+		if (d == NULL)
+			continue;
+		bool mid = d->state != D_HDR || d->have > 0;
+		if (now - d->last_ms >=
+		    (mid ? ECX_MC_DATA_STALL_MS : ECX_MC_DATA_IDLE_MS))
+			d_close(r, d, mid);
+	}
+}
+
+static void *run(void *arg)
+{
+	ecx_mc_recv *r = arg;
+	struct epoll_event ev[32];
+	for (;;) {
+		int n = epoll_wait(r->ep, ev, 32, 100);
+		for (int i = 0; i < n; i++) {
+			tag *t = ev[i].data.ptr;
+			switch (t->kind) {
+			case K_STOP:
+				return NULL;
+			case K_HS_LISTEN:
+				recv_hs_accept(r);
+				break;
+			case K_DATA_LISTEN:
+				d_accept(r);
+				break;
+			case K_HS:
+				recv_hs_event(r, (hsconn *)t);
+				break;
+			case K_DATA:
+				d_event(r, (dconn *)t);
+				break;
+			}
+		}
+		sweep(r);
+	}
+}
+
+/* ---- create, destroy ---- */
+
+const char *ecx_mc_recv_session(const ecx_mc_recv *r)
+{
+	return r->session;
+}
+
+int ecx_mc_recv_create(const char *bind_host, const char *adv_host,
+                       ecx_mc_recv **out, char *why, size_t whylen)
+{
+	ecx_mc_recv *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	r->ep = r->stopfd = r->hs_fd = r->data_fd = -1;
+	int rc = 0;
+	r->hs_fd = listen_at(bind_host, &r->hs_port, why, whylen);
+	if (r->hs_fd < 0) {
+		rc = r->hs_fd;
+		r->hs_fd = -1;
+		goto fail;
+	}
+	r->data_fd = listen_at(bind_host, &r->data_port, why, whylen);
+	if (r->data_fd < 0) {
+		rc = r->data_fd;
+		r->data_fd = -1;
+		goto fail;
+	}
+	char host[ECX_MC_NAME_MAX - 8];
+	if (adv_host != NULL && adv_host[0] != '\0')
+		ecx_strlcpy(host, adv_host, sizeof(host));
+	else if (bind_host != NULL && bind_host[0] != '\0')
+		ecx_strlcpy(host, bind_host, sizeof(host));
+	else
+		ecx_default_host(host, sizeof(host));
+	bool v6 = strchr(host, ':') != NULL && host[0] != '[';
+	snprintf(r->session, sizeof(r->session), "%s%s%s:%u", v6 ? "[" : "",
+	         host, v6 ? "]" : "", (unsigned)r->hs_port);
+	r->ep = epoll_create1(EPOLL_CLOEXEC);
+	r->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (r->ep < 0 || r->stopfd < 0) {
+		rc = ecx_why(why, whylen, ECX_EIO,
+		             "mooncake receiver: epoll: %s", strerror(errno));
+		goto fail;
+	}
+	r->stop_tag.kind = K_STOP;
+	r->hs_tag.kind = K_HS_LISTEN;
+	r->data_tag.kind = K_DATA_LISTEN;
+	recv_ep_add(r, r->stopfd, EPOLLIN, &r->stop_tag);
+	recv_ep_add(r, r->hs_fd, EPOLLIN, &r->hs_tag);
+	recv_ep_add(r, r->data_fd, EPOLLIN, &r->data_tag);
+	if (pthread_create(&r->thread, NULL, run, r) != 0) {
+		rc = ecx_why(why, whylen, ECX_ENOMEM,
+		             "mooncake receiver: cannot start its thread");
+		goto fail;
+	}
+	r->started = true;
+	ecx_info(MOD, "receiver at session %s (data port %u)", r->session,
+	         (unsigned)r->data_port);
+	*out = r;
+	return 0;
+fail:
+	ecx_mc_recv_destroy(r);
+	return rc;
+}
+
+void ecx_mc_recv_destroy(ecx_mc_recv *r)
+{
+	if (r == NULL)
+		return;
+	if (r->started) {
+		uint64_t one = 1;
+		ssize_t w = write(r->stopfd, &one, sizeof(one));
+		(void)w;
+		pthread_join(r->thread, NULL);
+	}
+	for (size_t i = 0; i < ECX_MC_HS_CONNS_MAX; i++)
+		if (r->hs[i] != NULL)
+			recv_hs_close(r, r->hs[i], false);
+	for (size_t i = 0; i < ECX_MC_DATA_CONNS_MAX; i++)
+		if (r->dc[i] != NULL)
+			d_close(r, r->dc[i], false);
+	if (r->hs_fd >= 0)
+		close(r->hs_fd);
+	if (r->data_fd >= 0)
+		close(r->data_fd);
+	if (r->stopfd >= 0)
+		close(r->stopfd);
+	if (r->ep >= 0)
+		close(r->ep);
+	free(r->res);
+	free(r->bufs);
+	pthread_mutex_destroy(&r->lock);
+	pthread_cond_destroy(&r->cv);
+	free(r);
+}
