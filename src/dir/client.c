@@ -321,6 +321,22 @@ bool regc_usable(reg_conn *g, uint64_t now)
 	return g->down_until_ms == 0 || now >= g->down_until_ms;
 }
 
+size_t regc_probe(const ecx_regclient *c, uint64_t now)
+{
+	size_t best = SIZE_MAX;
+	for (size_t r = 0; r < c->nregs; r++) {
+		const reg_conn *g = &c->regs[r];
+		if (g->down_until_ms == 0 || now >= g->down_until_ms)
+			return SIZE_MAX; /* one is usable */
+		if (best == SIZE_MAX ||
+		    g->down_until_ms < c->regs[best].down_until_ms)
+			best = r;
+	}
+	if (best != SIZE_MAX && now < c->regs[best].failed_ms + 1000)
+		return SIZE_MAX;
+	return best;
+}
+
 void regc_mark(reg_conn *g, int rc)
 {
 	if (rc == 0) {
@@ -330,7 +346,8 @@ void regc_mark(reg_conn *g, int rc)
 	}
 	if (rc == ECX_ECONNECT || rc == ECX_ETIMEDOUT || rc == ECX_EIO ||
 	    rc == ECX_EPROTO) {
-		g->down_until_ms = ecx_now_ms() + g->backoff_ms;
+		g->failed_ms = ecx_now_ms();
+		g->down_until_ms = g->failed_ms + g->backoff_ms;
 		ecx_warn(MOD, "registry %s unusable; retrying in %llu ms",
 		         g->url, (unsigned long long)g->backoff_ms);
 		/* Behind Sentinel a failover takes seconds and each call
@@ -526,6 +543,7 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 	int last = 0;
 	size_t asked = 0;
 	uint64_t now = ecx_now_ms();
+	size_t probe = regc_probe(c, now);
 	for (size_t r = 0; r < c->nregs; r++) {
 		reg_conn *g = &c->regs[r];
 		size_t m = 0;
@@ -533,7 +551,7 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
 			m += !items[i].found;
 		if (m == 0)
 			break;
-		if (!regc_usable(g, now)) {
+		if (!regc_usable(g, now) && r != probe) {
 			last = ecx_why(why, whylen, ECX_ECONNECT,
 			               "registry %s is down (retrying later)",
 			               g->url);

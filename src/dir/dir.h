@@ -50,7 +50,10 @@ void ecx_regclient_destroy(ecx_regclient *c);
 /* Looks n ids up: one GET /ec/info for one id, one POST /ec/lookup for
  * more, per registry; ids missing from the first registry are asked of the
  * next. A registry that fails is skipped for a back-off period (starting at
- * 500 ms, doubling to 10 s) instead of costing its timeout on every call.
+ * 500 ms, doubling to 10 s) instead of costing its timeout on every call;
+ * while every registry of the list is backing off, the soonest due is asked
+ * anyway, at most once a second, so a directory that comes back is seen
+ * within a second.
  * Returns 0 when every registry that was asked answered (items[].found says
  * which ids were found); otherwise the last registry's error, with the
  * items found elsewhere still filled in. items[].alt (the other holders,

@@ -25,7 +25,8 @@ typedef struct reg_conn {
 	bool sentinel;    /* redis+sentinel:// */
 	uint64_t down_until_ms; /* skip until then; 0 when up */
 	uint64_t backoff_ms;
-	bool no_batch; /* it has no POST /ec/lookup: lookups GET each id */
+	uint64_t failed_ms; /* when it last failed */
+	bool no_batch;      /* it has no POST /ec/lookup: lookups GET each id */
 	/* The answers of lookups, kept between them (len reset each time):
 	 * a batch's answer need not grow a new buffer every time. */
 	buf rx;
@@ -56,6 +57,11 @@ int regc_request(ecx_regclient *c, reg_conn *g, const char *method,
  * after a request that ended with rc. */
 bool regc_usable(reg_conn *g, uint64_t now);
 void regc_mark(reg_conn *g, int rc);
+/* When every registry of c is backing off: the index of the one to ask
+ * anyway (the soonest due, at most once a second), so that a directory
+ * that comes back is seen within a second, not at the end of a back-off
+ * of up to 10 s; SIZE_MAX when one is usable or none is due. */
+size_t regc_probe(const ecx_regclient *c, uint64_t now);
 /* The detail of the registries' 404 for an id they do not hold. */
 #define ECX_MISS_DETAIL "unknown mm_hash"
 /* Whether b is the registries' answer for an id they do not hold,

@@ -23,7 +23,15 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 static pid_t redis_pid;
 static char redis_url[64];
@@ -255,6 +263,54 @@ static void test_down(void **state)
 	ecx_client_destroy(c);
 }
 
+/* A registry that was down and comes back is asked again within about a
+ * second, whatever back-off it had reached: with every registry of a list
+ * backing off, the soonest due is probed once a second. (Before, lookups
+ * failed at once until the back-off, up to 10 s, ran out.) */
+static void test_back_after_outage(void **state)
+{
+	(void)state;
+	int port = free_port();
+	char url[64];
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
+	ecx_client *c = client(url, NULL);
+	/* 3.6 s of failed lookups: the back-off reaches 4 s. */
+	uint64_t t0 = now_ms();
+	while (now_ms() - t0 < 3600) {
+		ecx_item q = {.id = "out-a"};
+		assert_int_not_equal(ecx_client_lookup(c, &q, 1), 0);
+		usleep(20000);
+	}
+	ecx_registry_params p = {.field_mask = ECX_REGISTRY_PARAM_BIND_HOST |
+	                                       ECX_REGISTRY_PARAM_PORT,
+	                         .bind_host = "127.0.0.1",
+	                         .port = (uint16_t)port};
+	ecx_registry *r = NULL;
+	char why[200];
+	if (ecx_registry_create(&p, &r, why, sizeof(why)) != 0)
+		fail_msg("registry on port %d: %s", port, why);
+	ecx_client *w = client(url, NULL);
+	ecx_item a = item("out-a", 3, "tcp://10.0.0.1:5555");
+	assert_int_equal(ecx_client_publish(w, &a), 0);
+	uint64_t t1 = now_ms(), back = 0;
+	while (now_ms() - t1 < 6000) {
+		ecx_item q = {.id = "out-a"};
+		if (ecx_client_lookup(c, &q, 1) == 0 && q.status == 0) {
+			back = now_ms() - t1;
+			break;
+		}
+		usleep(20000);
+	}
+	print_message("back after the outage: %llu ms\n",
+	              (unsigned long long)back);
+	assert_true(back > 0);
+	const char *sc = getenv("ECX_TEST_TIME_SCALE");
+	assert_true(back <= 1500u * (uint64_t)(sc != NULL ? atoi(sc) : 1));
+	ecx_client_destroy(w);
+	ecx_client_destroy(c);
+	ecx_registry_destroy(r);
+}
+
 typedef struct seen {
 	char ids[64][ECX_ID_MAX + 1];
 	uint64_t bytes[64];
@@ -451,6 +507,7 @@ int main(void)
 	    cmocka_unit_test(test_lookup_publish_remove),
 	    cmocka_unit_test(test_token),
 	    cmocka_unit_test(test_down),
+	    cmocka_unit_test(test_back_after_outage),
 	    cmocka_unit_test(test_list_http),
 	    cmocka_unit_test(test_json),
 	    cmocka_unit_test(test_lookup_redis),
