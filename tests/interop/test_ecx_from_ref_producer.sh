@@ -91,5 +91,50 @@ else
 	bad "ecx.Consumer from ref_producer: $(tail -c 1500 "$work/py.out") $(tail -3 "$work/producer.log")"
 fi
 
+# The reference producer stopped (SIGSTOP) after the lookup: the load ends
+# within its timeout (1 s, + 0.5 s of slack), with a typed error, and a
+# load after SIGCONT works; killed (SIGKILL) after a lookup: bounded too.
+# The timed-out pull's late answer and write (after SIGCONT) land nowhere
+# the caller sees: the second load's bytes are checked.
+if timeout 120 env -u ECX_TOKEN INTEROP="$here" "$PY" -c '
+import os, signal, sys, time
+sys.path.insert(0, os.environ["INTEROP"])
+import items, ecx, torch
+url, seed, pid, spec = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+mm, shape, dtype, n = items.parse_spec(spec)
+def check(t):
+    raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+    assert raw == items.item_bytes(seed, mm, n), "bytes differ"
+with ecx.Consumer(url, timeout_ms=1000) as c:
+    found = c.lookup([mm])
+    assert all(found), found
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        c.load(found)
+        raise SystemExit("a load from a stopped producer succeeded")
+    except ecx.EcxError as e:
+        took = time.monotonic() - t0
+        print("stopped:", type(e).__name__, e, f"{took:.3f} s")
+        assert took < 1.5, f"took {took:.3f} s against a 1 s timeout"
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(0.3)
+    check(c.load(c.lookup([mm]))[0])
+    found = c.lookup([mm])
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        c.load(found)
+        raise SystemExit("a load from a killed producer succeeded")
+    except ecx.EcxError as e:
+        took = time.monotonic() - t0
+        print("killed:", type(e).__name__, e, f"{took:.3f} s")
+        assert took < 1.5, f"took {took:.3f} s against a 1 s timeout"
+' "$url" "$seed" "${pids[0]}" "big:1024x3584:bfloat16" >"$work/stop.out" 2>&1; then
+	ok "a stopped, then killed, reference producer: each load bounded by its timeout ($(tr '\n' ' ' <"$work/stop.out"))"
+else
+	bad "stopped or killed reference producer: $(tail -c 1500 "$work/stop.out")"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
