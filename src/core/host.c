@@ -92,20 +92,29 @@ static bool mem_available(uint64_t *out)
 	return found;
 }
 
+/* Reads the start of the small file at path into buf (NUL-terminated);
+ * false when it cannot be read or is empty. */
+static bool read_small(const char *path, char *buf, size_t len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = read(fd, buf, len - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	return true;
+}
+
 /* The first number in file dir/name ("max" reads as UINT64_MAX), or
  * false. */
 static bool read_u64(const char *dir, const char *name, uint64_t *out)
 {
 	char path[4200], buf[64];
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (!read_small(path, buf, sizeof(buf)))
 		return false;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
 	unsigned long long v;
 	if (strncmp(buf, "max", 3) == 0)
 		*out = UINT64_MAX;
@@ -298,14 +307,8 @@ static bool pid_stat(long pid, char *state, uint64_t *start)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (!read_small(path, buf, sizeof(buf)))
 		return false;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
 	/* The command may hold spaces and parentheses: fields count from the
 	 * last ')'. The state is field 3, the first after it; the start time
 	 * field 22, the 20th. */
