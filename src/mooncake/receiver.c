@@ -341,6 +341,7 @@ static ssize_t d_land(ecx_mc_recv *r, dconn *d)
 
 static void d_event(ecx_mc_recv *r, dconn *d)
 {
+	uint64_t spin_until = 0;
 	for (;;) {
 		ssize_t n;
 		if (d->state == D_STATUS) {
@@ -383,14 +384,26 @@ static void d_event(ecx_mc_recv *r, dconn *d)
 			                                   : sizeof(r->scratch),
 			         0);
 		}
-		if (n < 0 && (errno == EAGAIN || errno == EINTR))
-			return;
+		if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+			/* Mid-body the next bytes are most often microseconds
+			 * away: asking again for a short while costs less than
+			 * a sleep in epoll_wait and a wake-up per burst. */
+			if (d->state != D_LAND && d->state != D_DROP)
+				return;
+			uint64_t now = ecx_now_ns();
+			if (spin_until == 0)
+				spin_until = now + ECX_MC_SPIN_NS;
+			if (now >= spin_until)
+				return;
+			continue;
+		}
 		if (n <= 0) {
 			/* The peer went: mid-request is a cut. */
 			d_close(r, d, d->state != D_HDR || d->have > 0);
 			return;
 		}
 		d->last_ms = ecx_now_ms();
+		spin_until = 0;
 		if (d->state == D_HDR) {
 			d->have += (size_t)n;
 			if (d->have == sizeof(d->hdr) && !d_header(r, d))

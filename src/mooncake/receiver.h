@@ -52,6 +52,9 @@ typedef struct ecx_mc_recv ecx_mc_recv;
 /* The body of a refused WRITE of at most this many bytes is read and
  * dropped (the connection stays); a larger one closes the connection. */
 #define ECX_MC_DRAIN_MAX (64u << 20)
+/* Mid-body, how long the thread asks a data connection again for more
+ * bytes before it goes back to epoll_wait (ns). */
+#define ECX_MC_SPIN_NS 50000u
 
 /* What the receiver did, counted since create. */
 typedef struct ecx_mc_recv_stats {
