@@ -336,6 +336,44 @@ static void answer(ecx_load *l, mcpull *p, const char *buf, size_t n)
 	__atomic_sub_fetch(&l->mc_left, 1, __ATOMIC_ACQ_REL);
 }
 
+/* Pull p's bytes have all landed in its reservation before its answer:
+ * the item is done. The reservation is released (nothing more lands in
+ * the range), and the socket waits among the zombies, with nothing
+ * quarantined, for the answer that frees it for reuse. The answer would
+ * add nothing: every byte the item needs came in whole writes into
+ * exactly its range, and it costs the producer two thread hand-offs and
+ * the consumer a wake-up. */
+static void landed_whole(ecx_load *l, mcpull *p)
+{
+	ecx_consumer *c = l->c;
+	ecx_item *x = &l->items[p->idx];
+	uint64_t nb = x->desc.nbytes;
+	uint64_t landed = ecx_mc_recv_release(c->mc, p->res);
+	p->res = 0;
+	if (landed >= nb)
+		x->status = 0;
+	else /* cannot be: landed only grows */
+		mc_fail(l, p, ECX_EIO,
+		        "reference pull of %s: %llu of %llu bytes", x->id,
+		        (unsigned long long)landed, (unsigned long long)nb);
+	mczombie *z = calloc(1, sizeof(*z));
+	pthread_mutex_lock(&c->lock);
+	if (x->status == 0)
+		c->st.mc_bytes += nb;
+	if (z != NULL) {
+		z->ms = p->ms;
+		z->until_ms = ecx_now_ms() + ECX_MC_ZOMBIE_MS;
+		z->next = c->mc_zombies;
+		c->mc_zombies = z;
+	} else {
+		sock_give(c, p->ms, false);
+	}
+	pthread_mutex_unlock(&c->lock);
+	p->ms = NULL;
+	p->done = true;
+	__atomic_sub_fetch(&l->mc_left, 1, __ATOMIC_ACQ_REL);
+}
+
 int cons_mc_poll(ecx_load *l)
 {
 	ecx_consumer *c = l->c;
@@ -353,8 +391,15 @@ int cons_mc_poll(ecx_load *l)
 		if (p->done)
 			continue;
 		int n = zmq_recv(p->ms->sock, buf, sizeof(buf), ZMQ_DONTWAIT);
-		if (n < 0)
+		if (n < 0) {
+			uint64_t nb = l->items[p->idx].desc.nbytes;
+			if (nb > 0 && p->res != 0 &&
+			    ecx_mc_recv_landed(c->mc, p->res) >= nb) {
+				landed_whole(l, p);
+				did++;
+			}
 			continue;
+		}
 		answer(l, p, buf,
 		       (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf));
 		did++;
