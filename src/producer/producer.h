@@ -333,6 +333,33 @@ void prod_serve_shutdown(ecx_producer *p);
  * progress thread. */
 void prod_jobs_abandon(ecx_producer *p, conn *c);
 
+/* jobs.c: a job's end (its reply, counts, pins and release), used by the
+ * pull service (serve.c). Progress thread only; each says whether it
+ * wants p->lock held. */
+/* The reply of job j as it stands (err: for the whole pull). */
+ecx_pull_resp prod_job_resp(const job *j, int err, const char *detail);
+/* Sends the reply of job j (when its connection still works). */
+void prod_job_reply(job *j, int err, const char *detail);
+/* Job j's items as its statuses stand: served (and their bytes), failed. */
+void prod_job_tally(const job *j, uint64_t *served, uint64_t *failed,
+                    uint64_t *bytes);
+/* Takes back what a folded reply counted before its send (job_fold).
+ * Called with the lock. */
+void prod_job_uncount(ecx_producer *p, job *j);
+/* Unpins the job's items. Called with the lock. */
+void prod_job_unpin(ecx_producer *p, job *j);
+/* Unpins what is still pinned and frees what the job holds but the job.
+ * Called with the lock. */
+void prod_job_release_parts(ecx_producer *p, job *j);
+/* Unpins what is still pinned and frees the job. Called with the lock. */
+void prod_job_release(ecx_producer *p, job *j);
+/* The xxh64 of each item of j that has none yet (a pull from an older
+ * consumer), made once and kept. Its bytes are checked against the XXH3
+ * taken at put first: an item whose bytes changed since then fails with
+ * ECX_ECORRUPT rather than get a hash of the changed bytes. Called from the
+ * progress thread without the lock, the items pinned. */
+void prod_job_hash_legacy(ecx_producer *p, job *j);
+
 /* completions.c: UCX callbacks of a job's flush and data sends (user
  * data: the job; for sends, its job_send), and prod_landed_after, which
  * after the put of items i..k-1 of j (or, upto not 0, of item i's first

@@ -5,7 +5,8 @@
  * pull over TCP that asks for it, one data send per run and no keys), and
  * answered once with a status per item when the flush (or every send) has
  * completed, or, for a pull over TCP whose bytes are one data send and that
- * asks for it, inside that send (job_fold). Connections made by hellos are
+ * asks for it, inside that send (job_fold); a job's reply, counts, pins and
+ * release are in jobs.c. Connections made by hellos are
  * closed when they fail, when the consumer says goodbye, or when they have been
  * idle for p->idle_ms (a consumer that died over shared memory shows no
  * failure: idleness is how it is noticed): conns.c. Closing one unmaps the
@@ -88,178 +89,6 @@ ucs_status_t prod_am_pull(void *arg, const void *header, size_t header_len,
 	return UCS_OK;
 }
 
-/* The reply of job j as it stands (err: for the whole pull). */
-static ecx_pull_resp job_resp(const job *j, int err, const char *detail)
-{
-	ecx_pull_resp r = {.req = j->req,
-	                   .err = err,
-	                   .nitems = j->pr.nitems,
-	                   .status = j->status,
-	                   .hash = j->xxh,
-	                   .hash_kind = j->hash_kind,
-	                   .data_am = j->pr.data_am};
-	if (detail != NULL)
-		ecx_strlcpy(r.detail, detail, sizeof(r.detail));
-	return r;
-}
-
-/* Sends the reply of job j (when its connection still works). */
-static void job_reply(job *j, int err, const char *detail)
-{
-	ecx_pull_resp r = job_resp(j, err, detail);
-	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
-		return;
-	ecx_ucx_am_send(j->c->ep, ECX_AM_REPLY, j->conn_id, j->req,
-	                ecx_pull_resp_encode(&r), NULL);
-}
-
-/* Job j's items as its statuses stand: served (and their bytes), failed. */
-static void job_tally(const job *j, uint64_t *served, uint64_t *failed,
-                      uint64_t *bytes)
-{
-	*served = *failed = *bytes = 0;
-	for (size_t i = 0; i < j->pr.nitems; i++) {
-		if (j->status[i] == 0) {
-			(*served)++;
-			*bytes += j->pr.items[i].nbytes;
-		} else {
-			(*failed)++;
-		}
-	}
-}
-
-/* Takes back what a folded reply counted before its send (job_fold).
- * Called with the lock. */
-static void job_uncount(ecx_producer *p, job *j)
-{
-	if (!j->folded)
-		return;
-	p->st.pulls--;
-	p->st.items_served -= j->pre_served;
-	p->st.items_failed -= j->pre_failed;
-	p->st.bytes_served -= j->pre_bytes;
-	j->folded = false;
-}
-
-/* Unpins the job's items. Called with the lock. */
-static void job_unpin(ecx_producer *p, job *j)
-{
-	for (size_t i = 0; j->items != NULL && i < j->pr.nitems; i++) {
-		item *it = j->items[i];
-		if (it == NULL)
-			continue;
-		j->items[i] = NULL;
-		if (--it->pins == 0) {
-			p->st.pinned--;
-			if (it->doomed)
-				prod_item_free(p, it);
-		}
-	}
-}
-
-/* Unpins what is still pinned and frees what the job holds but the job.
- * Called with the lock. */
-static void job_release_parts(ecx_producer *p, job *j)
-{
-	job_unpin(p, j);
-	for (size_t i = 0; j->rkeys != NULL && i < j->pr.nregions; i++) {
-		if (j->rkeys[i] == NULL)
-			continue;
-		if (j->own != NULL && j->rkeys[i] == &j->own[i])
-			ucp_rkey_destroy(j->own[i].h);
-		else
-			j->rkeys[i]->refs--;
-	}
-	free(j->own);
-	if (j->c != NULL) {
-		j->c->jobs--;
-		j->c->used_ns = ecx_now_ns();
-	}
-	ecx_pull_req_free(&j->pr);
-	free(j->items);
-	free(j->status);
-	free(j->xxh);
-	free(j->rkeys);
-	free(j->msg);
-	j->items = NULL;
-	j->status = NULL;
-	j->rkeys = NULL;
-	j->own = NULL;
-	j->msg = NULL;
-	j->c = NULL;
-}
-
-/* Unpins what is still pinned and frees the job. Called with the lock. */
-static void job_release(ecx_producer *p, job *j)
-{
-	job_release_parts(p, j);
-	prod_job_free(j);
-}
-
-/* The jobs on closed connection c whose flush (or sends) have not
- * completed: UCX can keep a flush to a peer that died over shared memory
- * waiting for room in the dead peer's queue for good, and a TCP
- * connection is given up on at once, before its worker goes
- * (prod_conn_goes_with_side). Nobody is answered: the items are unpinned and
- * counted failed, the job lets go of c, and the job itself is freed by
- * its last callback if that ever runs. Called with the lock, on the
- * progress thread (where those callbacks run). */
-void prod_jobs_abandon(ecx_producer *p, conn *c)
-{
-	for (job **jp = &p->active; *jp != NULL;) {
-		job *j = *jp;
-		if (j->c != c || __atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
-			jp = &j->next;
-			continue;
-		}
-		*jp = j->next;
-		ecx_info(MOD,
-		         "pull %llu on closed connection %llu unfinished: "
-		         "given up",
-		         (unsigned long long)j->req, (unsigned long long)c->id);
-		job_uncount(p, j);
-		p->st.pulls++;
-		p->st.items_failed += j->pr.nitems;
-		j->abandoned = true;
-		job_release_parts(p, j);
-	}
-}
-
-/* The xxh64 of each item of j that has none yet (a pull from an older
- * consumer), made once and kept. Its bytes are checked against the XXH3
- * taken at put first: an item whose bytes changed since then fails with
- * ECX_ECORRUPT rather than get a hash of the changed bytes. Called from the
- * progress thread without the lock, the items pinned. */
-static void job_hash_legacy(ecx_producer *p, job *j)
-{
-	size_t n = j->pr.nitems;
-	for (size_t i = 0; i < n; i++) {
-		item *it = j->items[i];
-		if (it == NULL || it->has_xxh64)
-			continue;
-		const char *b = (const char *)p->base + it->off;
-		size_t len = (size_t)it->desc.nbytes;
-		if (ecx_hash_bytes(ECX_HASH_XXH3, b, len) != it->xxh3) {
-			ecx_warn(MOD,
-			         "%s: bytes changed since put (XXH3 differs): "
-			         "failed, not hashed",
-			         it->id);
-			j->status[i] = ECX_ECORRUPT;
-			continue;
-		}
-		j->xxh[i] = ecx_hash_bytes(ECX_HASH_XXH64, b, len);
-	}
-	pthread_mutex_lock(&p->lock);
-	for (size_t i = 0; i < n; i++) {
-		item *it = j->items[i];
-		if (it != NULL && !it->has_xxh64 && j->status[i] == 0) {
-			it->xxh64 = j->xxh[i];
-			it->has_xxh64 = true;
-		}
-	}
-	pthread_mutex_unlock(&p->lock);
-}
-
 /* Whether job j's pull is past its expiry, judged on the monotonic clock:
  * the expiry is in the wall clock this producer sent in the hello, turned
  * into monotonic time by the pair recorded then. */
@@ -311,7 +140,7 @@ static size_t job_fold(ecx_producer *p, job *j, const ecx_am_data_hdr *h)
 {
 	if (p->am_hdr_max == 0)
 		p->am_hdr_max = ecx_ucx_max_am_header(ecx_ucx_worker(p->ucx));
-	ecx_pull_resp r = job_resp(j, 0, NULL);
+	ecx_pull_resp r = prod_job_resp(j, 0, NULL);
 	char *body = ecx_pull_resp_encode(&r);
 	size_t blen = body != NULL ? strlen(body) : 0;
 	size_t len = sizeof(*h) + blen;
@@ -323,7 +152,7 @@ static size_t job_fold(ecx_producer *p, job *j, const ecx_am_data_hdr *h)
 	memcpy(j->fold_hdr, h, sizeof(*h));
 	memcpy(j->fold_hdr + sizeof(*h), body, blen);
 	free(body);
-	job_tally(j, &j->pre_served, &j->pre_failed, &j->pre_bytes);
+	prod_job_tally(j, &j->pre_served, &j->pre_failed, &j->pre_bytes);
 	pthread_mutex_lock(&p->lock);
 	p->st.pulls++;
 	p->st.items_served += j->pre_served;
@@ -406,7 +235,7 @@ static bool job_start(ecx_producer *p, job *j)
 	}
 	if (j->c == NULL || j->c->failed || closing) {
 		pthread_mutex_lock(&p->lock);
-		job_release(p, j);
+		prod_job_release(p, j);
 		pthread_mutex_unlock(&p->lock);
 		return false;
 	}
@@ -436,9 +265,9 @@ static bool job_start(ecx_producer *p, job *j)
 		pthread_mutex_lock(&p->lock);
 		p->st.pulls++;
 		pthread_mutex_unlock(&p->lock);
-		job_reply(j, rc, why);
+		prod_job_reply(j, rc, why);
 		pthread_mutex_lock(&p->lock);
-		job_release(p, j);
+		prod_job_release(p, j);
 		pthread_mutex_unlock(&p->lock);
 		return false;
 	}
@@ -468,9 +297,9 @@ static bool job_start(ecx_producer *p, job *j)
 	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
 	    (p->integrity && want != ECX_HASH_NONE && j->xxh == NULL) ||
 	    ((j->pr.data_am || j->landed) && j->sends == NULL)) {
-		job_reply(j, ECX_ENOMEM, "out of memory");
+		prod_job_reply(j, ECX_ENOMEM, "out of memory");
 		pthread_mutex_lock(&p->lock);
-		job_release(p, j);
+		prod_job_release(p, j);
 		pthread_mutex_unlock(&p->lock);
 		return false;
 	}
@@ -499,7 +328,7 @@ static bool job_start(ecx_producer *p, job *j)
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (j->xxh != NULL && j->hash_kind == ECX_HASH_XXH64)
-		job_hash_legacy(p, j);
+		prod_job_hash_legacy(p, j);
 	/* Data sent as active messages needs no remote key. */
 	for (size_t g = 0; g < j->pr.nregions && !j->pr.data_am; g++) {
 		j->rkeys[g] = prod_rkey_get(j->c, &j->pr.regions[g]);
@@ -608,7 +437,7 @@ static void job_finish(ecx_producer *p, job *j)
 	for (size_t i = 0; i < j->pr.nitems; i++)
 		if (j->status[i] == 0 && j->flush_status != 0)
 			j->status[i] = j->flush_status;
-	job_tally(j, &served, &failed, &bytes);
+	prod_job_tally(j, &served, &failed, &bytes);
 	ecx_debug(MOD, "pull %llu done: %llu served, %llu failed, flush %s",
 	          (unsigned long long)j->req, (unsigned long long)served,
 	          (unsigned long long)failed, ecx_err_name(j->flush_status));
@@ -620,17 +449,17 @@ static void job_finish(ecx_producer *p, job *j)
 	 * answer sees the producer's state after the pull (its pins may
 	 * outlive a folded reply by the send's completion). */
 	pthread_mutex_lock(&p->lock);
-	job_uncount(p, j);
+	prod_job_uncount(p, j);
 	p->st.pulls++;
 	p->st.items_served += served;
 	p->st.items_failed += failed;
 	p->st.bytes_served += bytes;
-	job_unpin(p, j);
+	prod_job_unpin(p, j);
 	pthread_mutex_unlock(&p->lock);
 	if (!answered)
-		job_reply(j, 0, NULL);
+		prod_job_reply(j, 0, NULL);
 	pthread_mutex_lock(&p->lock);
-	job_release(p, j);
+	prod_job_release(p, j);
 	pthread_mutex_unlock(&p->lock);
 }
 
@@ -746,7 +575,7 @@ void prod_serve_shutdown(ecx_producer *p)
 	while (p->queue != NULL) {
 		job *j = p->queue;
 		p->queue = j->next;
-		job_release(p, j);
+		prod_job_release(p, j);
 	}
 	while (p->active != NULL) {
 		job *j = p->active;
@@ -758,9 +587,9 @@ void prod_serve_shutdown(ecx_producer *p)
 			 * then (else it is left, a few hundred bytes, at
 			 * exit). */
 			j->abandoned = true;
-			job_release_parts(p, j);
+			prod_job_release_parts(p, j);
 		} else {
-			job_release(p, j);
+			prod_job_release(p, j);
 		}
 	}
 	while (p->conns != NULL) {
