@@ -292,6 +292,11 @@ int cons_load_hash_landed(ecx_load *l);
  * begun as its pieces landed, or all of it. Called by the thread waiting
  * for l, without the lock, once l's pulls are over. */
 uint64_t cons_item_xxh3(ecx_load *l, size_t i);
+/* With integrity on, once l's pulls are over: every item that arrived is
+ * hashed where it landed and compared with the producer's hash; an item
+ * without one fails ECX_EUNSUPPORTED, one that differs ECX_ECORRUPT. Called
+ * by the thread waiting for l, without the lock. */
+void cons_load_verify(ecx_load *l);
 /* Allocates (with integrity on) and frees l's hashing state. */
 bool cons_load_hash_init(ecx_load *l, size_t n);
 void cons_load_hash_free(ecx_load *l);

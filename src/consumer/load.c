@@ -492,40 +492,6 @@ int ecx_load_test(ecx_load *l)
 	           : ECX_EBUSY;
 }
 
-/* With integrity on: every item that arrived is hashed where it landed (or
- * was, as it landed: cons_load_hash_landed) and compared with the
- * producer's hash of its arena copy, of the kind the producer sent. */
-static void load_verify(ecx_load *l)
-{
-	for (size_t i = 0; i < l->n; i++) {
-		ecx_item *x = &l->items[i];
-		if (x->status != 0)
-			continue;
-		if (!l->has_xxh[i]) {
-			ecx_warn(MOD,
-			         "%s: producer %s sends no hash (start it with "
-			         "integrity on, ecx serve --verify-hash)",
-			         x->id, x->producer);
-			x->status = ECX_EUNSUPPORTED;
-			continue;
-		}
-		int kind = l->has_xxh[i];
-		uint64_t h = kind == ECX_HASH_XXH3
-		                 ? cons_item_xxh3(l, i)
-		                 : ecx_hash_bytes(kind, item_dst(l->c, x),
-		                                  x->desc.nbytes);
-		if (h != l->xxh[i]) {
-			ecx_warn(MOD,
-			         "%s from %s: %s %016llx, the producer's "
-			         "%016llx: bytes corrupted",
-			         x->id, x->producer, ecx_hash_name(kind),
-			         (unsigned long long)h,
-			         (unsigned long long)l->xxh[i]);
-			x->status = ECX_ECORRUPT;
-		}
-	}
-}
-
 /* Waits for l to end and frees it; returns the first item's error, with
  * the detail of a failure the load recorded (a producer's refusal) in why
  * when it was that error. */
@@ -630,7 +596,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	/* Every item's status is final now (the pulls are gone): the
 	 * integrity check needs no lock. */
 	if (l->xxh != NULL)
-		load_verify(l);
+		cons_load_verify(l);
 	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < l->n; i++) {
 		int s = l->items[i].status;

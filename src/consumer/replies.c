@@ -17,7 +17,8 @@
  * waiting for its load, which hashes it between progress calls while the
  * rest of the batch lands (cons_load_hash_landed): then, where it sits in
  * the CPU's caches, and beside the producer's copy of the next item rather
- * than after the last.
+ * than after the last; cons_load_verify compares the hashes once the pulls
+ * are over.
  */
 #include "consumer/consumer.h"
 
@@ -468,4 +469,40 @@ ucs_status_t cons_am_landed(void *arg, const void *header, size_t header_len,
 		items_landed(p, h.first, h.count);
 	pthread_mutex_unlock(&c->lock);
 	return UCS_OK;
+}
+
+/* With integrity on: every item that arrived is hashed where it landed (or
+ * was, as it landed: cons_load_hash_landed) and compared with the
+ * producer's hash of its arena copy, of the kind the producer sent. */
+void cons_load_verify(ecx_load *l)
+{
+	for (size_t i = 0; i < l->n; i++) {
+		ecx_item *x = &l->items[i];
+		if (x->status != 0)
+			continue;
+		if (!l->has_xxh[i]) {
+			ecx_warn(MOD,
+			         "%s: producer %s sends no hash (start it with "
+			         "integrity on, ecx serve --verify-hash)",
+			         x->id, x->producer);
+			x->status = ECX_EUNSUPPORTED;
+			continue;
+		}
+		int kind = l->has_xxh[i];
+		uint64_t h =
+		    kind == ECX_HASH_XXH3
+		        ? cons_item_xxh3(l, i)
+		        : ecx_hash_bytes(
+		              kind, x->desc.nbytes == 0 ? l->c->zero : x->dst,
+		              x->desc.nbytes);
+		if (h != l->xxh[i]) {
+			ecx_warn(MOD,
+			         "%s from %s: %s %016llx, the producer's "
+			         "%016llx: bytes corrupted",
+			         x->id, x->producer, ecx_hash_name(kind),
+			         (unsigned long long)h,
+			         (unsigned long long)l->xxh[i]);
+			x->status = ECX_ECORRUPT;
+		}
+	}
 }
