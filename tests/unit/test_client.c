@@ -13,6 +13,8 @@
 
 #include <ecx/ecx.h>
 
+#include "common/port.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -37,18 +39,6 @@ static pid_t redis_pid;
 static char redis_url[64];
 static char redis_dir[] = "/tmp/ecx-client-redis-XXXXXX";
 
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	socklen_t sl = sizeof(sa);
-	getsockname(fd, (struct sockaddr *)&sa, &sl);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 static ecx_client *client(const char *url, const char *token)
 {
 	ecx_client_params p = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
@@ -70,7 +60,7 @@ static int redis_start(void **state)
 	if (mkdtemp(redis_dir) == NULL)
 		return -1;
 	char port[16];
-	snprintf(port, sizeof(port), "%d", free_port());
+	snprintf(port, sizeof(port), "%d", tu_free_port());
 	char *argv[] = {"/usr/bin/redis-server",
 	                "--port",
 	                port,
@@ -249,7 +239,7 @@ static void test_down(void **state)
 {
 	(void)state;
 	char url[64];
-	snprintf(url, sizeof(url), "http://127.0.0.1:%d", free_port());
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", tu_free_port());
 	ecx_client *c = client(url, NULL);
 	uint64_t epoch = 5;
 	assert_int_equal(ecx_client_health(c, &epoch), ECX_ECONNECT);
@@ -270,7 +260,7 @@ static void test_down(void **state)
 static void test_back_after_outage(void **state)
 {
 	(void)state;
-	int port = free_port();
+	int port = tu_free_port();
 	char url[64];
 	snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
 	ecx_client *c = client(url, NULL);

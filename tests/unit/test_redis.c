@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include "common/port.h"
+
 #include "common/fixture.h"
 #include "registry/server.h"
 
@@ -24,24 +26,12 @@ static int redis_port;
 static char redis_url[64];
 static char redis_dir[] = "/tmp/ecx-redis-XXXXXX";
 
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	socklen_t sl = sizeof(sa);
-	getsockname(fd, (struct sockaddr *)&sa, &sl);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 static int redis_start(void **state)
 {
 	(void)state;
 	if (mkdtemp(redis_dir) == NULL)
 		return -1;
-	redis_port = free_port();
+	redis_port = tu_free_port();
 	char port[16];
 	snprintf(port, sizeof(port), "%d", redis_port);
 	char *argv[] = {"/usr/bin/redis-server",
@@ -172,7 +162,7 @@ static void test_down(void **state)
 {
 	(void)state;
 	char why[200], url[64];
-	snprintf(url, sizeof(url), "redis://127.0.0.1:%d", free_port());
+	snprintf(url, sizeof(url), "redis://127.0.0.1:%d", tu_free_port());
 	ecx_store *s = ecx_store_redis_create(url, 300, 0, why, 200);
 	ecx_lookup_item it = {.id = "x"};
 	uint64_t t0 = now_ms();

@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "common/port.h"
+
 #include "common/testutil.h"
 #include "dir/dir.h"
 #include "dir/regclient.h"
@@ -40,18 +42,6 @@ static uint64_t now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	socklen_t sl = sizeof(sa);
-	getsockname(fd, (struct sockaddr *)&sa, &sl);
-	close(fd);
-	return ntohs(sa.sin_port);
 }
 
 static pid_t spawn(char **argv)
@@ -203,10 +193,10 @@ static int setup(void **state)
 		return 0; /* each test skips */
 	if (mkdtemp(dir) == NULL)
 		return -1;
-	port_a = free_port();
-	port_b = free_port();
-	port_s = free_port();
-	port_dead = free_port();
+	port_a = tu_free_port();
+	port_b = tu_free_port();
+	port_s = tu_free_port();
+	port_dead = tu_free_port();
 	if ((pid_a = start_redis(port_a, 0)) < 0 ||
 	    (pid_b = start_redis(port_b, port_a)) < 0)
 		return -1;
