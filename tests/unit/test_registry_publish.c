@@ -312,9 +312,12 @@ static void test_two_holders(void **state)
 	registry r;
 	registry_start(&r, 0, NULL);
 	producer a, b;
-	publisher_start(&a, r.url, "4194304", "5");
-	publisher_start(&b, r.url, "4194304", "5");
+	/* A TTL of 30 s: a renews every 10 s, so no renewal of a lands
+	 * between b's put and the lookup to reorder them. */
+	publisher_start(&a, r.url, "4194304", "30");
+	publisher_start(&b, r.url, "4194304", "30");
 	put_ok(&a, "two");
+	usleep(5000); /* renewal times are in ms: keep them apart */
 	put_ok(&b, "two");
 	char h[ECX_HOLDERS_MAX][256];
 	assert_int_equal(holders(r.url, "two", h, NULL), 2);
@@ -326,7 +329,7 @@ static void test_two_holders(void **state)
 	assert_int_equal(holders(r.url, "two", h, NULL), 1);
 	assert_string_equal(h[0], a.zmq);
 	load_ok(r.url, "two", a.zmq);
-	publisher_start(&b, r.url, "4194304", "5");
+	publisher_start(&b, r.url, "4194304", "30");
 	put_ok(&b, "two");
 	assert_int_equal(holders(r.url, "two", h, NULL), 2);
 	producer_quit(&a);
