@@ -314,13 +314,11 @@ static bool job_start(ecx_producer *p, job *j)
 			j->status[i] = ECX_ESIZE;
 			continue;
 		}
-		if (it->pins++ == 0)
-			p->st.pinned++;
+		prod_item_pin(p, it);
 		/* Pinned by the pull now: the lease its lookup took ends. */
 		if (j->pr.items[i].lease != 0)
 			prod_lease_use(p, j->pr.items[i].lease, it);
-		prod_lru_unlink(p, it);
-		prod_lru_push(p, it);
+		prod_item_touch(p, it);
 		j->items[i] = it;
 		if (j->xxh != NULL)
 			j->xxh[i] = j->hash_kind == ECX_HASH_XXH3 ? it->xxh3
