@@ -8,7 +8,7 @@ it, and prints the files that form cycles (strongly connected components of
 more than one file). Exit status: 0 no cycle, 1 a cycle, 2 usage.
 
   scripts/file-deps.py build/tools/CMakeFiles/ecx.dir        # tools/
-  scripts/file-deps.py build/CMakeFiles/ecx_static.dir/src   # src/
+  scripts/file-deps.py build/CMakeFiles/ecx_objects.dir/src  # src/
   scripts/file-deps.py --edges DIR...   # also every edge and its symbols
 
 Each DIR is searched for *.o; objects are named by their path under DIR

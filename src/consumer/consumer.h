@@ -5,7 +5,8 @@
  *   conns.c     connections to producers (hello, endpoint), failures
  *   replies.c   what producers send back: replies, and data over TCP
  *   memory.c    the receive arena and the registration cache of the
- *               caller's memory
+ *               caller's memory (the Mooncake receiver's buffers follow
+ *               them)
  *   load.c      lookups and loads: one pull per producer, bounded waits
  *   failover.c  other holders of an item that failed
  *   mooncake.c  loads over Mooncake's TCP wire: the reference's pull op,
@@ -344,6 +345,9 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
+/* A region is made or dropped: the Mooncake receiver's buffers, when it
+ * runs, follow it. */
+void cons_mc_region(ecx_consumer *c, const region *r, bool add);
 void cons_region_drop(ecx_consumer *c, region *r);
 /* The allocation of the receive arena that holds addr, or NULL; and the
  * end of one quarantine of the allocation at offset off (given back when
@@ -382,9 +386,6 @@ bool cons_mc_done(const ecx_load *l);
 /* After l's wait: the pulls not answered time out; no byte lands in any
  * of l's ranges through the receiver once this returns. Frees l->mc. */
 void cons_mc_finish(ecx_load *l);
-/* A region is made or dropped: the receiver's metadata follows it.
- * Called with c->lock. */
-void cons_mc_region(ecx_consumer *c, const region *r, bool add);
 /* Parses the mooncake setting (NULL: ECX_MOONCAKE, else auto). */
 int cons_mc_mode(const char *s, int *mode, char *why, size_t whylen);
 /* Adds the receiver's counters to st; stops the receiver and frees what

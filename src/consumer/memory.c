@@ -1,7 +1,8 @@
 /*
  * memory.c - where loads land: the receive arena (registered once, handed
  * out by ecx_consumer_alloc) and a bounded cache of registrations of the
- * caller's own memory, invalidated by UCX's unmap events.
+ * caller's own memory, invalidated by UCX's unmap events; the Mooncake
+ * receiver's buffers (where a WRITE may land) follow these regions.
  */
 #define _GNU_SOURCE /* process_vm_readv, process_vm_writev */
 #include "consumer/consumer.h"
@@ -38,6 +39,16 @@ void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg)
 		if (l != 0 && b < e && a < b + l)
 			__atomic_store_n(&r->stale, 1, __ATOMIC_RELEASE);
 	}
+}
+
+void cons_mc_region(ecx_consumer *c, const region *r, bool add)
+{
+	if (c->mc == NULL)
+		return;
+	if (add)
+		(void)ecx_mc_recv_buffer_add(c->mc, r->base, r->len);
+	else
+		ecx_mc_recv_buffer_remove(c->mc, r->base);
 }
 
 void cons_region_drop(ecx_consumer *c, region *r)

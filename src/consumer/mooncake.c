@@ -69,16 +69,6 @@ bool cons_mc_wants(const ecx_consumer *c, const ecx_item *x)
 	       (x->epoch == ECX_EPOCH_REFERENCE && c->mc_mode != CONS_MC_OFF);
 }
 
-void cons_mc_region(ecx_consumer *c, const region *r, bool add)
-{
-	if (c->mc == NULL)
-		return;
-	if (add)
-		(void)ecx_mc_recv_buffer_add(c->mc, r->base, r->len);
-	else
-		ecx_mc_recv_buffer_remove(c->mc, r->base);
-}
-
 /* Starts the receiver and what it needs. Called with c->lock. */
 static int mc_ensure(ecx_consumer *c, char *why, size_t whylen)
 {

@@ -1,6 +1,9 @@
-/* store_redis_priv.h - what store_redis.c and store_redis_sync.c share:
- * the Redis store's state, its key names and its connection helpers.
- * Nothing outside these two files includes it. */
+/* store_redis_priv.h - what the Redis store's files share: its state, its
+ * key names and its connection helpers. store_redis.c (the ops) calls
+ * store_redis_sentinel.c and store_redis_dial.c; store_redis_sync.c calls
+ * store_redis.c and store_redis_sentinel.c; store_redis_sentinel.c calls
+ * store_redis_dial.c; each one way. Nothing outside these files includes
+ * it. */
 #ifndef ECX_DIR_STORE_REDIS_PRIV_H
 #define ECX_DIR_STORE_REDIS_PRIV_H
 
@@ -56,8 +59,9 @@ redis_store *rs_of(ecx_store *s);
  * deadline (the store's timeout), which bounds the master's discovery, the
  * connection and the commands that follow. */
 int rs_connect(redis_store *r, char *why, size_t whylen);
-/* Opens a connection to host:port within ms, with AUTH and SELECT as r
- * says: 0 and *out, or the error (ECX_EAUTH for a refused password). */
+/* store_redis_dial.c: opens a connection to host:port within ms, with
+ * AUTH and SELECT as r says: 0 and *out, or the error (ECX_EAUTH for a
+ * refused password). */
 int rs_dial(redis_store *r, const char *host, int port, int ms,
             redisContext **out, char *why, size_t whylen);
 /* Parses redis+sentinel://[:password@]HOST[:PORT][,HOST[:PORT]...]/MASTER

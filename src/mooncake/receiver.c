@@ -8,11 +8,7 @@
 
 #include <cjson/cJSON.h>
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,98 +130,6 @@ void ecx_mc_recv_stats_get(ecx_mc_recv *r, ecx_mc_recv_stats *out)
 	pthread_mutex_lock(&r->lock);
 	*out = r->st;
 	pthread_mutex_unlock(&r->lock);
-}
-
-/* ---- sockets ---- */
-
-void recv_nodelay(int fd)
-{
-	int one = 1;
-	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-/* A listening socket at host (NULL or "": every address, dual-stack). */
-static int listen_at(const char *host, uint16_t *port, char *why, size_t whylen)
-{
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
-	                         .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-	struct addrinfo *ai = NULL;
-	bool any = host == NULL || host[0] == '\0';
-	int fd = -1;
-	if (any) {
-		fd = socket(AF_INET6,
-		            SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		if (fd >= 0) {
-			int zero = 0;
-			(void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero,
-			                 sizeof(zero));
-			struct sockaddr_in6 a = {.sin6_family = AF_INET6,
-			                         .sin6_addr = in6addr_any};
-			if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-				close(fd);
-				fd = -1;
-			}
-		}
-		if (fd < 0) {
-			fd = socket(AF_INET,
-			            SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-			            0);
-			struct sockaddr_in a = {.sin_family = AF_INET};
-			if (fd >= 0 &&
-			    bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-				close(fd);
-				fd = -1;
-			}
-		}
-	} else {
-		char h[ECX_MC_NAME_MAX];
-		ecx_strlcpy(h, host, sizeof(h));
-		size_t n = strlen(h);
-		if (n > 1 && h[0] == '[' && h[n - 1] == ']') {
-			memmove(h, h + 1, n - 2);
-			h[n - 2] = '\0';
-		}
-		int e = getaddrinfo(h, "0", &hints, &ai);
-		if (e != 0)
-			return ecx_why(why, whylen, ECX_EINVAL,
-			               "mooncake receiver: bind host '%s': %s",
-			               host, gai_strerror(e));
-		fd = socket(ai->ai_family,
-		            SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-			close(fd);
-			fd = -1;
-		}
-		freeaddrinfo(ai);
-	}
-	if (fd < 0 || listen(fd, 128) != 0) {
-		int err = errno;
-		if (fd >= 0)
-			close(fd);
-		return ecx_why(why, whylen,
-		               err == EADDRINUSE ? ECX_EADDRINUSE : ECX_EIO,
-		               "mooncake receiver: cannot listen at %s: %s",
-		               any ? "every address" : host, strerror(err));
-	}
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-	getsockname(fd, (struct sockaddr *)&ss, &sl);
-	*port = ntohs(ss.ss_family == AF_INET6
-	                  ? ((struct sockaddr_in6 *)&ss)->sin6_port
-	                  : ((struct sockaddr_in *)&ss)->sin_port);
-	return fd;
-}
-
-void recv_ep_add(ecx_mc_recv *r, int fd, uint32_t ev, tag *t)
-{
-	struct epoll_event e = {.events = ev, .data.ptr = t};
-	(void)epoll_ctl(r->ep, EPOLL_CTL_ADD, fd, &e);
-}
-
-void recv_ep_mod(ecx_mc_recv *r, int fd, uint32_t ev, tag *t)
-{
-	struct epoll_event e = {.events = ev, .data.ptr = t};
-	(void)epoll_ctl(r->ep, EPOLL_CTL_MOD, fd, &e);
 }
 
 /* ---- data ---- */
@@ -512,13 +416,13 @@ int ecx_mc_recv_create(const char *bind_host, const char *adv_host,
 	pthread_cond_init(&r->cv, NULL);
 	r->ep = r->stopfd = r->hs_fd = r->data_fd = -1;
 	int rc = 0;
-	r->hs_fd = listen_at(bind_host, &r->hs_port, why, whylen);
+	r->hs_fd = recv_listen(bind_host, &r->hs_port, why, whylen);
 	if (r->hs_fd < 0) {
 		rc = r->hs_fd;
 		r->hs_fd = -1;
 		goto fail;
 	}
-	r->data_fd = listen_at(bind_host, &r->data_port, why, whylen);
+	r->data_fd = recv_listen(bind_host, &r->data_port, why, whylen);
 	if (r->data_fd < 0) {
 		rc = r->data_fd;
 		r->data_fd = -1;

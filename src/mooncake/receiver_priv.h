@@ -1,8 +1,9 @@
 /*
- * receiver_priv.h - what the receiver's two files share: its state, the
+ * receiver_priv.h - what the receiver's files share: its state, the
  * handshake connections (recv_hs.c) and the helpers of the thread's
- * sockets (receiver.c). Everything here is the receiver thread's, except
- * what ecx_mc_recv.lock guards (reservations, buffers, stats).
+ * sockets (recv_sock.c, used by receiver.c and recv_hs.c). Everything here
+ * is the receiver thread's, except what ecx_mc_recv.lock guards
+ * (reservations, buffers, stats).
  */
 #ifndef ECX_MOONCAKE_RECEIVER_PRIV_H
 #define ECX_MOONCAKE_RECEIVER_PRIV_H
@@ -92,7 +93,10 @@ struct ecx_mc_recv {
 		pthread_mutex_unlock(&(r)->lock); \
 	} while (0)
 
-/* receiver.c: epoll registrations and TCP_NODELAY. */
+/* recv_sock.c: a listening socket at host (NULL or "": every address,
+ * dual-stack), non-blocking, with its port in *port: the descriptor, or a
+ * negative ecx error with why; epoll registrations; TCP_NODELAY. */
+int recv_listen(const char *host, uint16_t *port, char *why, size_t whylen);
 void recv_ep_add(ecx_mc_recv *r, int fd, uint32_t ev, tag *t);
 void recv_ep_mod(ecx_mc_recv *r, int fd, uint32_t ev, tag *t);
 void recv_nodelay(int fd);

@@ -1,7 +1,8 @@
 /*
- * items.c - the producer's items: a hash table by id, an LRU list, pins
- * held by pulls, and put/remove with eviction. An evicted or removed id is
- * unpublished; its bytes are given back once no pull reads them.
+ * items.c - the producer's puts (reserve and commit, or one copy) and
+ * removals, with eviction from the LRU tail (the table, the list and the
+ * pins are table.c's). An evicted or removed id is unpublished; its bytes
+ * are given back once no pull reads them.
  */
 #include "producer/producer.h"
 
@@ -20,73 +21,6 @@
  * without first reading each line in and without evicting the cache's
  * working set. Smaller items are memcpy'd. */
 #define STREAM_MIN ((uint64_t)256 << 10)
-
-/* ---- items ---- */
-
-static uint64_t id_hash(const char *s)
-{
-	return ecx_hash_str(s);
-}
-
-item *prod_item_find(ecx_producer *p, const char *id)
-{
-	uint64_t h = id_hash(id);
-	for (item *it = p->buckets[h & (p->nbuckets - 1)]; it; it = it->hnext)
-		if (it->hash == h && strcmp(it->id, id) == 0)
-			return it;
-	return NULL;
-}
-
-void prod_lru_unlink(ecx_producer *p, item *it)
-{
-	if (it->lru_prev)
-		it->lru_prev->lru_next = it->lru_next;
-	else
-		p->lru_head = it->lru_next;
-	if (it->lru_next)
-		it->lru_next->lru_prev = it->lru_prev;
-	else
-		p->lru_tail = it->lru_prev;
-	it->lru_prev = it->lru_next = NULL;
-}
-
-void prod_lru_push(ecx_producer *p, item *it)
-{
-	it->lru_prev = NULL;
-	it->lru_next = p->lru_head;
-	if (p->lru_head)
-		p->lru_head->lru_prev = it;
-	p->lru_head = it;
-	if (p->lru_tail == NULL)
-		p->lru_tail = it;
-}
-
-static void item_insert(ecx_producer *p, item *it)
-{
-	it->hash = id_hash(it->id);
-	size_t b = it->hash & (p->nbuckets - 1);
-	it->hnext = p->buckets[b];
-	p->buckets[b] = it;
-	p->nitems++;
-	prod_lru_push(p, it);
-}
-
-/* Takes it out of the table and the LRU list; the caller frees or dooms. */
-void prod_item_unlink(ecx_producer *p, item *it)
-{
-	item **pp = &p->buckets[it->hash & (p->nbuckets - 1)];
-	while (*pp != it)
-		pp = &(*pp)->hnext;
-	*pp = it->hnext;
-	p->nitems--;
-	prod_lru_unlink(p, it);
-}
-
-void prod_item_free(ecx_producer *p, item *it)
-{
-	ecx_alloc_give(&p->alloc, it->off, it->desc.nbytes);
-	free(it);
-}
 
 /* ---- put, remove ---- */
 
@@ -184,10 +118,8 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 		/* Read under the lock: once it is released, old may be
 		 * evicted and freed by another thread. */
 		bool ready = old->ready;
-		if (same && ready) {
-			prod_lru_unlink(p, old);
-			prod_lru_push(p, old);
-		}
+		if (same && ready)
+			prod_item_touch(p, old);
 		pthread_mutex_unlock(&p->lock);
 		if (!same)
 			return ecx_set_error(
@@ -217,7 +149,7 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 		it->off = off;
 		it->desc = *desc;
 		ecx_strlcpy(it->id, id, sizeof(it->id));
-		item_insert(p, it); /* not ready: invisible to pulls */
+		prod_item_insert(p, it); /* not ready: invisible to pulls */
 	}
 	pthread_mutex_unlock(&p->lock);
 	/* The evicted ids leave the registry (or are queued for it) before

@@ -71,11 +71,7 @@ void prod_job_unpin(ecx_producer *p, job *j)
 		if (it == NULL)
 			continue;
 		j->items[i] = NULL;
-		if (--it->pins == 0) {
-			p->st.pinned--;
-			if (it->doomed)
-				prod_item_free(p, it);
-		}
+		prod_item_unpin(p, it);
 	}
 }
 

@@ -141,8 +141,7 @@ static int lease_take(ecx_producer *p, const char *id, uint64_t ms,
 		p->st.leased_bytes += size;
 	p->st.leases++;
 	/* Leased: the most recently wanted. */
-	prod_lru_unlink(p, it);
-	prod_lru_push(p, it);
+	prod_item_touch(p, it);
 	*num = l->num;
 	return 0;
 }

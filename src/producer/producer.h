@@ -1,8 +1,10 @@
 /*
  * producer.h - the producer role's internal header: its state and what its
- * files share. The role is one object (ecx_producer) in nine files:
+ * files share. The role is one object (ecx_producer) in these files:
  *   producer.c  lifecycle (create, destroy), stats
- *   items.c     the item table, LRU list, pins, put and remove, eviction
+ *   table.c     the item table, LRU list and pins (a leaf: calls no other
+ *               file of the role)
+ *   items.c     put and remove, eviction
  *   publish.c   publishing to the embedded or a remote registry
  *   serve.c     the pull service: jobs, puts or data sends, replies
  *   completions.c  a job's completions: flush, sends, landed notices
@@ -276,12 +278,23 @@ struct ecx_producer {
 	ecx_producer_stats st;
 };
 
-/* items.c. Called with p->lock held. */
+/* table.c: the item table, the LRU list and the pins. Called with p->lock
+ * held. */
+/* The item of id (ready or not), or NULL. */
 item *prod_item_find(ecx_producer *p, const char *id);
+/* Puts it in the table, at the head of the LRU list. */
+void prod_item_insert(ecx_producer *p, item *it);
+/* Takes it out of the table and the LRU list; the caller frees or dooms. */
 void prod_item_unlink(ecx_producer *p, item *it);
+/* Gives its bytes back to the arena and frees it (unlinked, unpinned). */
 void prod_item_free(ecx_producer *p, item *it);
-void prod_lru_unlink(ecx_producer *p, item *it);
-void prod_lru_push(ecx_producer *p, item *it);
+/* Marks it the most recently wanted (the head of the LRU list). */
+void prod_item_touch(ecx_producer *p, item *it);
+/* Pins it (a pull reads it now) and counts it pinned when it was not. */
+void prod_item_pin(ecx_producer *p, item *it);
+/* Ends one pin; at the last, it is no longer counted pinned, and freed
+ * when it was removed meanwhile (doomed). */
+void prod_item_unpin(ecx_producer *p, item *it);
 
 /* lease.c. Called with p->lock held. */
 /* Ends the leases past their expiry. */

@@ -39,12 +39,7 @@ void prod_ref_refuse(ecx_producer *p, int reason)
 static void ref_unpin(ecx_producer *p, ref_task *t, bool served)
 {
 	pthread_mutex_lock(&p->lock);
-	item *it = t->it;
-	if (--it->pins == 0) {
-		p->st.pinned--;
-		if (it->doomed)
-			prod_item_free(p, it);
-	}
+	prod_item_unpin(p, t->it);
 	p->st.pulls++;
 	if (served) {
 		p->st.items_served++;
@@ -168,10 +163,8 @@ char *prod_ref_pull(ecx_producer *p, const ecx_zreq *r)
 	         : it->desc.nbytes != r->nbytes ? ECX_ESIZE
 	                                        : 0;
 	if (rc == 0) {
-		if (it->pins++ == 0)
-			p->st.pinned++;
-		prod_lru_unlink(p, it);
-		prod_lru_push(p, it);
+		prod_item_pin(p, it);
+		prod_item_touch(p, it);
 		t->it = it;
 		t->src = (const char *)p->base + it->off;
 	}

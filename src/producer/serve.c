@@ -203,15 +203,19 @@ static ucs_status_ptr_t data_send(ecx_producer *p, job *j, size_t i, size_t k,
 	return req;
 }
 
-/* Starts job j: checks, pins, unpacks keys, posts the writes and a flush.
- * Called from the progress thread without the lock. Returns false when the
- * job was answered and released at once. */
-static bool job_start(ecx_producer *p, job *j)
+/* Releases job j, taking the lock. */
+static void job_drop(ecx_producer *p, job *j)
 {
-	char why[200];
-	int rc = ecx_pull_req_decode(j->msg, j->len, &j->pr, why, sizeof(why));
-	if (p->test_put_only)
-		j->pr.data_am = false;
+	pthread_mutex_lock(&p->lock);
+	prod_job_release(p, j);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* Job j's connection: found, counted as used by j, and given its endpoint
+ * at its first pull. False when j cannot be served on it: gone, failed
+ * (its endpoint too), or closing. */
+static bool job_connect(ecx_producer *p, job *j)
+{
 	pthread_mutex_lock(&p->lock);
 	j->c = prod_conn_find(p, j->conn_id);
 	if (j->c != NULL) {
@@ -233,44 +237,47 @@ static bool job_start(ecx_producer *p, job *j)
 			j->c->failed = true;
 		}
 	}
-	if (j->c == NULL || j->c->failed || closing) {
-		pthread_mutex_lock(&p->lock);
-		prod_job_release(p, j);
-		pthread_mutex_unlock(&p->lock);
-		return false;
+	return !(j->c == NULL || j->c->failed || closing);
+}
+
+/* Checks job j's decoded pull before a byte of it is written: its token,
+ * and its expiry (a load is final: the consumer has given up on a pull
+ * past its expiry, so not one byte of it is written; its items are counted
+ * failed). 0, or the error with why. */
+static int job_check(ecx_producer *p, job *j, char *why, size_t whylen)
+{
+	if (p->token != NULL && !ecx_ct_equal(j->pr.token, strlen(j->pr.token),
+	                                      p->token, p->token_len)) {
+		snprintf(why, whylen, "bad or missing token");
+		return ECX_EAUTH;
 	}
-	/* Data sends only where the connection closes without progress after
-	 * its endpoint's close (past ECX_UCX_SIDES_MAX workers a TCP
-	 * connection shares the producer's): elsewhere, puts. */
-	if (!prod_conn_goes_with_side(j->c))
-		j->pr.data_am = false;
-	if (rc == 0 && p->token != NULL &&
-	    !ecx_ct_equal(j->pr.token, strlen(j->pr.token), p->token,
-	                  p->token_len)) {
-		rc = ECX_EAUTH;
-		snprintf(why, sizeof(why), "bad or missing token");
-	}
-	/* A load is final: the consumer has given up on a pull past its
-	 * expiry, so not one byte of it is written. */
-	if (rc == 0 && j->pr.expires_ms != 0 && pull_expired(j)) {
-		rc = ECX_ETIMEDOUT;
-		snprintf(why, sizeof(why),
-		         "the pull expired before it started");
+	if (j->pr.expires_ms != 0 && pull_expired(j)) {
+		snprintf(why, whylen, "the pull expired before it started");
 		pthread_mutex_lock(&p->lock);
 		p->st.items_failed += j->pr.nitems;
 		pthread_mutex_unlock(&p->lock);
+		return ECX_ETIMEDOUT;
 	}
-	if (rc != 0) {
-		ecx_pull_req_free(&j->pr);
-		pthread_mutex_lock(&p->lock);
-		p->st.pulls++;
-		pthread_mutex_unlock(&p->lock);
-		prod_job_reply(j, rc, why);
-		pthread_mutex_lock(&p->lock);
-		prod_job_release(p, j);
-		pthread_mutex_unlock(&p->lock);
-		return false;
-	}
+	return 0;
+}
+
+/* Answers job j's pull, refused before it started, with err and why
+ * (counted as a pull), and releases j. */
+static void job_refuse(ecx_producer *p, job *j, int err, const char *why)
+{
+	ecx_pull_req_free(&j->pr);
+	pthread_mutex_lock(&p->lock);
+	p->st.pulls++;
+	pthread_mutex_unlock(&p->lock);
+	prod_job_reply(j, err, why);
+	job_drop(p, j);
+}
+
+/* Job j's state for its items: their pins, statuses and remote keys, the
+ * hashes its pull asks for, and whether it gets landed notices, with room
+ * for its sends (data sends or notices). False when out of memory. */
+static bool job_prepare(ecx_producer *p, job *j)
+{
 	size_t n = j->pr.nitems;
 	j->pending = 1; /* the flush, or the end of posting the sends */
 	j->items = calloc(n + 1, sizeof(*j->items));
@@ -294,17 +301,18 @@ static bool job_start(ecx_producer *p, job *j)
 		nsends += (size_t)(j->pr.items[i].nbytes / LANDED_RUN_MAX);
 	if (j->pr.data_am || j->landed)
 		j->sends = calloc(nsends, sizeof(*j->sends));
-	if (j->items == NULL || j->status == NULL || j->rkeys == NULL ||
-	    (p->integrity && want != ECX_HASH_NONE && j->xxh == NULL) ||
-	    ((j->pr.data_am || j->landed) && j->sends == NULL)) {
-		prod_job_reply(j, ECX_ENOMEM, "out of memory");
-		pthread_mutex_lock(&p->lock);
-		prod_job_release(p, j);
-		pthread_mutex_unlock(&p->lock);
-		return false;
-	}
+	return !(j->items == NULL || j->status == NULL || j->rkeys == NULL ||
+	         (p->integrity && want != ECX_HASH_NONE && j->xxh == NULL) ||
+	         ((j->pr.data_am || j->landed) && j->sends == NULL));
+}
+
+/* Resolves job j's items: each one held, ready and of the size the pull
+ * names is pinned, marked recently used and its hash taken; each other
+ * gets its status. Takes the lock. */
+static void job_pin(ecx_producer *p, job *j)
+{
 	pthread_mutex_lock(&p->lock);
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < j->pr.nitems; i++) {
 		item *it = prod_item_find(p, j->pr.items[i].id);
 		if (it == NULL || !it->ready) {
 			j->status[i] = ECX_ENOTFOUND;
@@ -314,22 +322,24 @@ static bool job_start(ecx_producer *p, job *j)
 			j->status[i] = ECX_ESIZE;
 			continue;
 		}
-		if (it->pins++ == 0)
-			p->st.pinned++;
+		prod_item_pin(p, it);
 		/* Pinned by the pull now: the lease its lookup took ends. */
 		if (j->pr.items[i].lease != 0)
 			prod_lease_use(p, j->pr.items[i].lease, it);
-		prod_lru_unlink(p, it);
-		prod_lru_push(p, it);
+		prod_item_touch(p, it);
 		j->items[i] = it;
 		if (j->xxh != NULL)
 			j->xxh[i] = j->hash_kind == ECX_HASH_XXH3 ? it->xxh3
 			                                          : it->xxh64;
 	}
 	pthread_mutex_unlock(&p->lock);
-	if (j->xxh != NULL && j->hash_kind == ECX_HASH_XXH64)
-		prod_job_hash_legacy(p, j);
-	/* Data sent as active messages needs no remote key. */
+}
+
+/* The remote key of each region of job j's pull: the connection's cached
+ * one, or j's own when every cache entry is held by pulls in flight (NULL
+ * when it cannot be unpacked). Data sent as active messages needs none. */
+static void job_rkeys(job *j)
+{
 	for (size_t g = 0; g < j->pr.nregions && !j->pr.data_am; g++) {
 		j->rkeys[g] = prod_rkey_get(j->c, &j->pr.regions[g]);
 		if (j->rkeys[g] != NULL)
@@ -343,6 +353,43 @@ static bool job_start(ecx_producer *p, job *j)
 		                       &j->own[g].h) == UCS_OK)
 			j->rkeys[g] = &j->own[g];
 	}
+}
+
+/* Puts items i..k-1 of job j (len bytes from src, neighbours in both
+ * memories) with remote key re: one put, or, with landed notices, an item
+ * larger than LANDED_RUN_MAX in pieces, each told as it lands. Returns the
+ * last put's request; completion is the flush (job_flush). */
+static ucs_status_ptr_t run_put(job *j, size_t i, size_t k, void *src,
+                                uint64_t len, rkey_ent *re)
+{
+	size_t n = j->pr.nitems;
+	ucs_status_ptr_t req = NULL;
+	prod_rkey_prefault(re, j->pr.items[i].addr, len);
+	uint64_t piece = j->landed && k == i + 1 ? LANDED_RUN_MAX : len;
+	for (uint64_t off = 0; off < len; off += piece) {
+		uint64_t m = len - off < piece ? len - off : piece;
+		ucp_request_param_t rp = {.op_attr_mask = 0};
+		req = ucp_put_nbx(j->c->ep, (char *)src + off, m,
+		                  j->pr.items[i].addr + off, re->h, &rp);
+		if (UCS_PTR_IS_ERR(req))
+			break;
+		if (req != NULL)
+			ucp_request_free(req);
+		/* (The last run's last notice would come just before the
+		 * reply: none.) */
+		if (j->landed && (k < n || off + m < len))
+			prod_landed_after(j, i, k, piece < len ? off + m : 0);
+	}
+	return req;
+}
+
+/* Posts job j's writes: each run of items that follow each other in both
+ * memories (run_continues) as one put (run_put) or data send (data_send).
+ * An item that cannot go gets its status: no remote key, the pull expired
+ * meanwhile, or its post failed. */
+static void job_post(ecx_producer *p, job *j)
+{
+	size_t n = j->pr.nitems;
 	for (size_t i = 0; i < n;) {
 		item *it = j->items[i];
 		if (it == NULL || it->desc.nbytes == 0 || j->status[i] != 0) {
@@ -374,45 +421,27 @@ static bool job_start(ecx_producer *p, job *j)
 		       run_continues(j, i, k, len))
 			len += j->items[k++]->desc.nbytes;
 		void *src = (char *)p->base + it->off;
-		ucs_status_ptr_t req;
-		if (j->pr.data_am) {
-			req = data_send(p, j, i, k, src, len);
-		} else {
-			prod_rkey_prefault(re, j->pr.items[i].addr, len);
-			/* With notices, an item larger than a run goes in
-			 * pieces, each told as it lands. */
-			uint64_t piece =
-			    j->landed && k == i + 1 ? LANDED_RUN_MAX : len;
-			for (uint64_t off = 0; off < len; off += piece) {
-				uint64_t m =
-				    len - off < piece ? len - off : piece;
-				ucp_request_param_t rp = {.op_attr_mask = 0};
-				req = ucp_put_nbx(j->c->ep, (char *)src + off,
-				                  m, j->pr.items[i].addr + off,
-				                  rk, &rp);
-				/* Completion: the flush below. */
-				if (UCS_PTR_IS_ERR(req))
-					break;
-				if (req != NULL)
-					ucp_request_free(req);
-				/* (The last run's last notice would come just
-				 * before the reply: none.) */
-				if (j->landed && (k < n || off + m < len))
-					prod_landed_after(
-					    j, i, k, piece < len ? off + m : 0);
-			}
-		}
+		ucs_status_ptr_t req = j->pr.data_am
+		                           ? data_send(p, j, i, k, src, len)
+		                           : run_put(j, i, k, src, len, re);
 		for (; i < k; i++)
 			if (UCS_PTR_IS_ERR(req))
 				j->status[i] = ecx_ucx_err(UCS_PTR_STATUS(req));
 	}
+}
+
+/* Ends the posting of job j: its deadline starts, and its flush is posted
+ * (its completion ends the puts); for data sends, whose completions are
+ * what is left, the end of posting is one of j's completions. */
+static void job_flush(ecx_producer *p, job *j)
+{
 	j->deadline_ns = ecx_now_ns() + (uint64_t)p->timeout_ms * 1000000u;
 	j->flushing = true;
 	if (j->pr.data_am) {
 		/* Posting is over: the sends' completions are what is left
 		 * (they are the consumer's receipts, not a flush's). */
 		prod_job_part_done(j, UCS_OK);
-		return true;
+		return;
 	}
 	ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
 	                                          UCP_OP_ATTR_FIELD_USER_DATA,
@@ -421,6 +450,44 @@ static bool job_start(ecx_producer *p, job *j)
 	ucs_status_ptr_t req = ucp_ep_flush_nbx(j->c->ep, &fp);
 	if (req == NULL || UCS_PTR_IS_ERR(req))
 		prod_job_part_done(j, UCS_PTR_STATUS(req));
+}
+
+/* Starts job j: its connection, the checks of its pull, its items pinned,
+ * remote keys, then its writes and a flush. Called from the progress
+ * thread without the lock. Returns false when the job was answered (or,
+ * without a connection to answer on, dropped) and released at once. */
+static bool job_start(ecx_producer *p, job *j)
+{
+	char why[200];
+	int rc = ecx_pull_req_decode(j->msg, j->len, &j->pr, why, sizeof(why));
+	if (p->test_put_only)
+		j->pr.data_am = false;
+	if (!job_connect(p, j)) {
+		job_drop(p, j);
+		return false;
+	}
+	/* Data sends only where the connection closes without progress after
+	 * its endpoint's close (past ECX_UCX_SIDES_MAX workers a TCP
+	 * connection shares the producer's): elsewhere, puts. */
+	if (!prod_conn_goes_with_side(j->c))
+		j->pr.data_am = false;
+	if (rc == 0)
+		rc = job_check(p, j, why, sizeof(why));
+	if (rc != 0) {
+		job_refuse(p, j, rc, why);
+		return false;
+	}
+	if (!job_prepare(p, j)) {
+		prod_job_reply(j, ECX_ENOMEM, "out of memory");
+		job_drop(p, j);
+		return false;
+	}
+	job_pin(p, j);
+	if (j->xxh != NULL && j->hash_kind == ECX_HASH_XXH64)
+		prod_job_hash_legacy(p, j);
+	job_rkeys(j);
+	job_post(p, j);
+	job_flush(p, j);
 	return true;
 }
 

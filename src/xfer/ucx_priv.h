@@ -1,6 +1,7 @@
-/* ucx_priv.h - what ucx.c and side.c share inside src/xfer: the context
- * and side structures, and the calls between the two files. Nothing
- * outside src/xfer includes it. */
+/* ucx_priv.h - what the files of src/xfer share: the context and side
+ * structures, and the calls between them, each used one way (ucx.c calls
+ * side.c and worker.c; side.c calls worker.c). Nothing outside src/xfer
+ * includes it. */
 #ifndef ECX_XFER_UCX_PRIV_H
 #define ECX_XFER_UCX_PRIV_H
 
@@ -57,8 +58,8 @@ struct ecx_ucx {
 };
 
 /* Makes a worker on u's context with u's active-message handlers, its
- * event descriptor and its address (ucx.c). On failure, what was made is
- * destroyed and *w is NULL. */
+ * event descriptor and its address (worker.c). On failure, what was made
+ * is destroyed and *w is NULL. */
 ucs_status_t ecx_ucx_worker_make(ecx_ucx *u, ucp_worker_h *w, int *efd,
                                  ucp_address_t **addr, size_t *len);
 /* Starts the maker thread (side.c); where shared memory may be used. */
