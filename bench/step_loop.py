@@ -288,6 +288,9 @@ def main():
                     default=int(os.environ.get("ROUNDS", "20")))
     ap.add_argument("--step-ms", type=float, default=5.0)
     ap.add_argument("--wait-ms", type=float, default=0.0)
+    ap.add_argument("--verbose", action="store_true",
+                    help="each kind's steps per request, and the time "
+                    "from an item's start to every rank holding it")
     a = ap.parse_args()
     from ecx.vllm import ECXConnector
     n = a.rounds + 2
@@ -314,6 +317,9 @@ def main():
     workers = Workers(kinds, a.tp, root)
     scheds = {k: ECXConnector(c, ECConnectorRole.SCHEDULER)
               for k, c in kinds.items()}
+    # vLLM loads its model between making its connectors and the first
+    # request: the workers' sockets have found the scheduler's by then.
+    time.sleep(0.3)
     files = FileScheduler(root)
     files.shapes = dict(items)
     scheds["file"] = files
@@ -332,9 +338,20 @@ def main():
         ids = [f"{name}-{i}" for i in range(n)]
         row = []
         for k in cols:
+            before = dict(scheds[k].stats()) if k != "file" else {}
             res = run(k, scheds[k], workers, ids, shape, a.step_ms / 1e3)[2:]
             row.append((statistics.median(s for s, _ in res),
                         statistics.median(m for _, m in res)))
+            if a.verbose:
+                line = f"  {name} {k}: steps {[s for s, _ in res]}"
+                if k != "file":
+                    st = scheds[k].stats()
+                    n = st.get("items_ready", 0) - before.get(
+                        "items_ready", 0)
+                    t = st.get("item_load_s", 0) - before.get(
+                        "item_load_s", 0)
+                    line += f", start to held {t / max(n, 1) * 1e3:.2f} ms"
+                print(line, file=sys.stderr)
         print(f"{name:>6} | " + " | ".join(f"{s:>16g} {m:>7.2f}"
                                            for s, m in row))
     workers.stop()
