@@ -292,7 +292,6 @@ def main():
                     help="each kind's steps per request, and the time "
                     "from an item's start to every rank holding it")
     a = ap.parse_args()
-    from ecx.vllm import ECXConnector
     n = a.rounds + 2
     items = [(f"{name}-{i}", shape) for name, shape in SIZES.items()
              for i in range(n)]
@@ -306,6 +305,16 @@ def main():
         line = prod.stdout.readline()
     url = "http://127.0.0.1:%d" % int(line.split()[1])
     root = tempfile.mkdtemp(prefix="ecx-step-loop-", dir="/dev/shm")
+    try:
+        measure(a, url, root, items, n)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        prod.stdin.close()
+        prod.wait(10)
+
+
+def measure(a, url, root, items, n):
+    from ecx.vllm import ECXConnector
     for h, shape in items:
         x = torch.randn(shape).to(torch.bfloat16).view(torch.uint8)
         with open(os.path.join(root, h), "wb") as f:
@@ -346,11 +355,12 @@ def main():
                 line = f"  {name} {k}: steps {[s for s, _ in res]}"
                 if k != "file":
                     st = scheds[k].stats()
-                    n = st.get("items_ready", 0) - before.get(
+                    ready = st.get("items_ready", 0) - before.get(
                         "items_ready", 0)
                     t = st.get("item_load_s", 0) - before.get(
                         "item_load_s", 0)
-                    line += f", start to held {t / max(n, 1) * 1e3:.2f} ms"
+                    line += (f", start to held "
+                             f"{t / max(ready, 1) * 1e3:.2f} ms")
                 print(line, file=sys.stderr)
         print(f"{name:>6} | " + " | ".join(f"{s:>16g} {m:>7.2f}"
                                            for s, m in row))
@@ -358,9 +368,6 @@ def main():
     for k, s in scheds.items():
         if k != "file":
             s.shutdown()
-    prod.stdin.close()
-    prod.wait(10)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
