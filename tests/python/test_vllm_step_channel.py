@@ -2,21 +2,27 @@
 core steps (test_vllm_steps.Engine: scheduler hooks, metadata pickled to
 each rank, the ranks' reports merged back), with one engine's connectors
 sharing one config as vLLM's processes do (its engine_id names the step
-channel between them): schedulable in the step after its request arrived,
-or in that step with pull_wait_ms; every rank must hold it first; a
+channel between them; in one test each rank in a process of its own):
+schedulable in the step after its request arrived, or in that step with
+pull_wait_ms; every rank must hold it first; a
 producer that dies or hangs mid-pull fails the request within its bound
 and never holds up a step."""
+import functools
+import multiprocessing
 import os
+import pickle
 import signal
 import time
 import uuid
 
 import pytest
+import torch
 
 import test_vllm_steps as steps
 from conftest import stop_process
 from test_vllm_steps import producers  # noqa: F401 - a fixture
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+from vllm.v1.outputs import ECConnectorOutput
 
 from ecx.vllm import ECXConnector
 
@@ -84,6 +90,93 @@ def test_schedulable_in_the_step_after_arrival(registry, producers):  # noqa: F8
         assert not eng.unavailable
     finally:
         steps.shutdown(eng.sched, [w for w, _ in eng.workers])
+
+
+def _rank_main(conn, cfg_blob):
+    """A worker connector in a process of its own, stepped over conn."""
+    w = ECXConnector(pickle.loads(cfg_blob), ECConnectorRole.WORKER)
+    cache = {}
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            w.shutdown()
+            conn.send("bye")
+            return
+        _, blob, need = msg
+        w.bind_connector_metadata(pickle.loads(blob))
+        w.start_load_caches(cache)
+        ok = all(h in cache and torch.equal(
+            cache[h].view(torch.uint8),
+            steps.expected(h).view(torch.uint8)) for h in need)
+        wm = w.build_connector_worker_meta()
+        w.clear_connector_metadata()
+        conn.send((pickle.dumps(wm), ok))
+        for h in need:  # the request ends with its step
+            cache.pop(h, None)
+
+
+def test_ranks_in_processes_of_their_own(registry, producers):  # noqa: F811
+    """As vLLM runs them: the scheduler here, each rank's worker connector
+    in a process of its own, the step's metadata and reports pickled
+    between them."""
+    reg = registry()
+    hashes = [steps.mm_hash(f"proc-{i}") for i in range(3)]
+    producers(reg.url, hashes)
+    cfg = steps.config(reg.url)
+    cfg.parallel_config.tensor_parallel_size = 2
+    ctx = multiprocessing.get_context("spawn")
+    ranks = []
+    for r in range(2):
+        cfg.parallel_config.rank = r
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=_rank_main, args=(b, pickle.dumps(cfg)))
+        p.start()
+        ranks.append((a, p))
+    sched = None
+    try:
+        for a, _ in ranks:
+            assert a.poll(60 * SCALE) and a.recv() == "ready"
+        cfg.parallel_config.rank = 0
+        sched = ECXConnector(cfg, ECConnectorRole.SCHEDULER)
+        time.sleep(0.3 * SCALE)
+        taken = []
+        for k, h in enumerate(hashes):
+            req = steps.Request(f"p{k}", [h])
+            for n in range(1, 9):
+                need = []
+                if sched.ensure_cache_available(req, 0):
+                    assert sched.has_cache_item(h)
+                    sched.update_state_after_alloc(req, 0)
+                    need = [h]
+                blob = pickle.dumps(sched.build_connector_meta(None))
+                for a, _ in ranks:
+                    a.send(("step", blob, need))
+                out = [a.recv() for a, _ in ranks]
+                assert all(ok for _, ok in out), "encoder cache miss"
+                sched.update_connector_output(ECConnectorOutput(
+                    ec_connector_worker_meta=functools.reduce(
+                        lambda x, y: x.aggregate(y),
+                        [pickle.loads(m) for m, _ in out])))
+                assert not sched.take_unavailable_requests()
+                if need:
+                    taken.append(n)
+                    break
+                time.sleep(GAP_S)
+            sched.update_state_after_free(req, 0)
+            sched.request_finished(req)
+        assert taken == [2] * len(hashes), taken
+    finally:
+        for a, p in ranks:
+            if p.is_alive():
+                a.send(("stop",))
+                a.poll(10)
+                p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if sched is not None:
+            sched.shutdown()
 
 
 def test_pull_wait_ms_schedules_in_the_arrival_step(registry, producers):  # noqa: F811
