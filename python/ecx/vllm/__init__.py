@@ -18,9 +18,13 @@ whose GET /ec/info/{mm_hash} is the reference's.
 On today's vLLM (a base class with ensure_cache_available) a consumer never
 blocks a step and never ends the engine: the scheduler looks a request's
 items up once (one batched call, ecx.Client), defers the request while its
-workers pull them in the background into their receive arenas, reports
-what every rank holds back through the worker metadata, and reports a
-request it cannot serve through take_unavailable_requests. start_load_caches
+workers pull them in the background into their receive arenas, and
+reports a request it cannot serve through take_unavailable_requests.
+Workers start a pull the moment the scheduler has looked it up and tell
+the scheduler the moment it has landed (the step channel: ZeroMQ between
+the processes), so an item is schedulable in the step after its request
+arrived; the step's metadata carries the same starts and reports, so a
+lost message costs steps, never items. start_load_caches
 then only hands the tensors over (zero copy on the CPU).
 
 On an older vLLM (no such hooks) it runs the synchronous flow: has_cache_item asks
@@ -28,9 +32,10 @@ the registry, start_load_caches loads the step's items in one batched call
 and raises RuntimeError naming each item that failed.
 
 The package: config (ec_connector_extra_config), metadata (what travels
-between scheduler and workers), scheduler (today's flow), scheduler_sync
-(the synchronous flow), leases (the scheduler's leases), worker (pulls,
-saves, device copies). ECXConnector picks its parts at construction and
+between scheduler and workers in the step), channel (the step channel),
+scheduler (today's flow), scheduler_sync (the synchronous flow), leases
+(the scheduler's leases), worker (saves, device copies, the synchronous
+flow's loads), pulls (the worker's background pulls). ECXConnector picks its parts at construction and
 hands each hook to one of them.
 """
 import logging
@@ -38,8 +43,9 @@ import logging
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorBase, ECConnectorMetadata, ECConnectorRole)
 
+from .channel import engine_key
 from .config import (VLLM_HAS_ASYNC_HOOKS, Config, parse_size,  # noqa: F401
-                     rank, tp_size)
+                     pp_size, rank, tp_size)
 from .metadata import (Counters, ECXConnectorMetadata,  # noqa: F401
                        ECXConnectorStats, ECXLoadSpec, ECXWorkerMetadata)
 from .scheduler import AsyncScheduler, Scheduler
@@ -79,16 +85,24 @@ class ECXConnector(ECConnectorBase):
         self._stats = Counters()
         self._rank = rank(vllm_config)
         tp = tp_size(vllm_config)
-        sched = Scheduler
+        # The step channel between this engine's scheduler and workers
+        # (today's flow): named by vLLM's engine_id and data-parallel rank.
+        key = engine_key(vllm_config)
         if role == ECConnectorRole.SCHEDULER and self.is_consumer:
-            sched = AsyncScheduler if self._cfg.async_load else SyncScheduler
-        self._scheduler = sched(self._cfg, self._stats, tp)
+            if self._cfg.async_load:
+                self._scheduler = AsyncScheduler(
+                    self._cfg, self._stats, tp, key,
+                    tp * pp_size(vllm_config))
+            else:
+                self._scheduler = SyncScheduler(self._cfg, self._stats, tp)
+        else:
+            self._scheduler = Scheduler(self._cfg, self._stats, tp)
         self._worker = NoWorker()
         if role == ECConnectorRole.WORKER:
             self._worker = Worker(vllm_config, cfg, self._cfg, self._stats,
                                   self._rank, tp, self.is_producer,
                                   self.is_consumer,
-                                  bool(self._cfg.async_load))
+                                  bool(self._cfg.async_load), key)
 
     # ---- worker side ----
 

@@ -81,7 +81,7 @@ _KEYS = {"remote_registry_url", "registry", "registry_http_port",
          "capacity_bytes", "recv_capacity_bytes", "token", "timeout_ms",
          "bind_host", "advertise_host", "transport", "mooncake_protocol",
          "load_timeout_s", "async_load", "log_interval_s", "lease_ms",
-         "lease_max_ms", "lease_share_pct"}
+         "lease_max_ms", "lease_share_pct", "pull_wait_ms"}
 
 
 class Config:
@@ -127,6 +127,13 @@ class Config:
         self.lease_max_ms = extra.get("lease_max_ms")
         self.lease_share_pct = extra.get("lease_share_pct")
         self.log_interval_s = float(extra.get("log_interval_s", 60))
+        # Today's flow: how long, in all, a step's ensure_cache_available
+        # may wait for the pulls it has just started (0: never waits; the
+        # items are then schedulable in the next step).
+        self.pull_wait_ms = float(extra.get("pull_wait_ms", 0))
+        if not 0 <= self.pull_wait_ms <= 1000:
+            raise ValueError("ECXConnector: pull_wait_ms is 0 to 1000, not "
+                             f"{self.pull_wait_ms:g}")
         mode = extra.get("async_load", "auto")
         if mode not in ("auto", True, False):
             raise ValueError("ECXConnector: async_load is \"auto\", true or "
@@ -155,6 +162,11 @@ class Config:
 def tp_size(vllm_config) -> int:
     pc = getattr(vllm_config, "parallel_config", None)
     return max(1, int(getattr(pc, "tensor_parallel_size", 1) or 1))
+
+
+def pp_size(vllm_config) -> int:
+    pc = getattr(vllm_config, "parallel_config", None)
+    return max(1, int(getattr(pc, "pipeline_parallel_size", 1) or 1))
 
 
 def model_device_type(vllm_config):

@@ -62,8 +62,9 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     loads: items to load now, synchronously (older vLLM, or async_load
     false). starts: items whose pulls workers start now, in the background.
     ready: ids every rank holds that this step needs in encoder_cache.
-    releases: ids workers drop (their receive-arena space comes back once
-    vLLM's encoder cache lets go of the tensor too)."""
+    releases: (id, attempt) pairs workers drop, that attempt and older
+    ones (their receive-arena space comes back once vLLM's encoder cache
+    lets go of the tensor too)."""
     loads: list = field(default_factory=list)
     starts: list = field(default_factory=list)
     ready: list = field(default_factory=list)

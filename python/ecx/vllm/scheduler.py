@@ -3,12 +3,14 @@ answers: a producer's, or any hook called on a worker), and
 AsyncScheduler, today's flow (a base class with ensure_cache_available):
 it looks a request's items up once, defers the request while its workers
 pull them in the background, and reports what it cannot serve through
-take_unavailable_requests."""
+take_unavailable_requests. Workers tell it the moment an item has landed
+(the step channel, channel.py) as well as in each step's report."""
 import logging
 import time
 
 import ecx
 
+from .channel import SchedulerChannel
 from .leases import Leases
 from .metadata import ECXConnectorMetadata, ECXLoadSpec, ECXWorkerMetadata
 
@@ -18,7 +20,7 @@ _STARTING, _READY, _FAILED = "starting", "ready", "failed"
 
 
 class _ItemState:
-    __slots__ = ("spec", "state", "requests", "t0", "leased")
+    __slots__ = ("spec", "state", "requests", "t0", "leased", "ranks")
 
     def __init__(self, spec, leased=None):
         self.spec = spec
@@ -28,6 +30,7 @@ class _ItemState:
         # The ecx.Item whose lease pins it at its producer until every
         # rank holds it (then released), or None.
         self.leased = leased
+        self.ranks: set = set()  # the ranks whose news say they hold it
 
 
 class _RequestState:
@@ -44,7 +47,7 @@ class Scheduler:
     """The hooks of a scheduler with nothing to look up; the base of both
     flows (their lookups)."""
 
-    def __init__(self, cfg, stats, tp=1):
+    def __init__(self, cfg, stats, tp=1, channel_key=None):
         self._cfg = cfg
         self._stats = stats
         self._tp = tp
@@ -111,12 +114,26 @@ class Scheduler:
 
 
 class AsyncScheduler(Scheduler):
-    """Today's flow, on a consumer's scheduler."""
+    """Today's flow, on a consumer's scheduler. channel_key: (engine_id,
+    data-parallel rank) naming the step channel; ranks: how many workers
+    must say they hold an item (tensor x pipeline parallel)."""
 
-    def __init__(self, cfg, stats, tp=1):
+    def __init__(self, cfg, stats, tp=1, channel_key=None, ranks=None):
         super().__init__(cfg, stats, tp)
         self._items: dict = {}   # id -> _ItemState
         self._reqs: dict = {}    # request id -> _RequestState
+        self._ranks = ranks or tp
+        self._channel = None
+        if channel_key and channel_key[0]:
+            try:
+                self._channel = SchedulerChannel(*channel_key)
+            except Exception as e:  # noqa: BLE001 - the reports remain
+                logger.warning("ECXConnector: no step channel (%s): items "
+                               "are known to have landed from the step's "
+                               "worker reports only", e)
+        self._to_send: list = []  # starts not told to the workers yet
+        self._drained = False     # the news read in this step
+        self._wait_left = cfg.pull_wait_ms / 1e3
         self._to_start: list = []
         self._to_release: list = []
         self._step_ready: list = []
@@ -144,12 +161,18 @@ class AsyncScheduler(Scheduler):
 
     def ensure_cache_available(self, request, num_computed_tokens: int
                                ) -> bool:
+        if not self._drained:
+            self._drained = True
+            self._read_news()
         rid = request.request_id
         st = self._reqs.get(rid)
         if st is None:
             st = self._admit(request, num_computed_tokens)
+            self._send_starts()
+            self._wait(st)
         elif not st.ready and any(h not in self._items for h in st.items):
             self._readmit(rid, st)
+            self._send_starts()
         if st.ready:
             return True
         for h in st.items:
@@ -203,6 +226,65 @@ class AsyncScheduler(Scheduler):
             else:
                 self._start(f).requests.add(rid)
 
+    def _send_starts(self) -> None:
+        """Tells the workers to start the pulls just looked up now, not
+        when the step's metadata reaches them (which carries them too)."""
+        if self._to_send and self._channel is not None:
+            self._channel.send_starts(self._to_send)
+        self._to_send = []
+
+    def _read_news(self, timeout_s=0.0) -> None:
+        """Applies what workers said since (waiting up to timeout_s for the
+        first news where none has come): an item is ready once every rank
+        holds it, failed once one rank failed it."""
+        if self._channel is None:
+            return
+        for rank, held, failed in self._channel.news(timeout_s):
+            for h, attempt in held:
+                it = self._items.get(h)
+                if it is not None and it.spec.attempt == attempt and \
+                        it.state == _STARTING:
+                    it.ranks.add(rank)
+                    if len(it.ranks) >= self._ranks:
+                        self._ready(it)
+            for h, attempt, why in failed:
+                self._failed(h, attempt, why)
+
+    def _wait(self, st) -> None:
+        """With pull_wait_ms, waits in this step for the items of a request
+        just admitted (at most pull_wait_ms in all in a step)."""
+        if self._channel is None or self._wait_left <= 0:
+            return
+        deadline = time.monotonic() + self._wait_left
+        while True:
+            pending = [h for h in st.items
+                       if self._items.get(h) is not None and
+                       self._items[h].state == _STARTING]
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                break
+            self._read_news(deadline - now)
+        waited = self._wait_left - max(0.0, deadline - time.monotonic())
+        self._wait_left = max(0.0, self._wait_left - waited)
+        self._stats.add("pull_wait_s", waited)
+
+    def _ready(self, it) -> None:
+        it.state = _READY
+        self._leases.end_item(it)  # every rank holds it now
+        self._stats.add("items_ready")
+        self._stats.add("item_load_s", time.monotonic() - it.t0)
+
+    def _failed(self, h, attempt, why) -> None:
+        it = self._items.get(h)
+        if it is None or it.spec.attempt != attempt or it.state == _READY:
+            return
+        it.state = _FAILED
+        self._leases.end_item(it)
+        self._stats.add("items_failed")
+        for rid in list(it.requests):
+            self._give_up(rid, f"{h}: {why}")
+        self._release(h)
+
     def _start(self, found) -> _ItemState:
         self._attempts += 1
         # The workers' pulls do not name the lease: with several ranks the
@@ -212,6 +294,7 @@ class AsyncScheduler(Scheduler):
                         found if found.lease else None)
         self._items[found.id] = it
         self._to_start.append(it.spec)
+        self._to_send.append(it.spec)
         self._stats.add("items_remote")
         self._stats.add("bytes_remote", found.nbytes)
         return it
@@ -221,7 +304,7 @@ class AsyncScheduler(Scheduler):
         it = self._items.pop(h, None)
         if it is not None:
             self._leases.end_item(it)
-            self._to_release.append(h)
+            self._to_release.append((h, it.spec.attempt))
 
     def _drop(self, rid, ids) -> None:
         for h in ids:
@@ -274,6 +357,8 @@ class AsyncScheduler(Scheduler):
         meta.starts, self._to_start = self._to_start, []
         meta.ready, self._step_ready = self._step_ready, []
         meta.releases, self._to_release = self._to_release, []
+        self._drained = False
+        self._wait_left = self._cfg.pull_wait_ms / 1e3
         self._leases.flush()
         self._stats.maybe_log(self._cfg.log_interval_s, "scheduler")
         return meta
@@ -282,26 +367,13 @@ class AsyncScheduler(Scheduler):
         wm = getattr(connector_output, "ec_connector_worker_meta", None)
         if not isinstance(wm, ECXWorkerMetadata):
             return
-        now = time.monotonic()
-        for h, attempt in wm.held:
+        for h, attempt in wm.held:  # merged: what every rank holds
             it = self._items.get(h)
             if it is not None and it.spec.attempt == attempt and \
                     it.state == _STARTING:
-                it.state = _READY
-                self._leases.end_item(it)  # every rank holds it now
-                self._stats.add("items_ready")
-                self._stats.add("item_load_s", now - it.t0)
+                self._ready(it)
         for (h, attempt), why in wm.failed.items():
-            it = self._items.get(h)
-            if it is None or it.spec.attempt != attempt or \
-                    it.state == _READY:
-                continue
-            it.state = _FAILED
-            self._leases.end_item(it)
-            self._stats.add("items_failed")
-            for rid in list(it.requests):
-                self._give_up(rid, f"{h}: {why}")
-            self._release(h)
+            self._failed(h, attempt, why)
 
 
     def request_finished(self, request):
@@ -312,4 +384,7 @@ class AsyncScheduler(Scheduler):
 
     def shutdown(self):
         self._leases.close(self._items.values())
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         super().shutdown()

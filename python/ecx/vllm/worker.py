@@ -1,12 +1,12 @@
 """The worker's side: the producer's saves (save_caches) and the
-consumer's pulls, in the background (today's flow: started from the step's
-metadata, settled each step, handed to vLLM's encoder cache once every rank
-holds them) or in the step (the synchronous flow); device copies through
-ecx.cuda."""
+consumer's pulls, in the background (today's flow, pulls.Pulls: started
+from the scheduler's start message or the step's metadata, whichever comes
+first, reported the moment they land, handed to vLLM's encoder cache once
+every rank holds them) or in the step (the synchronous flow); device
+copies through ecx.cuda."""
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
 import torch
@@ -14,8 +14,10 @@ import torch
 import ecx
 import ecx.cuda
 
+from .channel import WorkerChannel
 from .config import first_rank, model_device_type
-from .metadata import ECXConnectorMetadata, ECXWorkerMetadata
+from .metadata import ECXConnectorMetadata, ECXLoadSpec, ECXWorkerMetadata
+from .pulls import Pulls
 
 logger = logging.getLogger("ecx.vllm")
 
@@ -40,7 +42,7 @@ class Worker(NoWorker):
     """A worker's pulls, saves and device copies."""
 
     def __init__(self, vllm_config, ec_cfg, cfg, stats, rank, tp,
-                 is_producer, is_consumer, async_load):
+                 is_producer, is_consumer, async_load, channel_key=None):
         self._ec_cfg = ec_cfg
         self._cfg = cfg
         self._stats = stats
@@ -52,12 +54,9 @@ class Worker(NoWorker):
         self._lock = threading.Lock()
         self._producer: Optional[ecx.Producer] = None
         self._consumer: Optional[ecx.Consumer] = None
-        self._want: dict = {}       # id -> ECXLoadSpec, pulls started
-        self._held: dict = {}       # id -> (attempt, tensor)
-        self._inflight: list = []   # (Load or Future of a Load, specs)
-        self._connected: set = set()  # producers pulled from, no handshake
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._failed_new: dict = {}
+        self._pulls = Pulls(cfg, stats, self._ensure_consumer,
+                            self._new_tensor)
+        self._channel = None
         self._seen_meta = None
         # Device copies (ecx.cuda): the device interface, where vLLM's
         # tensors live, copies to it (consumer) and saves from it
@@ -73,6 +72,22 @@ class Worker(NoWorker):
         if is_producer and rank == 0:
             self._ensure_producer()
         self._start_device(vllm_config)
+        if is_consumer and async_load and channel_key and channel_key[0]:
+            try:
+                self._channel = WorkerChannel(
+                    channel_key[0], channel_key[1], rank,
+                    self._pulls.from_channel, ECXLoadSpec)
+                self._pulls.channel = self._channel
+            except Exception as e:  # noqa: BLE001 - the metadata remains
+                logger.warning("ECXConnector worker rank %d: no step "
+                               "channel (%s): pulls start from the step's "
+                               "metadata and are reported in its worker "
+                               "metadata", rank, e)
+
+    @property
+    def _held(self) -> dict:
+        """id -> (attempt, tensor): what this rank holds."""
+        return self._pulls.held
 
     def _ensure_producer(self) -> ecx.Producer:
         with self._lock:
@@ -232,104 +247,7 @@ class Worker(NoWorker):
                 meta, ECXConnectorMetadata):
             return
         self._seen_meta = meta
-        # A copy still reading a released tensor keeps it (ToDevice).
-        for h in meta.releases:
-            self._held.pop(h, None)
-            self._want.pop(h, None)
-        if not meta.starts:
-            return
-        cons = self._ensure_consumer()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=4,
-                                            thread_name_prefix="ecx-pull")
-        # One pull per producer. The first pull from a producer waits for
-        # its handshake (up to timeout_ms where it is gone), which must not
-        # hold up the step or the other producers: it starts from a thread
-        # of the pool. Pulls from producers already connected start here
-        # and return at once; they are polled, never waited for.
-        groups: dict = {}
-        for s in meta.starts:
-            self._want[s.mm_hash] = s
-            groups.setdefault(s.producer_zmq, []).append(s)
-        for producer, specs in groups.items():
-            pairs = [(s.item(), self._new_tensor(cons, s)) for s in specs]
-            self._stats.add("pulls_started")
-            if producer in self._connected:
-                try:
-                    self._inflight.append((cons.load_start(pairs), specs))
-                except (ecx.EcxError, ValueError) as e:
-                    self._inflight.append((_failed_future(e), specs))
-            else:
-                self._inflight.append(
-                    (self._pool.submit(_pull, cons, pairs), specs))
-
-    def _fail(self, spec, why):
-        if self._want.get(spec.mm_hash) is spec:
-            del self._want[spec.mm_hash]
-        self._failed_new[(spec.mm_hash, spec.attempt)] = str(why)
-        self._stats.add("items_failed")
-
-    def _settle(self, pull, specs) -> None:
-        try:
-            load = pull if isinstance(pull, ecx.Load) else pull.result()
-        except Exception as e:  # noqa: BLE001 - reported, never raised
-            self._connected.discard(specs[0].producer_zmq)
-            for s in specs:
-                if self._want.get(s.mm_hash) is s:
-                    self._fail(s, f"could not start the pull: {e}")
-            logger.warning("ECXConnector: pull of %d items from %s could "
-                           "not start: %s", len(specs),
-                           specs[0].producer_zmq, e)
-            return
-        for s, t, e in zip(specs, load.tensors, load.errors):
-            if self._want.get(s.mm_hash) is not s:
-                continue  # released, or pulled again, meanwhile
-            if e is None:
-                self._connected.add(s.producer_zmq)
-                del self._want[s.mm_hash]
-                self._held[s.mm_hash] = (s.attempt, t)
-                self._stats.add("items_loaded")
-                self._stats.add("bytes_loaded", s.nbytes)
-            else:
-                if e.name not in ("ENOTFOUND", "ESIZE"):
-                    # Its connection is suspect: the next pull from it
-                    # starts from the pool again.
-                    self._connected.discard(s.producer_zmq)
-                self._fail(s, e)
-                logger.warning("ECXConnector: pull of %s from %s failed: "
-                               "%s", s.mm_hash, s.producer_zmq, e)
-
-    def _poll(self) -> None:
-        """Settles the pulls that have ended. It waits for no pull, but a
-        load whose producer is gone tries the item's other holders as it
-        is settled (bounded by the load's deadline): that happens here,
-        in the step. Moving it off the step is left to do."""
-        still = []
-        for pull, specs in self._inflight:
-            if pull.test() if isinstance(pull, ecx.Load) else pull.done():
-                self._settle(pull, specs)
-            else:
-                still.append((pull, specs))
-        self._inflight = still
-
-    def _wait_for(self, h) -> None:
-        """Waits for the pull that brings h (bounded: a handshake and a
-        load, each within timeout_ms)."""
-        for k, (pull, specs) in enumerate(self._inflight):
-            if any(s.mm_hash == h for s in specs):
-                if isinstance(pull, ecx.Load):
-                    pull.wait()
-                else:
-                    try:
-                        pull.result(
-                            timeout=2 * self._cfg.timeout_ms / 1000 + 1)
-                    except Exception:  # noqa: BLE001 - settled below
-                        pass
-                    if not pull.done():
-                        return
-                self._settle(pull, specs)
-                del self._inflight[k]
-                return
+        self._pulls.from_metadata(meta)
 
     def start_load_caches(self, get_metadata, encoder_cache: dict,
                           **kwargs: Any) -> None:
@@ -345,18 +263,19 @@ class Worker(NoWorker):
         self._process_metadata(metadata)
         if metadata.loads:
             self._load_now(encoder_cache, metadata.loads)
-        self._poll()
+        self._pulls.poll()
 
     def _hand_over(self, encoder_cache: dict, ready: list) -> None:
         t0 = time.perf_counter()
         device = self._device()
-        self._poll()
+        self._pulls.poll()
         for h in ready:
             if h in encoder_cache:
                 continue
             held = self._held.get(h)
-            if held is None and h in self._want:
-                self._wait_for(h)  # the scheduler says every rank holds it
+            if held is None and h in self._pulls.want:
+                # The scheduler says every rank holds it.
+                self._pulls.wait_for(h)
                 held = self._held.get(h)
             if held is None:
                 # Cannot happen while ranks report truthfully; vLLM then
@@ -415,25 +334,19 @@ class Worker(NoWorker):
             return None
         if metadata is not None:
             self._process_metadata(metadata)
-        self._poll()
         self._poll_copies()
-        failed, self._failed_new = self._failed_new, {}
+        held, failed = self._pulls.report()
         self._stats.maybe_log(self._cfg.log_interval_s,
                               f"worker rank {self._rank}")
         # Always an object, so a rank holding nothing is not skipped
         # when ranks are merged.
-        return ECXWorkerMetadata(
-            held={(h, a) for h, (a, _) in self._held.items()},
-            failed=failed)
+        return ECXWorkerMetadata(held=held, failed=failed)
 
     def shutdown(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)  # pulls end within timeouts
-            self._pool = None
-        for pull, _ in self._inflight:
-            if isinstance(pull, ecx.Load):
-                pull.wait()
-        self._inflight = []
+        if self._channel is not None:
+            self._channel.close()  # no start comes in after this
+            self._channel = None
+        self._pulls.shutdown()
         # Device copies end before the arenas are unpinned and unmapped:
         # the receive arena's copies to the GPU, the producer's saves
         # (committed, or left reserved after their bound).
@@ -445,26 +358,11 @@ class Worker(NoWorker):
                 logger.warning("ECXConnector: %d saves still copying at "
                                "shutdown were dropped", left)
             self._saves = None
-        self._held.clear()
         with self._lock:
             for h in (self._producer, self._consumer):
                 if h is not None:
                     h.close()
             self._producer = self._consumer = None
-
-
-def _failed_future(e):
-    f = Future()
-    f.set_exception(e)
-    return f
-
-
-def _pull(cons, pairs):
-    """Starts a load and waits for its end (in a pool thread; ctypes lets
-    the GIL go while libecx waits)."""
-    load = cons.load_start(pairs)
-    load.wait()
-    return load
 
 
 def _device_api():

@@ -1,4 +1,5 @@
 """Stand-in for vllm.config: ECTransferConfig and a VllmConfig holder."""
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -17,6 +18,12 @@ class ECTransferConfig:
     ec_connector_extra_config: dict = field(default_factory=dict)
     ec_connector_module_path: Optional[str] = None
 
+    def __post_init__(self):
+        # As vLLM's: a fresh id per config; the engine's processes share
+        # one config, and so one id.
+        if self.engine_id is None:
+            self.engine_id = str(uuid.uuid4())
+
     @property
     def is_ec_producer(self) -> bool:
         return self.ec_role in ("ec_producer", "ec_both")
@@ -33,6 +40,7 @@ class ECTransferConfig:
 class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    data_parallel_rank: int = 0
     rank: int = 0
 
 

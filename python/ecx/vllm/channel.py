@@ -1,0 +1,215 @@
+"""The step channel between a consumer's scheduler connector and its
+worker connectors, which vLLM runs in different processes: ZeroMQ over
+ipc:// sockets in a directory only this user can enter, named from vLLM's
+engine_id and the data-parallel rank (vLLM hands its workers the
+scheduler's config, so both sides derive the same names).
+
+- starts, scheduler PUB -> every worker's SUB: the pulls to start, sent the
+  moment ensure_cache_available has looked the items up, so every rank
+  starts them without waiting for the step's metadata;
+- news, every worker's PUSH -> scheduler PULL: (rank, held, failed), sent
+  the moment a pull ends, so the scheduler learns an item landed without
+  waiting for the step's report.
+
+Both are a fast path beside the step's metadata, which still carries every
+start and every report: a message lost (a worker not subscribed yet, a
+worker on another host, where ipc:// does not reach, a full queue) costs a
+step or two, never an item. Messages are JSON, never pickles: a peer that
+can connect can at most make a worker pull an item or the scheduler count
+an item landed early, and the directory's mode keeps other users out."""
+import hashlib
+import json
+import logging
+import os
+import stat
+import tempfile
+import threading
+
+import zmq
+
+logger = logging.getLogger("ecx.vllm")
+
+_HWM = 100000
+_FIELDS = ("mm_hash", "nbytes", "shape", "dtype", "producer_zmq", "epoch",
+           "attempt")
+
+
+def _directory():
+    d = os.environ.get("ECX_VLLM_IPC_DIR") or os.path.join(
+        tempfile.gettempdir(), f"ecx-vllm-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or \
+            st.st_mode & 0o077:
+        raise OSError(f"{d} is not a directory of this user's alone "
+                      f"(mode 0700)")
+    return d
+
+
+def endpoints(engine_id, dp_rank):
+    """(starts, news) ipc:// endpoints of one engine's data-parallel rank,
+    or None where there is no engine_id to name them by."""
+    if not engine_id:
+        return None
+    key = hashlib.sha256(f"{engine_id}/{dp_rank}".encode()).hexdigest()[:24]
+    d = _directory()
+    return (f"ipc://{d}/{key}.go", f"ipc://{d}/{key}.ev")
+
+
+def engine_key(vllm_config):
+    """(engine_id, data-parallel rank) of vllm_config."""
+    ec = vllm_config.ec_transfer_config
+    pc = getattr(vllm_config, "parallel_config", None)
+    return (getattr(ec, "engine_id", None),
+            int(getattr(pc, "data_parallel_rank", 0) or 0))
+
+
+def spec_to_wire(s):
+    d = {f: getattr(s, f) for f in _FIELDS}
+    d["shape"] = list(d["shape"])
+    return d
+
+
+def spec_from_wire(d, cls):
+    return cls(mm_hash=str(d["mm_hash"]), num_token=0,
+               nbytes=int(d["nbytes"]),
+               shape=tuple(int(x) for x in d["shape"]),
+               dtype=str(d["dtype"]), producer_zmq=str(d["producer_zmq"]),
+               epoch=int(d["epoch"]), attempt=int(d["attempt"]))
+
+
+class SchedulerChannel:
+    """The scheduler's end: binds both sockets (a stale socket file of an
+    earlier run is replaced)."""
+
+    def __init__(self, engine_id, dp_rank):
+        eps = endpoints(engine_id, dp_rank)
+        if eps is None:
+            raise ValueError("no engine_id")
+        self._ctx = zmq.Context()
+        try:
+            self._pub = self._ctx.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.setsockopt(zmq.SNDHWM, _HWM)
+            self._pub.bind(eps[0])
+            self._pull = self._ctx.socket(zmq.PULL)
+            self._pull.setsockopt(zmq.LINGER, 0)
+            self._pull.setsockopt(zmq.RCVHWM, _HWM)
+            self._pull.bind(eps[1])
+        except zmq.ZMQError:
+            self._ctx.destroy(linger=0)
+            raise
+        self._paths = [e[len("ipc://"):] for e in eps]
+
+    def send_starts(self, specs) -> None:
+        """Tells every worker to start these pulls now (never blocks)."""
+        try:
+            self._pub.send(json.dumps(
+                {"starts": [spec_to_wire(s) for s in specs]}).encode(),
+                zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            logger.debug("ECXConnector: starts not sent: %s", e)
+
+    def news(self, timeout_s=0.0):
+        """The workers' news received so far, as (rank, held, failed)
+        triples: held a list of (id, attempt), failed of (id, attempt,
+        why). With timeout_s, waits that long for the first if none has
+        come."""
+        out = []
+        if timeout_s > 0 and not self._pull.poll(int(timeout_s * 1e3) or 1):
+            return out
+        while True:
+            try:
+                raw = self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                m = json.loads(raw)
+                out.append((int(m["rank"]),
+                            [(str(h), int(a)) for h, a in m["held"]],
+                            [(str(h), int(a), str(w))
+                             for h, a, w in m["failed"]]))
+            except (ValueError, KeyError, TypeError) as e:
+                logger.warning("ECXConnector: dropping malformed worker "
+                               "news: %s", e)
+
+    def close(self) -> None:
+        self._ctx.destroy(linger=0)
+        for p in self._paths:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+class WorkerChannel:
+    """A worker's end: connects both sockets and hands each start message
+    to on_starts from a thread of its own."""
+
+    def __init__(self, engine_id, dp_rank, rank, on_starts, spec_cls):
+        eps = endpoints(engine_id, dp_rank)
+        if eps is None:
+            raise ValueError("no engine_id")
+        self._rank = rank
+        self._on_starts = on_starts
+        self._spec_cls = spec_cls
+        self._ctx = zmq.Context()
+        # vLLM makes its workers before its scheduler: they connect first
+        # and retry every 20 ms (ZeroMQ's default is 100) until it binds.
+        self._ctx.setsockopt(zmq.RECONNECT_IVL, 20)
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, _HWM)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.connect(eps[0])
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.setsockopt(zmq.SNDHWM, _HWM)
+        self._push.connect(eps[1])
+        self._send_lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="ecx-starts")
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop:
+            try:
+                if not self._sub.poll(100):
+                    continue
+                raw = self._sub.recv(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                if self._stop:
+                    return
+                continue
+            try:
+                specs = [spec_from_wire(d, self._spec_cls)
+                         for d in json.loads(raw)["starts"]]
+            except (ValueError, KeyError, TypeError) as e:
+                logger.warning("ECXConnector: dropping a malformed start "
+                               "message: %s", e)
+                continue
+            try:
+                self._on_starts(specs)
+            except Exception:  # noqa: BLE001 - the metadata starts them
+                logger.exception("ECXConnector: starting pulls failed")
+
+    def send_news(self, held, failed) -> None:
+        """Tells the scheduler what this rank now holds ((id, attempt)
+        pairs) and what failed ({(id, attempt): why}); never blocks."""
+        if not held and not failed:
+            return
+        msg = json.dumps({"rank": self._rank,
+                          "held": [list(p) for p in held],
+                          "failed": [[h, a, str(w)] for (h, a), w in
+                                     failed.items()]}).encode()
+        with self._send_lock:
+            try:
+                self._push.send(msg, zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                logger.debug("ECXConnector: news not sent: %s", e)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(2)
+        self._ctx.destroy(linger=0)
