@@ -602,6 +602,37 @@ ECX_API void ecx_consumer_free(ecx_consumer *c, void *ptr);
  * until ecx_consumer_destroy. */
 ECX_API void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity);
 
+/* Push windows: writes over Mooncake's TCP wire into this consumer's
+ * receive arena, as upstream vLLM's push mode has an encoder make them
+ * (the reservation protocol is the caller's: python/ecx/vllm/push/).
+ *
+ * ecx_consumer_mooncake_session starts the Mooncake receiver if it is not
+ * running and sets *session to its name ("host:port", the dst_session
+ * writers are given), valid until ecx_consumer_destroy. ECX_EUNSUPPORTED
+ * when the consumer has the Mooncake wire off; the receiver's error when
+ * it cannot start.
+ *
+ * ecx_consumer_push_open lets writes land in [dst, dst + nbytes), which
+ * must lie inside one allocation of ecx_consumer_alloc, for timeout_ms
+ * from now; nothing else of the arena takes a write. *id names the window
+ * (never 0). ECX_EINVAL for a range outside one allocation,
+ * ECX_EUNSUPPORTED with the Mooncake wire off.
+ * ecx_consumer_push_renew moves an open window's deadline to timeout_ms
+ * from now (ECX_ENOTFOUND: not open).
+ * ecx_consumer_push_close ends the window: once it returns, no byte lands
+ * in the range through it (a write under way is cut off and refused);
+ * *landed (may be NULL) is the bytes of the writes that landed whole.
+ * Close the window before freeing its memory. */
+ECX_API int ecx_consumer_mooncake_session(ecx_consumer *c,
+                                           const char **session);
+ECX_API int ecx_consumer_push_open(ecx_consumer *c, const void *dst,
+                                   uint64_t nbytes, uint64_t timeout_ms,
+                                   uint64_t *id);
+ECX_API int ecx_consumer_push_renew(ecx_consumer *c, uint64_t id,
+                                    uint64_t timeout_ms);
+ECX_API int ecx_consumer_push_close(ecx_consumer *c, uint64_t id,
+                                    uint64_t *landed);
+
 typedef struct ecx_consumer_stats {
 	uint64_t lookups;       /* ids looked up */
 	uint64_t loads;         /* items asked for */

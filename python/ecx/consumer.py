@@ -12,6 +12,11 @@ from .errors import EFORK, check_fork, closed, error, strerror
 from .item import Found, check_items, fill
 
 
+def _ms(seconds):
+    """Whole milliseconds, rounded up, never below 0."""
+    return max(0, int(-(-float(seconds) * 1000 // 1)))
+
+
 class Consumer:
     """Looks items up and loads them (ecx_consumer).
 
@@ -256,6 +261,49 @@ class Consumer:
         cap = ctypes.c_uint64()
         base = C.ecx_consumer_arena(self._handle(), ctypes.byref(cap))
         return base, cap.value
+
+    def alloc(self, nbytes):
+        """The address of nbytes of the receive arena, or None when it has
+        no room; give it back with free."""
+        return C.ecx_consumer_alloc(self._handle(), max(int(nbytes), 1))
+
+    def free(self, ptr):
+        C.ecx_consumer_free(self._handle(), ptr)
+
+    def mooncake_session(self):
+        """The session ("host:port") of this consumer's Mooncake receiver,
+        which it starts if it is not running (the dst_session a pusher
+        writes to)."""
+        s = ctypes.c_char_p()
+        rc = C.ecx_consumer_mooncake_session(self._handle(), ctypes.byref(s))
+        if rc != 0:
+            raise error(rc)
+        return s.value.decode()
+
+    def push_open(self, ptr, nbytes, timeout_s):
+        """Lets writes over Mooncake's wire land in [ptr, ptr + nbytes)
+        (inside one alloc) for timeout_s; returns the window's id."""
+        wid = ctypes.c_uint64()
+        rc = C.ecx_consumer_push_open(self._handle(), ptr, int(nbytes),
+                                      _ms(timeout_s), ctypes.byref(wid))
+        if rc != 0:
+            raise error(rc)
+        return wid.value
+
+    def push_renew(self, wid, timeout_s):
+        """Moves window wid's deadline to timeout_s from now."""
+        rc = C.ecx_consumer_push_renew(self._handle(), wid, _ms(timeout_s))
+        if rc != 0:
+            raise error(rc)
+
+    def push_close(self, wid):
+        """Ends window wid: nothing lands through it after this returns.
+        Returns the bytes of the writes that landed whole."""
+        n = ctypes.c_uint64()
+        rc = C.ecx_consumer_push_close(self._handle(), wid, ctypes.byref(n))
+        if rc != 0:
+            raise error(rc)
+        return n.value
 
     def pin_for_cuda(self, required=False):
         """Page-locks the receive arena for CUDA (cuMemHostRegister,

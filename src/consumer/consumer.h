@@ -386,6 +386,9 @@ bool cons_mc_done(const ecx_load *l);
 /* After l's wait: the pulls not answered time out; no byte lands in any
  * of l's ranges through the receiver once this returns. Frees l->mc. */
 void cons_mc_finish(ecx_load *l);
+/* Starts the receiver (and advertises the memory it may take) if it is not
+ * running. Called with c->lock. */
+int cons_mc_ensure(ecx_consumer *c, char *why, size_t whylen);
 /* Parses the mooncake setting (NULL: ECX_MOONCAKE, else auto). */
 int cons_mc_mode(const char *s, int *mode, char *why, size_t whylen);
 /* Adds the receiver's counters to st; stops the receiver and frees what

@@ -70,7 +70,7 @@ bool cons_mc_wants(const ecx_consumer *c, const ecx_item *x)
 }
 
 /* Starts the receiver and what it needs. Called with c->lock. */
-static int mc_ensure(ecx_consumer *c, char *why, size_t whylen)
+int cons_mc_ensure(ecx_consumer *c, char *why, size_t whylen)
 {
 	if (c->mc != NULL)
 		return 0;
@@ -196,7 +196,7 @@ void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n)
 	char why[256];
 	pthread_mutex_lock(&c->lock);
 	zombies_poll(c, false);
-	int rc = mc_ensure(c, why, sizeof(why));
+	int rc = cons_mc_ensure(c, why, sizeof(why));
 	char session[ECX_ADDR_MAX] = "";
 	if (rc == 0)
 		ecx_strlcpy(session, ecx_mc_recv_session(c->mc),

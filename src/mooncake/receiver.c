@@ -97,6 +97,17 @@ uint64_t ecx_mc_recv_reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
 	return id;
 }
 
+bool ecx_mc_recv_extend(ecx_mc_recv *r, uint64_t id, uint64_t expiry_ns)
+{
+	pthread_mutex_lock(&r->lock);
+	res *x = res_find(r, id);
+	bool found = x != NULL && !x->dead;
+	if (found)
+		x->expiry_ns = expiry_ns;
+	pthread_mutex_unlock(&r->lock);
+	return found;
+}
+
 uint64_t ecx_mc_recv_landed(ecx_mc_recv *r, uint64_t id)
 {
 	pthread_mutex_lock(&r->lock);

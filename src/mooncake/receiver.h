@@ -98,6 +98,10 @@ void ecx_mc_recv_buffer_remove(ecx_mc_recv *r, uint64_t addr);
 uint64_t ecx_mc_recv_reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
                              uint64_t expiry_ns);
 
+/* ecx_mc_recv_extend moves reservation id's expiry to expiry_ns (later or
+ * earlier). Returns false for an unknown id. */
+bool ecx_mc_recv_extend(ecx_mc_recv *r, uint64_t id, uint64_t expiry_ns);
+
 /* ecx_mc_recv_landed returns the bytes of the WRITEs into reservation id
  * that were accepted and landed whole, so far (never blocks). */
 uint64_t ecx_mc_recv_landed(ecx_mc_recv *r, uint64_t id);

@@ -4,6 +4,8 @@ events it sends the consumer's scheduler.
 
   pool   ReceivePool (what a shard needs of its receive memory and of the
          data plane) and BufferPool (one over memory of this process)
+  arena  ArenaPool: one in an ecx Consumer's receive arena, written over
+         Mooncake's TCP wire through the C receiver's windows
   wire   envelopes, dtype names, the checks on every request field
   table  ReservationTable: reservations, their states, TTLs, tombstones,
          followers and resident copies
@@ -15,6 +17,7 @@ Nothing here imports vLLM or torch; the connector wires it in.
 exists and what is not wired yet; ../../../../docs/protocol.md ("Push
 mode") is the contract.
 """
+from .arena import ArenaPool
 from .pool import ALIGN, BufferPool, ReceivePool
 from .shard import ControlShard, shard_port
 from .table import (CANCEL_PENDING, CANCELLED, EXPIRE_PENDING, EXPIRED,
@@ -22,7 +25,7 @@ from .table import (CANCEL_PENDING, CANCELLED, EXPIRE_PENDING, EXPIRED,
                     ReservationTable)
 from .wire import DTYPE_SIZES, TOKEN_FIELD, BadRequest
 
-__all__ = ["ALIGN", "BufferPool", "ReceivePool", "ControlShard",
+__all__ = ["ALIGN", "ArenaPool", "BufferPool", "ReceivePool", "ControlShard",
            "shard_port", "Reservation", "ReservationTable", "Refused",
            "BadRequest", "TTL_S", "TOKEN_FIELD", "DTYPE_SIZES", "WRITING",
            "READY", "CANCEL_PENDING", "EXPIRE_PENDING", "CANCELLED",

@@ -1,0 +1,199 @@
+"""Push mode with bytes on Mooncake's TCP wire: control shards over
+ArenaPools (each in an ecx Consumer's receive arena, behind the C
+receiver's windows), upstream's encoder side (tests/interop/
+upstream_encoder.py, written from PUSH.md) writing with a Mooncake-wire
+writer written from Mooncake's source (tests/interop/mcwire.py), neither
+of which imports ecx. Bytes are checked in the arena; writes outside an
+open window are refused on the wire and change nothing."""
+import random
+import time
+
+import pytest
+
+import ecx
+from pushkit import start_shards
+from ecx.vllm.push import ArenaPool, ControlShard
+from upstream_encoder import EventSubscriber, Item, UpstreamEncoder
+import mcwire
+from ref_producer import Writer
+
+ARENA = 8 << 20
+
+
+def payload(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+def item(k, tokens, hidden=512, prefix="mc"):
+    return Item(f"{prefix}{k}".ljust(32, "0"), f"{prefix}mm{k}".ljust(64, "x"),
+                payload(k, tokens * hidden * 2), [tokens, hidden], "bfloat16")
+
+
+def mc_writer():
+    """writer(dst_session, dst_ptr, data) over Mooncake's wire: the P2P
+    handshake once per session, then one acknowledged WRITE each."""
+    w = Writer(lambda: mcwire.encode_segment("127.0.0.1:1", 1, []), 5.0)
+
+    def write(session, ptr, data):
+        ret, why = w.write(session, data, ptr)
+        if ret != 0:
+            raise OSError(why)
+    return write
+
+
+class Prefill:
+    """tp shards, each over the arena of its own ecx Consumer (as each rank
+    of a prefill instance has its own)."""
+
+    def __init__(self, registry_url, tp=1, ttl=300.0, clock=time.monotonic):
+        self.consumers = [ecx.Consumer(registry_url, recv_capacity=ARENA)
+                          for _ in range(tp)]
+        self.pools = [ArenaPool(c, clock=clock) for c in self.consumers]
+        for _ in range(50):
+            port = random.randint(20000, 60000 - tp)
+            self.shards = []
+            try:
+                for r, pool in enumerate(self.pools):
+                    self.shards.append(ControlShard(
+                        pool, ec_port=port, tp_size=tp, tp_rank=r,
+                        clock=clock, ttl=ttl).start())
+                break
+            except RuntimeError:
+                for s in self.shards:
+                    s.stop(0)
+        self.base = self.shards[0].endpoint
+
+    def bytes_of(self, it):
+        out = []
+        for s in self.shards:
+            addr, nbytes, _, _ = s.take(it.transfer_id, it.mm_hash)
+            out.append(s.pool.read(addr, nbytes))
+        return out
+
+    def close(self):
+        for s in self.shards:
+            s.stop(0)
+        for c in self.consumers:
+            c.close()
+
+
+@pytest.fixture
+def prefill(registry):
+    made = []
+    url = registry().url
+
+    def make(**kw):
+        p = Prefill(url, **kw)
+        made.append(p)
+        return p
+    yield make
+    for p in made:
+        p.close()
+
+
+@pytest.fixture
+def encoder():
+    made = []
+
+    def make(**kw):
+        e = UpstreamEncoder(control_timeout_s=5, writer=mc_writer(), **kw)
+        made.append(e)
+        return e
+    yield make
+    for e in made:
+        e.close()
+
+
+def test_upstream_encoder_pushes_into_two_ranks(prefill, encoder):
+    p = prefill(tp=2)
+    enc = encoder()
+    sub = EventSubscriber(enc.shards(p.base))
+    batch = [item(0, 4), item(1, 1024), item(2, 3584)]  # 4 KiB .. 3.5 MiB
+    single = [item(3, 128)]
+    assert enc.push(p.base, batch) == []
+    assert enc.push(p.base, single) == []
+    ids = [i.transfer_id for i in batch + single]
+    assert sub.wait_ready(ids)
+    for pool in p.pools:  # every byte came whole through a window
+        assert sorted(pool.landed.values()) == sorted(
+            len(i.data) for i in batch + single)
+        assert not any(pool.is_open(r) for r in pool.landed)
+    for it in batch + single:
+        assert p.bytes_of(it) == [it.data, it.data]
+    sub.close()
+
+
+def session_of(p):
+    """The data port's host and the segment descriptor of rank 0."""
+    seg = mcwire.fetch_segment(p.pools[0].session,
+                               mcwire.encode_segment("127.0.0.1:1", 1, []),
+                               5.0)
+    return mcwire.parse_session(seg["name"])[0], seg
+
+
+def test_writes_outside_open_windows_are_refused(prefill, encoder):
+    p = prefill()
+    enc = encoder()
+    it = item(0, 64)
+    assert enc.push(p.base, [it]) == []
+    r = it.shards[p.base]
+    host, seg = session_of(p)
+    # The segment advertises the arena, as Mooncake's does its buffers.
+    assert any(a <= r["dst_ptr"] < a + n for a, n in seg["buffers"])
+    port, ver = seg["tcp_data_port"], seg["tcp_proto_version"]
+    # Closed at complete: the same range takes no more bytes.
+    why = mcwire.write(host, port, ver, b"\xff" * 256, r["dst_ptr"], 5.0)
+    assert why is not None and "rejected" in why
+    # Memory of the arena that no reservation holds.
+    spare = p.consumers[0].alloc(4096)
+    before = p.pools[0].read(spare, 4096)
+    why = mcwire.write(host, port, ver, b"\xee" * 4096, spare, 5.0)
+    assert why is not None and "rejected" in why
+    assert p.pools[0].read(spare, 4096) == before
+    p.consumers[0].free(spare)
+    assert p.bytes_of(it) == [it.data]
+
+
+def test_a_window_closes_at_its_deadline(prefill):
+    p = prefill(ttl=0.4)
+    ctl_pool = p.pools[0]
+    from pushkit import Ctl
+    ctl = Ctl(p.base)
+    res = ctl.result("reserve", transfer_id="d" * 32, mm_hash="m" * 64,
+                     nbytes=1024, shape=[1, 512], dtype="bfloat16")
+    assert res["write"] and ctl_pool.is_open(res["reservation_id"])
+    host, seg = session_of(p)
+    time.sleep(0.6)
+    why = mcwire.write(host, seg["tcp_data_port"], seg["tcp_proto_version"],
+                       b"\x01" * 1024, res["dst_ptr"], 5.0)
+    assert why is not None and "rejected" in why
+    assert ctl_pool.read(res["dst_ptr"], 1024) != b"\x01" * 1024
+    ctl.close()
+
+
+def test_a_write_past_the_range_is_refused(prefill):
+    p = prefill()
+    from pushkit import Ctl
+    ctl = Ctl(p.base)
+    res = ctl.result("reserve", transfer_id="e" * 32, mm_hash="n" * 64,
+                     nbytes=1024, shape=[1, 512], dtype="bfloat16")
+    host, seg = session_of(p)
+    args = (host, seg["tcp_data_port"], seg["tcp_proto_version"])
+    why = mcwire.write(*args, b"\x02" * 1025, res["dst_ptr"], 5.0)
+    assert why is not None and "rejected" in why
+    assert mcwire.write(*args, b"\x03" * 1024, res["dst_ptr"], 5.0) is None
+    assert ctl.result("complete", transfer_id="e" * 32,
+                      reservation_id=res["reservation_id"])["became_ready"]
+    assert p.pools[0].landed[res["reservation_id"]] == 1024
+    ctl.close()
+
+
+def test_mooncake_off_is_said(registry):
+    c = ecx.Consumer(registry().url, recv_capacity=1 << 20, mooncake="off")
+    with pytest.raises(ecx.EcxError, match="Mooncake wire off"):
+        ArenaPool(c)
+    c.close()
+    c = ecx.Consumer(registry().url, recv_capacity=1 << 20)
+    with pytest.raises(ecx.EcxError, match="not inside one allocation"):
+        c.push_open(1 << 40, 16, 1.0)
+    c.close()
