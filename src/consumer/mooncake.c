@@ -25,6 +25,8 @@ typedef struct mcsock {
 	struct mcsock *next;
 	char address[ECX_ADDR_MAX];
 	void *sock;
+	void *mon; /* PAIR socket taking sock's connection events (or NULL) */
+	bool down; /* the connection went, or a connect was refused */
 } mcsock;
 
 typedef struct mczombie {
@@ -88,17 +90,63 @@ int cons_mc_ensure(ecx_consumer *c, char *why, size_t whylen)
 	return 0;
 }
 
-/* An idle socket to address, or a new one; NULL when ZeroMQ cannot. Called
- * with c->lock. */
+/* The connection events that end a pull at once: a REQ socket whose
+ * connection goes loses the request it sent (the producer was killed, or
+ * its host), and a refused connect means nothing listens there. */
+#define MC_DOWN_EVENTS (ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED)
+
+static void sock_close(mcsock *m)
+{
+	if (m->mon != NULL) {
+		zmq_socket_monitor(m->sock, NULL, 0);
+		zmq_close(m->mon);
+	}
+	zmq_close(m->sock);
+	free(m);
+}
+
+/* Reads m's connection events so far (never blocks); whether one of them
+ * says the connection is down. */
+static bool sock_down(mcsock *m)
+{
+	while (m->mon != NULL && !m->down) {
+		zmq_msg_t ev;
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, m->mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			break;
+		}
+		uint16_t id = 0;
+		if (zmq_msg_size(&ev) >= sizeof(id))
+			memcpy(&id, zmq_msg_data(&ev), sizeof(id));
+		bool more = zmq_msg_more(&ev);
+		zmq_msg_close(&ev);
+		if (more) { /* the event's second frame: the endpoint */
+			zmq_msg_init(&ev);
+			zmq_msg_recv(&ev, m->mon, 0);
+			zmq_msg_close(&ev);
+		}
+		if (id & MC_DOWN_EVENTS)
+			m->down = true;
+	}
+	return m->down;
+}
+
+/* An idle socket to address whose connection is still up, or a new one;
+ * NULL when ZeroMQ cannot. Called with c->lock. */
 static mcsock *sock_take(ecx_consumer *c, const char *address)
 {
-	for (mcsock **pp = &c->mc_idle; *pp != NULL; pp = &(*pp)->next) {
+	for (mcsock **pp = &c->mc_idle; *pp != NULL;) {
 		mcsock *m = *pp;
-		if (strcmp(m->address, address) == 0) {
-			*pp = m->next;
-			c->mc_nidle--;
-			return m;
+		if (strcmp(m->address, address) != 0) {
+			pp = &m->next;
+			continue;
 		}
+		*pp = m->next;
+		c->mc_nidle--;
+		if (!sock_down(m))
+			return m;
+		sock_close(m); /* the producer went while it was idle */
 	}
 	mcsock *m = calloc(1, sizeof(*m));
 	if (m == NULL)
@@ -111,11 +159,31 @@ static mcsock *sock_take(ecx_consumer *c, const char *address)
 	    zmq_setsockopt(m->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
 	    zmq_setsockopt(m->sock, ZMQ_IPV6, &one, sizeof(one)) != 0 ||
 	    zmq_setsockopt(m->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) !=
-	        0 ||
-	    zmq_connect(m->sock, address) != 0) {
+	        0) {
 		if (m->sock != NULL)
 			zmq_close(m->sock);
 		free(m);
+		return NULL;
+	}
+	/* Its connection events, watched before it connects. Without them
+	 * (ZeroMQ cannot) a dead producer costs the load's timeout, as
+	 * before. */
+	char ep[64];
+	snprintf(ep, sizeof(ep), "inproc://ecx-mc-mon-%p", (void *)m);
+	if (zmq_socket_monitor(m->sock, ep, MC_DOWN_EVENTS) == 0) {
+		m->mon = zmq_socket(c->mc_zctx, ZMQ_PAIR);
+		if (m->mon != NULL &&
+		    zmq_setsockopt(m->mon, ZMQ_LINGER, &zero, sizeof(zero)) ==
+		        0 &&
+		    zmq_connect(m->mon, ep) != 0) {
+			zmq_close(m->mon);
+			m->mon = NULL;
+		}
+		if (m->mon == NULL)
+			zmq_socket_monitor(m->sock, NULL, 0);
+	}
+	if (zmq_connect(m->sock, address) != 0) {
+		sock_close(m);
 		return NULL;
 	}
 	return m;
@@ -134,8 +202,7 @@ static void sock_give(ecx_consumer *c, mcsock *m, bool answered)
 		c->mc_nidle++;
 		return;
 	}
-	zmq_close(m->sock);
-	free(m);
+	sock_close(m);
 }
 
 /* Item k of l failed with err; the first failure's words are kept. */
@@ -156,8 +223,8 @@ static void mc_fail(ecx_load *l, mcpull *p, int err, const char *fmt, ...)
 }
 
 /* Ends the zombies that have their answer (the producer is done with the
- * range: its write came, or failed) or are past ECX_MC_ZOMBIE_MS; all of
- * them when all. Called with c->lock. */
+ * range: its write came, or failed), whose connection went, or that are
+ * past ECX_MC_ZOMBIE_MS; all of them when all. Called with c->lock. */
 static void zombies_poll(ecx_consumer *c, bool all)
 {
 	uint64_t now = c->mc_zombies != NULL ? ecx_now_ms() : 0;
@@ -165,7 +232,7 @@ static void zombies_poll(ecx_consumer *c, bool all)
 		mczombie *z = *zp;
 		char buf[256];
 		int n = zmq_recv(z->ms->sock, buf, sizeof(buf), ZMQ_DONTWAIT);
-		if (n < 0 && !all && now < z->until_ms) {
+		if (n < 0 && !all && now < z->until_ms && !sock_down(z->ms)) {
 			zp = &z->next;
 			continue;
 		}
@@ -364,6 +431,32 @@ static void landed_whole(ecx_load *l, mcpull *p)
 	__atomic_sub_fetch(&l->mc_left, 1, __ATOMIC_ACQ_REL);
 }
 
+/* Pull p's connection went before its answer: the request is lost with
+ * it (a REQ socket does not send it again). Ends the reservation; the item
+ * fails, unless every byte had landed by then. */
+static void lost(ecx_load *l, mcpull *p)
+{
+	ecx_consumer *c = l->c;
+	ecx_item *x = &l->items[p->idx];
+	uint64_t landed = p->res != 0 ? ecx_mc_recv_release(c->mc, p->res) : 0;
+	p->res = 0;
+	if (landed >= x->desc.nbytes)
+		x->status = 0;
+	else
+		mc_fail(l, p, ECX_ECONNECT,
+		        "reference pull of %s: the connection to %s went (or "
+		        "was refused) before its answer",
+		        x->id, x->producer);
+	pthread_mutex_lock(&c->lock);
+	if (x->status == 0)
+		c->st.mc_bytes += x->desc.nbytes;
+	sock_give(c, p->ms, false);
+	pthread_mutex_unlock(&c->lock);
+	p->ms = NULL;
+	p->done = true;
+	__atomic_sub_fetch(&l->mc_left, 1, __ATOMIC_ACQ_REL);
+}
+
 int cons_mc_poll(ecx_load *l)
 {
 	ecx_consumer *c = l->c;
@@ -386,6 +479,9 @@ int cons_mc_poll(ecx_load *l)
 			if (nb > 0 && p->res != 0 &&
 			    ecx_mc_recv_landed(c->mc, p->res) >= nb) {
 				landed_whole(l, p);
+				did++;
+			} else if (sock_down(p->ms)) {
+				lost(l, p);
 				did++;
 			}
 			continue;
@@ -479,8 +575,7 @@ void cons_mc_destroy(ecx_consumer *c)
 	while (c->mc_idle != NULL) {
 		mcsock *m = c->mc_idle;
 		c->mc_idle = m->next;
-		zmq_close(m->sock);
-		free(m);
+		sock_close(m);
 	}
 	c->mc_zctx = NULL; /* the rendezvous client's: it ends it */
 	free(c->mc_bind);
