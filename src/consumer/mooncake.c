@@ -168,8 +168,12 @@ static mcsock *sock_take(ecx_consumer *c, const char *address)
 	/* Its connection events, watched before it connects. Without them
 	 * (ZeroMQ cannot) a dead producer costs the load's timeout, as
 	 * before. */
+	/* A name never used before: a closed monitor's may linger. */
+	static uint64_t mon_seq;
 	char ep[64];
-	snprintf(ep, sizeof(ep), "inproc://ecx-mc-mon-%p", (void *)m);
+	snprintf(ep, sizeof(ep), "inproc://ecx-mc-mon-%p-%llu", (void *)c,
+	         (unsigned long long)__atomic_add_fetch(&mon_seq, 1,
+	                                                __ATOMIC_RELAXED));
 	if (zmq_socket_monitor(m->sock, ep, MC_DOWN_EVENTS) == 0) {
 		m->mon = zmq_socket(c->mc_zctx, ZMQ_PAIR);
 		if (m->mon != NULL &&
