@@ -12,6 +12,8 @@ int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
 {
 	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
+	if (c == NULL || (items == NULL && n > 0))
+		return ecx_set_error(ECX_EINVAL, "no consumer or no items");
 	return cons_lookup(c, items, n, 0);
 }
 
@@ -20,6 +22,8 @@ int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
 {
 	if (c != NULL && ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
+	if (c == NULL || (items == NULL && n > 0))
+		return ecx_set_error(ECX_EINVAL, "no consumer or no items");
 	if (lease_ms < 0)
 		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
 	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;

@@ -7,7 +7,8 @@
  *   memory.c    the receive arena and the registration cache of the
  *               caller's memory
  *   load.c      lookups and loads: one pull per producer, bounded waits
- *   failover.c  other holders of an item that failed
+ *   failover.c  the end of a load: load.c's wait, then other holders
+ *               of an item that failed (it calls load.c, not back)
  *   mooncake.c  loads over Mooncake's TCP wire: the reference's pull op,
  *               answered by a write into this consumer's receiver
  *
