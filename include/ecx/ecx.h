@@ -513,8 +513,9 @@ typedef struct ecx_item {
  * Returns 0 when the registries answered (each item's status says found or
  * not), else the registry error: ECX_EINVAL when a registry URL names a
  * server that is no ecx or reference registry (a 404 other than their
- * {"detail": "unknown mm_hash"}), which is not a miss. Blocks up to the
- * timeout per registry. */
+ * {"detail": "unknown mm_hash"}), which is not a miss; ECX_EINVAL at once
+ * without a consumer, or without items for n > 0 (as ecx_client_lookup).
+ * Blocks up to the timeout per registry. */
 ECX_API int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n);
 
 /* ecx_consumer_lookup_lease is ecx_consumer_lookup that also takes a lease

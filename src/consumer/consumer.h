@@ -8,7 +8,8 @@
  *               caller's memory (the Mooncake receiver's buffers follow
  *               them)
  *   load.c      lookups and loads: one pull per producer, bounded waits
- *   failover.c  other holders of an item that failed
+ *   failover.c  the end of a load: load.c's wait, then other holders
+ *               of an item that failed (it calls load.c, not back)
  *   mooncake.c  loads over Mooncake's TCP wire: the reference's pull op,
  *               answered by a write into this consumer's receiver
  *
@@ -335,13 +336,22 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                     uint64_t deadline_ns, bool retry, bool sync,
                     ecx_load **out);
 int cons_load_wait_once(ecx_load *l, char *why, size_t whylen);
+/* load.c: one progress of l, 0 when it has ended (ecx_load_test). */
+int cons_load_test(ecx_load *l);
+/* load.c: a lookup (with lease_ms, one that asks the registries for
+ * leases too), the lookup that also leases at the producers, and the end
+ * of leases (ecx_consumer_lookup, _lookup_lease, _release; the arguments
+ * checked by src/api/consumer.c). */
+int cons_lookup(ecx_consumer *c, ecx_item *items, size_t n, uint64_t lease_ms);
+int cons_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
+                      uint64_t lease_ms);
+int cons_release(ecx_consumer *c, ecx_item *items, size_t n);
 
-/* failover.c: whether an item that failed with s may be tried at another
- * holder; and the tries, within deadline_ns, for every item of items that
- * failed so. Returns the first item's error afterwards, with its detail. */
-bool cons_failover_worth(int s);
-int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
-                  uint64_t deadline_ns, char *detail, size_t dlen);
+/* failover.c: the end of a load: its wait (load.c), then the items that
+ * failed tried at their other holders within the load's deadline, then l
+ * freed. Returns 0 or the first item's error, with the detail in the last
+ * error. failover.c calls load.c, never the other way. */
+int cons_load_wait(ecx_load *l);
 
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);

@@ -3,6 +3,9 @@
  * their holder (it is gone, unreachable, or no longer holds them) are
  * asked of the registry's other holders, one round per holder, within the
  * same load's deadline (docs/protocol.md, "an entry lives by a lease").
+ * It owns the end of a load (cons_load_wait): the wait of load.c, then
+ * the failover, then the error's detail; it calls load.c, never the
+ * other way.
  */
 #include "consumer/consumer.h"
 
@@ -15,7 +18,7 @@
 /* Errors after which another holder may serve the item: its holder is
  * gone, cannot be reached, or no longer holds it. (A timeout leaves no
  * time to try another.) */
-bool cons_failover_worth(int s)
+static bool failover_worth(int s)
 {
 	return s == ECX_ECONNECT || s == ECX_ECLOSED || s == ECX_EIO ||
 	       s == ECX_ENOTFOUND;
@@ -89,12 +92,12 @@ static void fo_detail(const ecx_item *x, const fo_item *f, int timeout_ms,
 /* Tries the items that failed on their holder at the registry's other
  * holders, one round per holder, within the load's deadline. Returns the
  * first item's error afterwards, with the detail for it in detail. */
-int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
-                  uint64_t deadline_ns, char *detail, size_t dlen)
+static int failover(ecx_consumer *c, ecx_item *items, size_t n,
+                    uint64_t deadline_ns, char *detail, size_t dlen)
 {
 	size_t m = 0;
 	for (size_t i = 0; i < n; i++)
-		m += cons_failover_worth(items[i].status) &&
+		m += failover_worth(items[i].status) &&
 		     items[i].producer[0] != '\0';
 	fo_item *f = m > 0 ? calloc(m, sizeof(*f)) : NULL;
 	ecx_lookup_item *li = m > 0 ? calloc(m, sizeof(*li)) : NULL;
@@ -105,7 +108,7 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 	              smap == NULL || c->rc == NULL))
 		m = 0; /* out of memory, or no registry: no failover */
 	for (size_t i = 0, j = 0; i < n && j < m; i++) {
-		if (!cons_failover_worth(items[i].status) ||
+		if (!failover_worth(items[i].status) ||
 		    items[i].producer[0] == '\0')
 			continue;
 		f[j].i = i;
@@ -119,7 +122,7 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 			break;
 		size_t k = 0;
 		for (size_t j = 0; j < m; j++) {
-			if (!cons_failover_worth(items[f[j].i].status) ||
+			if (!failover_worth(items[f[j].i].status) ||
 			    f[j].ntried == ECX_HOLDERS_MAX)
 				continue;
 			ecx_lookup_items_clear(&li[k], 1);
@@ -212,4 +215,40 @@ int cons_failover(ecx_consumer *c, ecx_item *items, size_t n,
 	free(map);
 	free(smap);
 	return first;
+}
+
+/* Waits for l to end (load.c), tries the items that failed at their other
+ * holders, and frees l; returns 0 or the first item's error, with the
+ * detail in the calling thread's last error. */
+int cons_load_wait(ecx_load *l)
+{
+	ecx_consumer *c = l->c;
+	ecx_item *items = l->items;
+	size_t n = l->n;
+	uint64_t deadline_ns = l->deadline_ns;
+	char why[sizeof(l->why)];
+	int first = cons_load_wait_once(l, why, sizeof(why));
+	if (first == 0)
+		return 0;
+	char detail[768];
+	int had = first;
+	first = failover(c, items, n, deadline_ns, detail, sizeof(detail));
+	if (first == 0)
+		return 0;
+	/* A refusal no other holder was asked about (a transport the two
+	 * sides cannot agree on): the producer's own words. */
+	if (first == had && why[0] != '\0' && !failover_worth(first))
+		snprintf(detail, sizeof(detail), "%s", why);
+	else if (first == had && (first == ECX_ECLOSED || first == ECX_EIO) &&
+	         why[0] != '\0') {
+		/* Why its holder failed (a producer seen to exit, a reference
+		 * producer's failed write). */
+		size_t k = strlen(detail);
+		snprintf(detail + k, sizeof(detail) - k, " (%s)", why);
+	}
+	size_t bad = 0;
+	for (size_t i = 0; i < n; i++)
+		bad += items[i].status != 0;
+	return ecx_set_error(first, "%zu of %zu items failed; first: %s", bad,
+	                     n, detail);
 }

@@ -20,21 +20,10 @@
 
 /* ---- lookups ---- */
 
-static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
-                           uint64_t lease_ms);
-
-int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n)
-{
-	return consumer_lookup(c, items, n, 0);
-}
-
 /* A lookup; with lease_ms, one that asks the registries for leases too
  * (items[].lease: what they granted, else 0). */
-static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
-                           uint64_t lease_ms)
+int cons_lookup(ecx_consumer *c, ecx_item *items, size_t n, uint64_t lease_ms)
 {
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return ECX_EFORK;
 	char why[256];
 	if (n == 0)
 		return 0;
@@ -70,29 +59,19 @@ static int consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n,
 	return 0;
 }
 
-int ecx_consumer_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
-                              int lease_ms)
+int cons_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n, uint64_t ms)
 {
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return ECX_EFORK;
-	if (lease_ms < 0)
-		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
-	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;
 	/* A producer's embedded registry leases its items in the lookup;
 	 * what the registries found is leased at its producer otherwise,
 	 * even when one of them failed: the rest of the lookup stands. */
-	int rc = consumer_lookup(c, items, n, ms);
+	int rc = cons_lookup(c, items, n, ms);
 	ecx_rdv_lease(c->leaser, items, n, ms, c->token, c->timeout_ms, NULL);
 	return rc;
 }
 
-int ecx_consumer_release(ecx_consumer *c, ecx_item *items, size_t n)
+int cons_release(ecx_consumer *c, ecx_item *items, size_t n)
 {
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return ECX_EFORK;
 	char why[256];
-	if (c == NULL || (items == NULL && n > 0))
-		return ecx_set_error(ECX_EINVAL, "no consumer or no items");
 	int rc = ecx_rdv_release(c->leaser, items, n, c->token, c->timeout_ms,
 	                         why, sizeof(why));
 	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
@@ -459,16 +438,6 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	return 0;
 }
 
-int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
-                            ecx_load **out)
-{
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return ECX_EFORK;
-	return cons_load_start(
-	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u,
-	    false, false, out);
-}
-
 static bool load_done(ecx_load *l)
 {
 	if (!cons_mc_done(l))
@@ -479,10 +448,8 @@ static bool load_done(ecx_load *l)
 	return true;
 }
 
-int ecx_load_test(ecx_load *l)
+int cons_load_test(ecx_load *l)
 {
-	if (l != NULL && ecx_forked(l->c->pid, "consumer"))
-		return ECX_EFORK;
 	ecx_ucx_progress(l->c->ucx);
 	cons_mc_poll(l);
 	cons_pconns_watch(l->c, false);
@@ -626,50 +593,4 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	cons_load_hash_free(l);
 	free(l);
 	return first;
-}
-
-int ecx_load_wait(ecx_load *l)
-{
-	if (l != NULL && ecx_forked(l->c->pid, "consumer"))
-		return ECX_EFORK;
-	ecx_consumer *c = l->c;
-	ecx_item *items = l->items;
-	size_t n = l->n;
-	uint64_t deadline_ns = l->deadline_ns;
-	char why[sizeof(l->why)];
-	int first = cons_load_wait_once(l, why, sizeof(why));
-	if (first == 0)
-		return 0;
-	char detail[768];
-	int had = first;
-	first = cons_failover(c, items, n, deadline_ns, detail, sizeof(detail));
-	if (first == 0)
-		return 0;
-	/* A refusal no other holder was asked about (a transport the two
-	 * sides cannot agree on): the producer's own words. */
-	if (first == had && why[0] != '\0' && !cons_failover_worth(first))
-		snprintf(detail, sizeof(detail), "%s", why);
-	else if (first == had && (first == ECX_ECLOSED || first == ECX_EIO) &&
-	         why[0] != '\0') {
-		/* Why its holder failed (a producer seen to exit, a reference
-		 * producer's failed write). */
-		size_t k = strlen(detail);
-		snprintf(detail + k, sizeof(detail) - k, " (%s)", why);
-	}
-	size_t bad = 0;
-	for (size_t i = 0; i < n; i++)
-		bad += items[i].status != 0;
-	return ecx_set_error(first, "%zu of %zu items failed; first: %s", bad,
-	                     n, detail);
-}
-
-int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n)
-{
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return ECX_EFORK;
-	ecx_load *l;
-	int rc = cons_load_start(
-	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u,
-	    false, true, &l);
-	return rc != 0 ? rc : ecx_load_wait(l);
 }

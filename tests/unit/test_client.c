@@ -253,6 +253,42 @@ static void test_down(void **state)
 	ecx_client_destroy(c);
 }
 
+/* The consumer's lookups check their arguments as the client's do: no
+ * handle, or no items for n > 0, is ECX_EINVAL before any request (the
+ * consumer's used to crash on them). */
+static void test_lookup_arguments_agree(void **state)
+{
+	(void)state;
+	char url[64];
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", tu_free_port());
+	ecx_client *cl = client(url, NULL);
+	ecx_consumer_params cp = {.field_mask =
+	                              ECX_CONSUMER_PARAM_REGISTRY |
+	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
+	                              ECX_CONSUMER_PARAM_TRANSPORT,
+	                          .registry = url,
+	                          .recv_capacity = 0,
+	                          .transport = "tcp"};
+	ecx_consumer *co = NULL;
+	char why[256] = "";
+	if (ecx_consumer_create(&cp, &co, why, sizeof(why)) != 0)
+		fail_msg("consumer: %s", why);
+	ecx_item it = {.id = "a"};
+	assert_int_equal(ecx_client_lookup(NULL, &it, 1), ECX_EINVAL);
+	assert_int_equal(ecx_consumer_lookup(NULL, &it, 1), ECX_EINVAL);
+	assert_int_equal(ecx_client_lookup(cl, NULL, 1), ECX_EINVAL);
+	assert_int_equal(ecx_consumer_lookup(co, NULL, 1), ECX_EINVAL);
+	assert_int_equal(ecx_client_lookup_lease(NULL, &it, 1, 0), ECX_EINVAL);
+	assert_int_equal(ecx_consumer_lookup_lease(NULL, &it, 1, 0),
+	                 ECX_EINVAL);
+	assert_int_equal(ecx_client_lookup_lease(cl, NULL, 1, 0), ECX_EINVAL);
+	assert_int_equal(ecx_consumer_lookup_lease(co, NULL, 1, 0), ECX_EINVAL);
+	assert_int_equal(ecx_client_lookup(cl, NULL, 0), 0);
+	assert_int_equal(ecx_consumer_lookup(co, NULL, 0), 0);
+	ecx_consumer_destroy(co);
+	ecx_client_destroy(cl);
+}
+
 /* A registry that was down and comes back is asked again within about a
  * second, whatever back-off it had reached: with every registry of a list
  * backing off, the soonest due is probed once a second. (Before, lookups
@@ -497,6 +533,7 @@ int main(void)
 	    cmocka_unit_test(test_lookup_publish_remove),
 	    cmocka_unit_test(test_token),
 	    cmocka_unit_test(test_down),
+	    cmocka_unit_test(test_lookup_arguments_agree),
 	    cmocka_unit_test(test_back_after_outage),
 	    cmocka_unit_test(test_list_http),
 	    cmocka_unit_test(test_json),
