@@ -189,8 +189,9 @@ class Producer:
         dst_session ("host:port") at address dst_ptr, over Mooncake's TCP
         wire, and returns once the receiver has acknowledged it; within
         timeout_s (None: the producer's timeout). Raises the ecx error
-        (NotFound, SizeMismatch-like ESIZE, Timeout, ...) with its
-        detail."""
+        (ENOTFOUND, ESIZE, ETIMEDOUT, ECONNECT, EINVAL for a destination
+        outside the session's buffers or a write the receiver refused)
+        with its detail."""
         ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
         rc = C.ecx_producer_push(self._handle(), b(id), b(dst_session),
                                  int(dst_ptr), int(nbytes), ms)
@@ -199,9 +200,10 @@ class Producer:
 
     def push_batch(self, writes, timeout_s=None):
         """push for several writes at once, (id, dst_session, dst_ptr,
-        nbytes) each, up to four in flight. Returns a list of statuses (0
-        or the error code, in order); the error of the first failed one is
-        in ecx.last_error-style detail via errors.error(code)."""
+        nbytes) each, up to four in flight, all within timeout_s. Returns
+        the statuses in order (0, or that write's error code); the detail
+        of the first failed one is kept in self.last_push_error ("" when
+        all succeeded)."""
         writes = list(writes)
         if not writes:
             return []

@@ -27,6 +27,8 @@
  * idle connections per session, so more would open connections it then
  * closes. */
 #define PUSH_THREADS ECX_MC_POOL
+/* Bytes below which a batch is written by the caller alone. */
+#define PUSH_PARALLEL_MIN (1u << 20)
 
 typedef struct push_job {
 	ecx_producer *p;
@@ -170,7 +172,14 @@ int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
 	push_pin(&j);
 	pthread_t thr[PUSH_THREADS - 1];
 	size_t started = 0;
-	size_t want = n < PUSH_THREADS ? n : PUSH_THREADS;
+	uint64_t total = 0;
+	for (size_t k = 0; k < n; k++)
+		total += j.its[k] != NULL ? items[k].nbytes : 0;
+	/* Small batches are written by the caller alone: a thread's start
+	 * costs more than their writes gain from running side by side. */
+	size_t want = total < PUSH_PARALLEL_MIN ? 1
+	              : n < PUSH_THREADS        ? n
+	                                        : PUSH_THREADS;
 	/* The caller's thread writes too: a single item starts no thread. */
 	for (size_t t = 0; t + 1 < want; t++) {
 		if (pthread_create(&thr[t], NULL, push_thread, &j) != 0)
