@@ -82,7 +82,7 @@ def pusher(producer):
 
 
 class EcxPrefill:
-    def __init__(self, url, tp):
+    def __init__(self, url, tp, token=None):
         self.consumers = [ecx.Consumer(url, recv_capacity=16 << 20)
                           for _ in range(tp)]
         self.pools = [ArenaPool(c) for c in self.consumers]
@@ -91,7 +91,8 @@ class EcxPrefill:
             try:
                 for r, pool in enumerate(self.pools):
                     self.shards.append(ControlShard(
-                        pool, ec_port=port, tp_size=tp, tp_rank=r).start())
+                        pool, ec_port=port, tp_size=tp, tp_rank=r,
+                        token=token).start())
                 break
             except RuntimeError:
                 for s in self.shards:
@@ -121,6 +122,23 @@ def test_ecx_encoder_into_ecx_prefill(registry, producer, pusher):
                 assert n == len(data)
                 assert shard.pool.read(addr, n) == data
         sub.close()
+    finally:
+        pre.close()
+
+
+def test_token(registry, producer, pusher):
+    pre = EcxPrefill(registry().url, tp=1, token="s3cret")
+    try:
+        spec, data = hold(producer, 7, 64, "tok")
+        bare = pusher(control_timeout_s=1.0)
+        assert bare.push(pre.base, [spec]) == [spec]  # refused: no token
+        assert pre.pools[0].landed == {}
+        spec2 = PushSpec(uuid_hex("tok2", 7), spec.mm_hash, spec.nbytes,
+                         spec.shape, spec.dtype)
+        enc = pusher(token="s3cret")
+        assert enc.push(pre.base, [spec2]) == [], spec2.error
+        addr, n, _, _ = pre.shards[0].take(spec2.transfer_id, spec.mm_hash)
+        assert pre.shards[0].pool.read(addr, n) == data
     finally:
         pre.close()
 
@@ -237,8 +255,9 @@ def test_write_refused_by_receiver(producer, pusher):
         spec, _ = hold(producer, 4, 64, "ref")
         shards[1].refuse_writes = True
         failed = enc.push(base, [spec])
-        assert failed == [spec] and "refused" in spec.error.lower() or \
-            "reject" in spec.error.lower()
+        assert failed == [spec]
+        assert "refused" in spec.error.lower() or \
+            "reject" in spec.error.lower(), spec.error
         assert shards[1].data.rejected >= 1
         for sh in shards:
             assert sh.records[spec.transfer_id]["state"] == "CANCELLED"
