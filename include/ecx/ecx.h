@@ -420,6 +420,43 @@ ECX_API uint16_t ecx_producer_registry_port(const ecx_producer *p);
  * nothing without an embedded registry, or when called again. */
 ECX_API void ecx_producer_set_ready(ecx_producer *p);
 
+/* One write of a push (ecx_producer_push_batch): the held item id, all
+ * nbytes of it, into Mooncake session dst_session ("host:port" or
+ * "[v6]:port", its handshake port) at address dst_ptr, which the session's
+ * owner chose (a push-mode reservation). status is set by the call: 0, or
+ * that write's error. */
+typedef struct ecx_push_item {
+	const char *id;
+	const char *dst_session;
+	uint64_t dst_ptr;
+	uint64_t nbytes;
+	int status; /* out */
+} ecx_push_item;
+
+/* ecx_producer_push writes the held item id into Mooncake session
+ * dst_session at dst_ptr over Mooncake's TCP wire, blocking until the
+ * receiver acknowledges all nbytes or timeout_ms (0: the producer's
+ * timeout) has passed since the call. The item is pinned while it is
+ * written (no eviction, a remove waits). nbytes must be the item's size.
+ * Errors: ECX_ENOTFOUND (not held), ECX_ESIZE (nbytes is not its size),
+ * ECX_EUNSUPPORTED (the producer was created with mooncake off, or the
+ * session does not speak acknowledged TCP framing), ECX_EINVAL (the
+ * range is outside every buffer the session advertises, or the receiver
+ * refused the write), ECX_ECONNECT, ECX_ETIMEDOUT, ECX_ECLOSED,
+ * ECX_EPROTO; the detail (item, session, address, why) is in
+ * ecx_last_error. A failed write may have left part of the bytes there. */
+ECX_API int ecx_producer_push(ecx_producer *p, const char *id,
+                              const char *dst_session, uint64_t dst_ptr,
+                              uint64_t nbytes, uint64_t timeout_ms);
+
+/* ecx_producer_push_batch is ecx_producer_push for n items at once (any
+ * sessions), up to four writes in flight, all ending by one deadline
+ * timeout_ms from the call. Every entry's status is set; returns 0 when
+ * all succeeded, else the status of the first entry that failed (its
+ * detail in ecx_last_error). The caller owns items. */
+ECX_API int ecx_producer_push_batch(ecx_producer *p, ecx_push_item *items,
+                                    size_t n, uint64_t timeout_ms);
+
 ECX_API const char *ecx_producer_last_error(void);
 
 /* ecx_producer_destroy stops serving, unpublishes every item, says goodbye

@@ -143,10 +143,16 @@ class ecx_consumer_stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in CONSUMER_STATS]
 
 
+class ecx_push_item(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_char_p), ("dst_session", ctypes.c_char_p),
+                ("dst_ptr", ctypes.c_uint64), ("nbytes", ctypes.c_uint64),
+                ("status", ctypes.c_int)]
+
+
 # Every struct above, for the ABI test.
 STRUCTS = [ecx_tensor_desc, ecx_item, ecx_producer_params,
            ecx_consumer_params, ecx_client_params, ecx_producer_stats,
-           ecx_consumer_stats]
+           ecx_consumer_stats, ecx_push_item]
 
 ecx_list_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
                                ctypes.POINTER(ecx_item))
@@ -187,6 +193,8 @@ _proto("ecx_producer_stats_get", None, P, _ptr(ecx_producer_stats))
 _proto("ecx_producer_address", _str, P)
 _proto("ecx_producer_registry_port", ctypes.c_uint16, P)
 _proto("ecx_producer_destroy", None, P)
+_proto("ecx_producer_push", _int, P, _str, _str, _u64, _u64, _u64)
+_proto("ecx_producer_push_batch", _int, P, ctypes.c_void_p, _size_t, _u64)
 _proto("ecx_consumer_create", _int, _ptr(ecx_consumer_params), _ptr(P),
        _str, _size_t)
 _proto("ecx_consumer_lookup", _int, P, _ptr(ecx_item), _size_t)

@@ -184,6 +184,41 @@ class Producer:
         if rc != 0:
             raise error(rc)
 
+    def push(self, id, dst_session, dst_ptr, nbytes, timeout_s=None):
+        """Writes the held item id (all nbytes of it) into Mooncake session
+        dst_session ("host:port") at address dst_ptr, over Mooncake's TCP
+        wire, and returns once the receiver has acknowledged it; within
+        timeout_s (None: the producer's timeout). Raises the ecx error
+        (ENOTFOUND, ESIZE, ETIMEDOUT, ECONNECT, EINVAL for a destination
+        outside the session's buffers or a write the receiver refused)
+        with its detail."""
+        ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
+        rc = C.ecx_producer_push(self._handle(), b(id), b(dst_session),
+                                 int(dst_ptr), int(nbytes), ms)
+        if rc != 0:
+            raise error(rc)
+
+    def push_batch(self, writes, timeout_s=None):
+        """push for several writes at once, (id, dst_session, dst_ptr,
+        nbytes) each, up to four in flight, all within timeout_s. Returns
+        the statuses in order (0, or that write's error code); the detail
+        of the first failed one is kept in self.last_push_error ("" when
+        all succeeded)."""
+        writes = list(writes)
+        if not writes:
+            return []
+        arr = (C.ecx_push_item * len(writes))()
+        keep = []
+        for e, (id, session, ptr, n) in zip(arr, writes):
+            keep += [b(id), b(session)]
+            e.id, e.dst_session = keep[-2], keep[-1]
+            e.dst_ptr, e.nbytes = int(ptr), int(n)
+        ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
+        rc = C.ecx_producer_push_batch(self._handle(), arr, len(writes), ms)
+        self.last_push_error = (C.ecx_last_error().decode() if rc != 0
+                                else "")
+        return [e.status for e in arr]
+
     def stats(self):
         s = C.ecx_producer_stats()
         C.ecx_producer_stats_get(self._handle(), ctypes.byref(s))

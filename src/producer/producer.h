@@ -430,4 +430,9 @@ char *prod_ref_pull(ecx_producer *p, const ecx_zreq *r);
 void prod_ref_refuse(ecx_producer *p, int reason);
 size_t prod_ref_metrics(ecx_producer *p, char *buf, size_t len);
 
+/* push.c: ecx_producer_push_batch (the public call is its thin wrapper).
+ * Blocks the caller; sets the last error. */
+int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
+                    uint64_t timeout_ms);
+
 #endif /* ECX_PRODUCER_H */

@@ -1,0 +1,339 @@
+"""The encoder's side of upstream vLLM's push mode, driven by an ecx
+Producer: the items are held in the producer's arena (under their mm_hash,
+put as usual) and written with Producer.push_batch over Mooncake's TCP
+wire into reservations that the consumer's shards hand out
+(../../../../docs/protocol.md "Push mode: the producer side";
+shared/reference/vllm/PUSH.md sections 1, 2, 5, 6).
+
+Pusher.push(consumer_zmq, specs) does, for one consumer:
+  discovery (peers at the base address, every shard at the base's host
+  with its port, event_port of each; cached per base address), reserve
+  (one item) or reserve_batch (several) on every shard at once, a
+  reservation older than TTL/2 that is not ready, cached or cancelled
+  cancelled with abandon and refresh and reserved again, the writable
+  shards' reservations (not cached, not cancelled, write true or absent;
+  nbytes checked) written, one complete_batch per shard (every entry
+  completed:true). Any failure cancels every known reservation of the
+  failed items with abandon (up to 2 tries each).
+
+Not wired into ECXConnector yet: specs_from_params turns a request's
+ec_transfer_params into PushSpecs, finished_map builds the map that
+request_finished returns to upstream's proxy.
+"""
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import zmq
+
+from .wire import TOKEN_FIELD
+
+TTL_S = 300.0
+
+
+class ControlError(RuntimeError):
+    """An ok:false reply, or no reply within control_timeout_s."""
+
+
+class PushSpec:
+    """One item to push: its transfer_id, mm_hash (the id it is held under
+    in the Producer), nbytes, shape [tokens, hidden] and dtype name."""
+
+    def __init__(self, transfer_id, mm_hash, nbytes, shape, dtype,
+                 metadata=None):
+        self.transfer_id = transfer_id
+        self.mm_hash = mm_hash
+        self.nbytes = int(nbytes)
+        self.shape = [int(d) for d in shape]
+        self.dtype = dtype
+        self.metadata = metadata
+        self.shards = {}       # shard address -> reservation
+        self.reserved_at = {}  # shard address -> clock() of its reserve
+        self.error = None
+
+    def request(self):
+        return {"transfer_id": self.transfer_id, "mm_hash": self.mm_hash,
+                "nbytes": self.nbytes, "shape": self.shape,
+                "dtype": self.dtype}
+
+
+def specs_from_params(ec_transfer_params, features):
+    """(consumer_zmq, [PushSpec]) of a request: features is the request's
+    items in order, (mm_hash, nbytes, shape, dtype, metadata) each; the
+    proxy's ec_items are matched to them by position (PUSH.md section 6).
+    (None, []) when the request carries no consumer_zmq. An item without a
+    transfer_id is not pushed."""
+    params = ec_transfer_params or {}
+    consumer = params.get("consumer_zmq")
+    if not isinstance(consumer, str) or not consumer:
+        return None, []
+    items = params.get("ec_items") or []
+    specs = []
+    for k, (mm_hash, nbytes, shape, dtype, meta) in enumerate(features):
+        entry = items[k] if k < len(items) else None
+        tid = entry.get("transfer_id") if isinstance(entry, dict) else None
+        if isinstance(tid, str) and tid:
+            specs.append(PushSpec(tid, mm_hash, nbytes, shape, dtype, meta))
+    return consumer, specs
+
+
+def finished_map(specs):
+    """What request_finished returns to upstream's proxy for the pushed
+    items: {mm_hash: {"metadata": ..., "transfer_id": ...}}."""
+    return {s.mm_hash: {"metadata": s.metadata,
+                        "transfer_id": s.transfer_id} for s in specs}
+
+
+def _shard_addr(base, port):
+    return f"{base.rsplit(':', 1)[0]}:{int(port)}"
+
+
+class _Control:
+    """REQ clients: one per (thread, address), send and receive timeouts of
+    control_timeout_s, linger 0, thrown away after any error."""
+
+    def __init__(self, control_timeout_s, token):
+        self.timeout_ms = max(1, int(-(-control_timeout_s * 1000 // 1)))
+        self.token = token or None
+        self.ctx = zmq.Context()
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.open = set()
+
+    def _sock(self, addr):
+        socks = self.local.__dict__.setdefault("socks", {})
+        s = socks.get(addr)
+        if s is None:
+            s = self.ctx.socket(zmq.REQ)
+            s.setsockopt(zmq.IPV6, 1)
+            s.linger = 0
+            s.sndtimeo = s.rcvtimeo = self.timeout_ms
+            s.connect(addr)
+            socks[addr] = s
+            with self.lock:
+                self.open.add(s)
+        return s
+
+    def _drop(self, addr):
+        s = self.local.__dict__.get("socks", {}).pop(addr, None)
+        if s is not None:
+            with self.lock:
+                self.open.discard(s)
+            s.close(0)
+
+    def call(self, addr, req):
+        if self.token:
+            req = dict(req, **{TOKEN_FIELD: self.token})
+        s = self._sock(addr)
+        try:
+            s.send(json.dumps(req, separators=(",", ":")).encode())
+            reply = json.loads(s.recv())
+        except zmq.Again:
+            self._drop(addr)
+            raise ControlError(f"{req['op']} to {addr}: no reply within "
+                               f"{self.timeout_ms} ms") from None
+        except (zmq.ZMQError, ValueError) as e:
+            self._drop(addr)
+            raise ControlError(f"{req['op']} to {addr}: {e}") from None
+        if not isinstance(reply, dict) or reply.get("ok") is not True:
+            err = reply.get("error") if isinstance(reply, dict) else reply
+            raise ControlError(f"{req['op']} on {addr}: {err}")
+        return reply.get("result")
+
+    def close(self):
+        with self.lock:
+            for s in self.open:
+                s.close(0)
+            self.open.clear()
+        self.ctx.term()
+
+
+class Pusher:
+    """Pushes items an ecx Producer holds into upstream-protocol consumers.
+
+    control_timeout_s: the REQ timeout (upstream's extra config key);
+    write_timeout_s: the bound of one batch of writes (default
+    control_timeout_s); token: ecx's control token, sent as "ecx_token"
+    (None for none, as upstream). Thread-safe."""
+
+    def __init__(self, producer, control_timeout_s=30.0, token=None,
+                 write_timeout_s=None, clock=time.monotonic, threads=8):
+        self.producer = producer
+        self.ctl = _Control(control_timeout_s, token)
+        self.write_timeout_s = write_timeout_s or control_timeout_s
+        self.clock = clock
+        self.topologies = {}
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="push")
+        self.cancels = []  # (shard, cancel request) sent, newest last
+
+    def close(self):
+        self.pool.shutdown()
+        self.ctl.close()
+
+    # ---- discovery ----
+
+    def shards(self, consumer_zmq):
+        """[(shard address, event port)] of the consumer at consumer_zmq,
+        asked once per base address."""
+        topo = self.topologies.get(consumer_zmq)
+        if topo is None:
+            ports = self.ctl.call(consumer_zmq, {"op": "peers"})["ports"]
+            addrs = [_shard_addr(consumer_zmq, p) for p in ports]
+            topo = [(a, int(self.ctl.call(a, {"op": "event_port"})))
+                    for a in addrs]
+            self.topologies[consumer_zmq] = topo
+        return topo
+
+    # ---- reserve and cancel ----
+
+    def _reserve_on(self, addr, specs):
+        if len(specs) == 1:
+            try:
+                return [(True, self.ctl.call(
+                    addr, dict(op="reserve", **specs[0].request())))]
+            except ControlError as e:
+                return [(False, str(e))]
+        try:
+            got = self.ctl.call(addr, {"op": "reserve_batch", "items":
+                                       [s.request() for s in specs]})
+            got = got["items"]
+            if len(got) != len(specs):
+                raise ControlError(f"reserve_batch on {addr}: {len(got)} "
+                                   f"answers for {len(specs)} items")
+        except (ControlError, KeyError, TypeError) as e:
+            return [(False, str(e))] * len(specs)
+        return [(r.get("ok") is True,
+                 r.get("result") if r.get("ok") is True else r.get("error"))
+                for r in got]
+
+    def reserve(self, consumer_zmq, specs, addrs=None):
+        """Reserves specs on every shard at once (or on addrs); an item
+        any shard failed is cancelled with abandon everywhere and gets
+        .error. Returns the specs reserved on every shard."""
+        try:
+            addrs = addrs or [a for a, _ in self.shards(consumer_zmq)]
+        except ControlError as e:
+            for s in specs:
+                s.error = f"no shards at {consumer_zmq}: {e}"
+            return []
+        futs = {a: self.pool.submit(self._reserve_on, a, specs)
+                for a in addrs}
+        answers = {a: f.result() for a, f in futs.items()}
+        good = []
+        for k, spec in enumerate(specs):
+            for a in addrs:
+                okay, r = answers[a][k]
+                if okay and isinstance(r, dict):
+                    spec.shards[a] = r
+                    spec.reserved_at[a] = self.clock()
+                elif spec.error is None:
+                    spec.error = f"reserve on {a}: {r}"
+            if spec.error is None:
+                good.append(spec)
+            else:
+                self.abandon(consumer_zmq, [spec])
+        return good
+
+    def _cancel(self, addr, req):
+        self.cancels.append((addr, req))
+        for _ in range(2):
+            try:
+                return self.ctl.call(addr, req).get("cancelled")
+            except (ControlError, AttributeError):
+                continue
+        return None
+
+    def abandon(self, consumer_zmq, specs):
+        """cancel{abandon:true} of every spec on every shard, with its
+        reservation_id where one came back and "" where none did; the
+        shards in parallel."""
+        addrs = [a for a, _ in self.topologies.get(consumer_zmq, [])]
+        jobs = []
+        for spec in specs:
+            for a in addrs or list(spec.shards):
+                rid = (spec.shards.get(a) or {}).get("reservation_id", "")
+                jobs.append(self.pool.submit(self._cancel, a, {
+                    "op": "cancel", "transfer_id": spec.transfer_id,
+                    "reservation_id": rid or "", "abandon": True}))
+        for j in jobs:
+            j.result()
+
+    def _refresh(self, consumer_zmq, spec):
+        now = self.clock()
+        stale = [a for a, r in spec.shards.items()
+                 if now - spec.reserved_at[a] >= TTL_S / 2
+                 and not r.get("ready") and not r.get("cached")
+                 and not r.get("cancelled")]
+        for a in stale:
+            self._cancel(a, {"op": "cancel", "transfer_id": spec.transfer_id,
+                             "reservation_id": spec.shards[a].get(
+                                 "reservation_id", ""),
+                             "abandon": True, "refresh": True})
+            del spec.shards[a]
+        if stale and not self.reserve(consumer_zmq, [spec], addrs=stale):
+            raise ControlError(spec.error or "refresh failed")
+
+    # ---- the push ----
+
+    def push(self, consumer_zmq, specs):
+        """Reserves (where not yet), writes and completes specs; returns
+        the specs that failed (each with .error), their reservations
+        cancelled with abandon. Blocks for at most the reserve, the writes
+        (write_timeout_s) and the completes, each bounded."""
+        fresh = [s for s in specs if not s.shards and s.error is None]
+        if fresh:
+            self.reserve(consumer_zmq, fresh)
+        live = [s for s in specs if s.error is None]
+        if not live:
+            return [s for s in specs if s.error is not None]
+        try:
+            for spec in live:
+                self._refresh(consumer_zmq, spec)
+            writes = {}  # shard -> [(spec, reservation)]
+            for spec in live:
+                for a, r in spec.shards.items():
+                    if (r.get("cached") or r.get("cancelled")
+                            or not r.get("write", True)):
+                        continue
+                    if r.get("nbytes") != spec.nbytes:
+                        raise ControlError(
+                            f"{a} reserved {r.get('nbytes')} bytes for "
+                            f"{spec.transfer_id}, the item has "
+                            f"{spec.nbytes}")
+                    writes.setdefault(a, []).append((spec, r))
+            batch = [(spec.mm_hash, r["dst_session"], r["dst_ptr"],
+                      spec.nbytes)
+                     for entries in writes.values() for spec, r in entries]
+            status = self.producer.push_batch(batch, self.write_timeout_s)
+            bad = [k for k, st in enumerate(status) if st != 0]
+            if bad:
+                raise ControlError(
+                    f"{len(bad)} of {len(batch)} writes failed: "
+                    f"{getattr(self.producer, 'last_push_error', '')}")
+            futs = {a: self.pool.submit(self.ctl.call, a, {
+                "op": "complete_batch",
+                "items": [{"transfer_id": s.transfer_id,
+                           "reservation_id": r["reservation_id"]}
+                          for s, r in entries]})
+                for a, entries in writes.items()}
+            errors = []
+            for a, f in futs.items():
+                try:
+                    done = f.result()["items"]
+                except (ControlError, KeyError, TypeError) as e:
+                    errors.append(str(e))
+                    continue
+                if len(done) != len(writes[a]) or not all(
+                        isinstance(d, dict) and d.get("completed") is True
+                        for d in done):
+                    errors.append(f"complete_batch on {a}: not every "
+                                  f"entry completed")
+            if errors:
+                raise ControlError("; ".join(errors))
+        except Exception as e:  # every failure ends in abandon
+            for spec in live:
+                if spec.error is None:
+                    spec.error = f"{type(e).__name__}: {e}"
+            self.abandon(consumer_zmq, live)
+        return [s for s in specs if s.error is not None]

@@ -1,0 +1,302 @@
+"""The encoder side of push mode in ecx (ecx.vllm.push.pusher driving an
+ecx Producer, bytes on Mooncake's TCP wire from the C writer) into ecx's
+own ControlShards over ArenaPools, and into a stand-in of upstream's
+consumer side (tests/interop/upstream_consumer.py, written from PUSH.md,
+behind mcwire's Mooncake servers). Bytes checked; faults each bounded and
+ending in cancels with abandon. Real sockets on 127.0.0.1."""
+import random
+import time
+
+import pytest
+
+import ecx
+import pushkit  # noqa: F401  (the vllm stub and tests/interop on sys.path)
+from ecx.vllm.push import ArenaPool, ControlShard
+from ecx.vllm.push.pusher import (PushSpec, Pusher, finished_map,
+                                  specs_from_params)
+from upstream_consumer import Shard
+from upstream_encoder import EventSubscriber
+
+HIDDEN = 512
+
+
+def payload(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+@pytest.fixture
+def producer():
+    p = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
+                     registry_port=0, mooncake=True)
+    yield p
+    p.close()
+
+
+def hold(producer, k, tokens, prefix="pp"):
+    """Puts an item in the producer; its PushSpec (bfloat16 [tokens,
+    512])."""
+    import torch
+    data = payload(k, tokens * HIDDEN * 2)
+    mm = f"{prefix}mm{k}".ljust(64, "x")
+    t = torch.frombuffer(bytearray(data), dtype=torch.bfloat16).view(
+        tokens, HIDDEN)
+    producer.put(mm, t)
+    spec = PushSpec(uuid_hex(prefix, k), mm, len(data), [tokens, HIDDEN],
+                    "bfloat16", metadata={"k": k})
+    return spec, data
+
+
+def uuid_hex(prefix, k):
+    return f"{prefix}{k}".encode().hex().ljust(32, "0")[:32]
+
+
+def free_port(tp):
+    return random.randint(20000, 60000 - tp)
+
+
+def upstream_consumer(tp, slab=8 << 20):
+    for _ in range(50):
+        port, shards = free_port(tp), []
+        try:
+            for r in range(tp):
+                shards.append(Shard(port, tp, r, slab))
+            return shards
+        except Exception:
+            for s in shards:
+                s.stop()
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture
+def pusher(producer):
+    made = []
+
+    def make(**kw):
+        kw.setdefault("control_timeout_s", 2.0)
+        p = Pusher(producer, **kw)
+        made.append(p)
+        return p
+    yield make
+    for p in made:
+        p.close()
+
+
+class EcxPrefill:
+    def __init__(self, url, tp, token=None):
+        self.consumers = [ecx.Consumer(url, recv_capacity=16 << 20)
+                          for _ in range(tp)]
+        self.pools = [ArenaPool(c) for c in self.consumers]
+        for _ in range(50):
+            port, self.shards = free_port(tp), []
+            try:
+                for r, pool in enumerate(self.pools):
+                    self.shards.append(ControlShard(
+                        pool, ec_port=port, tp_size=tp, tp_rank=r,
+                        token=token).start())
+                break
+            except RuntimeError:
+                for s in self.shards:
+                    s.stop(0)
+        self.base = self.shards[0].endpoint
+
+    def close(self):
+        for s in self.shards:
+            s.stop(0)
+        for c in self.consumers:
+            c.close()
+
+
+def test_ecx_encoder_into_ecx_prefill(registry, producer, pusher):
+    pre = EcxPrefill(registry().url, tp=2)
+    try:
+        enc = pusher()
+        sub = EventSubscriber(enc.shards(pre.base))
+        held = [hold(producer, k, t) for k, t in
+                enumerate([4, 1024, 3584])]
+        specs = [s for s, _ in held]
+        assert enc.push(pre.base, specs) == []
+        assert sub.wait_ready([s.transfer_id for s in specs])
+        for shard in pre.shards:
+            for spec, data in held:
+                addr, n, _, _ = shard.take(spec.transfer_id, spec.mm_hash)
+                assert n == len(data)
+                assert shard.pool.read(addr, n) == data
+        sub.close()
+    finally:
+        pre.close()
+
+
+def test_token(registry, producer, pusher):
+    pre = EcxPrefill(registry().url, tp=1, token="s3cret")
+    try:
+        spec, data = hold(producer, 7, 64, "tok")
+        bare = pusher(control_timeout_s=1.0)
+        assert bare.push(pre.base, [spec]) == [spec]  # refused: no token
+        assert pre.pools[0].landed == {}
+        spec2 = PushSpec(uuid_hex("tok2", 7), spec.mm_hash, spec.nbytes,
+                         spec.shape, spec.dtype)
+        enc = pusher(token="s3cret")
+        assert enc.push(pre.base, [spec2]) == [], spec2.error
+        addr, n, _, _ = pre.shards[0].take(spec2.transfer_id, spec.mm_hash)
+        assert pre.shards[0].pool.read(addr, n) == data
+    finally:
+        pre.close()
+
+
+def test_ecx_encoder_into_upstream_consumer(producer, pusher):
+    shards = upstream_consumer(2)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = pusher()
+        sub = EventSubscriber(enc.shards(base))
+        # The proxy's request to the encoder, matched by position.
+        held = [hold(producer, k, t, "up") for k, t in
+                enumerate([8, 2048])]
+        params = {"consumer_zmq": base,
+                  "ec_items": [{"transfer_id": s.transfer_id}
+                               for s, _ in held]}
+        consumer, specs = specs_from_params(params, [
+            (s.mm_hash, s.nbytes, s.shape, s.dtype, s.metadata)
+            for s, _ in held])
+        assert consumer == base and len(specs) == 2
+        assert enc.push(consumer, specs) == []
+        assert sub.wait_ready([s.transfer_id for s in specs])
+        for sh in shards:
+            for spec, data in held:
+                rec = sh.records[spec.transfer_id]
+                assert rec["state"] == "READY"
+                assert sh.read(sh.addr + rec["off"], spec.nbytes) == data
+            # one reserve_batch and one complete_batch each, every entry
+            ops = [r["op"] for r in sh.requests]
+            assert ops.count("reserve_batch") == 1
+            assert ops.count("complete_batch") == 1
+        assert finished_map(specs) == {
+            s.mm_hash: {"metadata": s.metadata, "transfer_id":
+                        s.transfer_id} for s, _ in held}
+        # A second push of the same items: write:false, nothing written.
+        again = [PushSpec(s.transfer_id, s.mm_hash, s.nbytes, s.shape,
+                          s.dtype) for s, _ in held]
+        writes = shards[0].data.writes
+        assert enc.push(consumer, again) == []
+        assert shards[0].data.writes == writes
+        sub.close()
+    finally:
+        for s in shards:
+            s.stop()
+
+
+def abandons(enc, tid):
+    return [a for a, r in enc.cancels
+            if r["transfer_id"] == tid and r.get("abandon") is True]
+
+
+def test_shard_killed_mid_push(producer, pusher):
+    shards = upstream_consumer(2)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = pusher(control_timeout_s=0.5, write_timeout_s=1.0)
+        spec, _ = hold(producer, 1, 2048, "kill")
+        assert enc.reserve(base, [spec]) == [spec]
+        shards[1].stop()  # after the reserve, before the write
+        t0 = time.monotonic()
+        failed = enc.push(base, [spec])
+        took = time.monotonic() - t0
+        assert failed == [spec] and spec.error
+        assert took < 4.0
+        assert shards[0].records[spec.transfer_id]["state"] == "CANCELLED"
+        assert shards[0].allocs == {}
+        assert len(abandons(enc, spec.transfer_id)) == 2
+    finally:
+        shards[0].stop()
+
+
+def test_pool_full(producer, pusher):
+    shards = upstream_consumer(2, slab=1 << 20)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = pusher()
+        spec, _ = hold(producer, 2, 2048, "full")  # 2 MiB > 1 MiB slab
+        t0 = time.monotonic()
+        failed = enc.push(base, [spec])
+        assert time.monotonic() - t0 < 1.0  # no waiting for room
+        assert failed == [spec] and "pool is full" in spec.error
+        for sh in shards:
+            assert sh.data.writes == 0
+            assert sh.records[spec.transfer_id]["state"] == "CANCELLED"
+        assert len(abandons(enc, spec.transfer_id)) == 2
+    finally:
+        for s in shards:
+            s.stop()
+
+
+def test_conflicting_transfer_id(producer, pusher):
+    shards = upstream_consumer(2)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = pusher()
+        spec, _ = hold(producer, 3, 16, "conf")
+        # shard 1 already holds the id for another item
+        shards[1].reserve(dict(spec.request(), mm_hash="other".ljust(64)))
+        failed = enc.push(base, [spec])
+        assert failed == [spec] and "conflicting" in spec.error
+        assert shards[0].records[spec.transfer_id]["state"] == "CANCELLED"
+        assert shards[0].data.writes == 0
+        assert len(abandons(enc, spec.transfer_id)) == 2
+    finally:
+        for s in shards:
+            s.stop()
+
+
+def test_write_refused_by_receiver(producer, pusher):
+    shards = upstream_consumer(2)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = pusher()
+        spec, _ = hold(producer, 4, 64, "ref")
+        shards[1].refuse_writes = True
+        failed = enc.push(base, [spec])
+        assert failed == [spec]
+        assert "refused" in spec.error.lower() or \
+            "reject" in spec.error.lower(), spec.error
+        assert shards[1].data.rejected >= 1
+        for sh in shards:
+            assert sh.records[spec.transfer_id]["state"] == "CANCELLED"
+            assert not any(r["op"] == "complete_batch"
+                           for r in sh.requests)
+    finally:
+        for s in shards:
+            s.stop()
+
+
+def test_refresh_after_half_ttl(producer, pusher):
+    shards = upstream_consumer(1)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        now = [1000.0]
+        enc = pusher(clock=lambda: now[0])
+        spec, data = hold(producer, 5, 32, "ttl")
+        assert enc.reserve(base, [spec]) == [spec]
+        first = spec.shards[next(iter(spec.shards))]["reservation_id"]
+        now[0] += 151.0
+        assert enc.push(base, [spec]) == []
+        sh = shards[0]
+        refresh = [r for r in sh.requests if r["op"] == "cancel"]
+        assert refresh and refresh[0]["refresh"] is True
+        assert refresh[0]["abandon"] is True
+        assert refresh[0]["reservation_id"] == first
+        rec = sh.records[spec.transfer_id]
+        assert rec["rid"] != first and rec["state"] == "READY"
+        assert sh.read(sh.addr + rec["off"], spec.nbytes) == data
+    finally:
+        for s in shards:
+            s.stop()
+
+
+def test_specs_from_params():
+    feats = [("h0", 4, [1, 2], "bfloat16", {"a": 1}),
+             ("h1", 4, [1, 2], "bfloat16", None)]
+    assert specs_from_params({}, feats) == (None, [])
+    c, specs = specs_from_params({"consumer_zmq": "tcp://h:1", "ec_items": [
+        {"transfer_id": "t0"}]}, feats)
+    assert c == "tcp://h:1"
+    assert [(s.mm_hash, s.transfer_id) for s in specs] == [("h0", "t0")]
