@@ -47,8 +47,9 @@ class PushConfig:
         self.ec_ip = str(getattr(ec, "ec_ip", None) or "127.0.0.1")
         port = getattr(ec, "ec_port", None)
         self.ec_port = 14579 if port is None else int(port)
-        self.buffer_size = buffer_size(
-            getattr(ec, "ec_buffer_size", None) or 1e9)
+        size = getattr(ec, "ec_buffer_size", None)
+        self.buffer_size = buffer_size(1e9 if size is None else size) \
+            if self.enabled else None
         self.buffer_device = str(
             getattr(ec, "ec_buffer_device", None) or "cuda").lower()
         self.control_timeout_s = _positive(extra, "control_timeout_s", 30)
