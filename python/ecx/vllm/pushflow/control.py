@@ -68,8 +68,8 @@ class Control:
             self._socks.pop(addr).close(0)
             raise RuntimeError(f"{req['op']} to {addr}: {e}") from None
         if not isinstance(reply, dict) or not reply.get("ok"):
-            raise RuntimeError(f"{req['op']} to {addr}: "
-                               f"{reply.get('error') if isinstance(reply, dict) else reply}")
+            why = reply.get("error") if isinstance(reply, dict) else reply
+            raise RuntimeError(f"{req['op']} to {addr}: {why}")
         return reply.get("result")
 
     def _discover(self):
