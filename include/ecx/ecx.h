@@ -488,7 +488,9 @@ enum {
 
 typedef struct ecx_consumer_params {
 	uint64_t field_mask;
-	const char *registry; /* required: registry URLs, comma-separated */
+	const char *registry; /* registry URLs, comma-separated; none (or
+	                         "") for a push-only consumer, whose
+	                         lookups then fail with ECX_EINVAL */
 	const char *token;
 	int timeout_ms;         /* bound on every wait, default 5000 */
 	uint64_t recv_capacity; /* receive arena, default 256 MiB; 0: none */

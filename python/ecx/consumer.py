@@ -20,7 +20,8 @@ def _ms(seconds):
 class Consumer:
     """Looks items up and loads them (ecx_consumer).
 
-    registry: one URL or several (a list, or comma-separated). token: None
+    registry: one URL or several (a list, or comma-separated); None for a
+    consumer that only receives pushes (its lookups raise). token: None
     reads ECX_TOKEN. recv_capacity: the receive arena (arena_tensor, and
     load/load_start when given Items); 0 (the default here) for none.
     integrity: check every loaded item against its producer's hash (a
@@ -34,14 +35,13 @@ class Consumer:
     def __init__(self, registry, token=None, timeout_ms=5000,
                  recv_capacity=0, transport=None, bind_host=None,
                  integrity=False, mooncake=None, mooncake_host=None):
-        if not registry:
-            raise ValueError("a consumer needs a registry URL")
-        if not isinstance(registry, str):
+        if registry and not isinstance(registry, str):
             registry = ",".join(registry)
         F = C.ConsumerParam
         p = C.ecx_consumer_params()
-        m = F.REGISTRY | F.TIMEOUT | F.RECV_CAPACITY
-        p.registry = b(registry)
+        m = F.TIMEOUT | F.RECV_CAPACITY
+        if registry:
+            p.registry, m = b(registry), m | F.REGISTRY
         p.timeout_ms = int(timeout_ms)
         p.recv_capacity = recv_capacity = size("recv_capacity",
                                                 recv_capacity)

@@ -19,10 +19,11 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 {
 	uint64_t m = pp != NULL ? pp->field_mask : 0;
 #define HAS(f) ((m & ECX_CONSUMER_PARAM_##f) != 0)
+	/* Without a registry the consumer serves pushes alone (its receive
+	 * arena and the Mooncake receiver); its lookups fail. */
 	const char *registry = HAS(REGISTRY) ? pp->registry : NULL;
-	if (registry == NULL || registry[0] == '\0')
-		return ecx_why(why, whylen, ECX_EINVAL,
-		               "a consumer needs a registry URL");
+	if (registry != NULL && registry[0] == '\0')
+		registry = NULL;
 	uint64_t recv = HAS(RECV_CAPACITY) ? pp->recv_capacity : 256u << 20;
 	unsigned rcmax =
 	    HAS(REGCACHE_MAX) && pp->regcache_max ? pp->regcache_max : 64;
@@ -78,7 +79,8 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 	                         .token = c->token,
 	                         .connect_timeout_ms = c->timeout_ms,
 	                         .timeout_ms = c->timeout_ms};
-	rc = ecx_regclient_create(&ro, &c->rc, why, whylen);
+	rc = registry != NULL ? ecx_regclient_create(&ro, &c->rc, why, whylen)
+	                      : 0;
 	if (rc != 0)
 		goto fail;
 	/* Loads are waited for by their callers, who progress the worker

@@ -27,6 +27,14 @@ int cons_lookup(ecx_consumer *c, ecx_item *items, size_t n, uint64_t lease_ms)
 	char why[256];
 	if (n == 0)
 		return 0;
+	if (c->rc == NULL) {
+		for (size_t i = 0; i < n; i++)
+			items[i].status = ECX_EINVAL;
+		return ecx_set_error(ECX_EINVAL,
+		                     "this consumer has no registry "
+		                     "(created without one: push "
+		                     "only), so it cannot look up");
+	}
 	ecx_lookup_item *li = calloc(n, sizeof(*li));
 	if (li == NULL)
 		return ecx_set_error(ECX_ENOMEM, "out of memory");

@@ -108,9 +108,17 @@ def test_items_pickle(pair):
     assert torch.equal(c.load([it])[0], torch.arange(6))
 
 
-def test_consumer_needs_a_registry():
-    with pytest.raises(ValueError):
-        ecx.Consumer("")
+def test_consumer_without_a_registry_cannot_look_up():
+    # A push-only consumer (no registry): created, but its lookups and
+    # loads by id fail, naming why.
+    for reg in ("", None):
+        c = ecx.Consumer(reg)
+        try:
+            with pytest.raises(ecx.EcxError) as e:
+                c.lookup(["x"])
+            assert e.value.name == "EINVAL" and "no registry" in str(e.value)
+        finally:
+            c.close()
     with pytest.raises(ecx.EcxError) as e:
         ecx.Consumer("ftp://nowhere")
     assert e.value.name == "EINVAL"

@@ -196,8 +196,26 @@ def test_has_cache_item_is_cheap_and_persistent(producer):
 
 
 def test_misconfiguration_is_an_error_at_construction():
+    # No registry URL is upstream's push-mode consumer; with push off it
+    # has nothing to serve.
     with pytest.raises(ValueError, match="remote_registry_url"):
+        ECXConnector(consumer_config("", push=False),
+                     ECConnectorRole.SCHEDULER)
+    # Push mode needs today's hooks.
+    with pytest.raises(ValueError, match="ensure_cache_available"):
         ECXConnector(consumer_config(""), ECConnectorRole.SCHEDULER)
+    with pytest.raises(ValueError, match="ec_buffer_size"):
+        ECXConnector(VllmConfig(ec_transfer_config=ECTransferConfig(
+            ec_connector="ECXConnector", ec_role="ec_consumer",
+            ec_buffer_size=1.5)), ECConnectorRole.SCHEDULER)
+    with pytest.raises(ValueError, match="push_wait_timeout_s"):
+        ECXConnector(consumer_config("", async_load="auto",
+                                     push_wait_timeout_s=0),
+                     ECConnectorRole.SCHEDULER)
+    with pytest.raises(ValueError, match="ec_port"):
+        ECXConnector(VllmConfig(ec_transfer_config=ECTransferConfig(
+            ec_connector="ECXConnector", ec_role="ec_consumer",
+            ec_port=65536)), ECConnectorRole.SCHEDULER)
     bad = VllmConfig(ec_transfer_config=ECTransferConfig(
         ec_connector="ECXConnector", ec_role="ec_observer"))
     with pytest.raises(ValueError, match="unknown ec_role"):

@@ -35,8 +35,14 @@ The package: config (ec_connector_extra_config), metadata (what travels
 between scheduler and workers in the step), channel (the step channel),
 scheduler (today's flow), scheduler_sync (the synchronous flow), leases
 (the scheduler's leases), worker (saves, device copies, the synchronous
-flow's loads), pulls (the worker's background pulls). ECXConnector picks its parts at construction and
-hands each hook to one of them.
+flow's loads), pulls (the worker's background pulls), pushflow (push mode
+on upstream vLLM's wire, the consumer side: config, the worker's control
+shard, the scheduler's events). ECXConnector picks its parts at
+construction and hands each hook to one of them.
+
+A consumer configured as upstream's Mooncake EC consumer (ec_ip, ec_port,
+no registry URL) serves push mode: upstream's encoder and proxy push into
+it (../../../docs/vllm.md, "Push mode in the connector").
 """
 import logging
 
@@ -48,6 +54,7 @@ from .config import (VLLM_HAS_ASYNC_HOOKS, Config, parse_size,  # noqa: F401
                      pp_size, rank, tp_size)
 from .metadata import (Counters, ECXConnectorMetadata,  # noqa: F401
                        ECXConnectorStats, ECXLoadSpec, ECXWorkerMetadata)
+from .pushflow import PushConfig, PushScheduler
 from .scheduler import AsyncScheduler, Scheduler
 from .scheduler_sync import SyncScheduler
 from .worker import NoWorker, Worker
@@ -77,18 +84,37 @@ class ECXConnector(ECConnectorBase):
         self._role = role
         self._cfg = Config(cfg.ec_connector_extra_config,
                            getattr(cfg, "ec_buffer_size", None))
-        if self.is_consumer and not self._cfg.registry:
+        # Push mode (upstream's wire): on for a consumer configured as
+        # upstream's (no registry URL), beside pulls with push: true.
+        self._push = PushConfig(cfg, cfg.ec_connector_extra_config,
+                                bool(self._cfg.registry))
+        if self.is_consumer and not self._cfg.registry and \
+                not self._push.enabled:
             raise ValueError(
                 "an ec_consumer with ECXConnector needs "
                 "ec_connector_extra_config['remote_registry_url'] (one URL, "
-                "a list, or a comma-separated string)")
+                "a list, or a comma-separated string) or push mode")
+        if self.is_consumer and self._push.enabled and \
+                not self._cfg.async_load:
+            raise ValueError(
+                "ECXConnector: push mode needs a vLLM whose EC connector "
+                "base has ensure_cache_available (and async_load not "
+                "false)")
         self._stats = Counters()
         self._rank = rank(vllm_config)
         tp = tp_size(vllm_config)
         # The step channel between this engine's scheduler and workers
         # (today's flow): named by vLLM's engine_id and data-parallel rank.
         key = engine_key(vllm_config)
-        if role == ECConnectorRole.SCHEDULER and self.is_consumer:
+        dp = key[1]
+        if role == ECConnectorRole.SCHEDULER and self.is_consumer and \
+                self._push.enabled:
+            pull = AsyncScheduler(self._cfg, self._stats, tp, key,
+                                  tp * pp_size(vllm_config)) \
+                if self._cfg.registry else None
+            self._scheduler = PushScheduler(self._push, self._stats, dp, tp,
+                                            pull)
+        elif role == ECConnectorRole.SCHEDULER and self.is_consumer:
             if self._cfg.async_load:
                 self._scheduler = AsyncScheduler(
                     self._cfg, self._stats, tp, key,
@@ -102,7 +128,8 @@ class ECXConnector(ECConnectorBase):
             self._worker = Worker(vllm_config, cfg, self._cfg, self._stats,
                                   self._rank, tp, self.is_producer,
                                   self.is_consumer,
-                                  bool(self._cfg.async_load), key)
+                                  bool(self._cfg.async_load), key,
+                                  push=self._push, dp_rank=dp)
 
     # ---- worker side ----
 
@@ -117,6 +144,16 @@ class ECXConnector(ECConnectorBase):
     def build_connector_worker_meta(self):
         return self._worker.build_connector_worker_meta(
             self._connector_metadata)
+
+    def get_finished(self, finished_req_ids):
+        # Loads end in the step that schedules them (the take), and a
+        # consumer saves nothing: nothing finishes later.
+        return None, None
+
+    def start_worker_services(self) -> None:
+        # The push control shard serves from the worker's construction;
+        # this starts it again where vLLM calls it after a stop.
+        self._worker.start_worker_services()
 
     # ---- scheduler side ----
 
@@ -145,6 +182,11 @@ class ECXConnector(ECConnectorBase):
 
     def request_finished(self, request):
         return self._scheduler.request_finished(request)
+
+    def has_pending_push_work(self) -> bool:
+        # A push-mode consumer: while cancels are still to be sent.
+        f = getattr(self._scheduler, "has_pending_push_work", None)
+        return bool(f()) if f is not None else False
 
     # ---- both ----
 

@@ -81,7 +81,9 @@ _KEYS = {"remote_registry_url", "registry", "registry_http_port",
          "capacity_bytes", "recv_capacity_bytes", "token", "timeout_ms",
          "bind_host", "advertise_host", "transport", "mooncake_protocol",
          "load_timeout_s", "async_load", "log_interval_s", "lease_ms",
-         "lease_max_ms", "lease_share_pct", "pull_wait_ms"}
+         "lease_max_ms", "lease_share_pct", "pull_wait_ms",
+         # push mode (pushflow/config.py)
+         "push", "push_token", "control_timeout_s", "push_wait_timeout_s"}
 
 
 class Config:

@@ -64,11 +64,15 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     ready: ids every rank holds that this step needs in encoder_cache.
     releases: (id, attempt) pairs workers drop, that attempt and older
     ones (their receive-arena space comes back once vLLM's encoder cache
-    lets go of the tensor too)."""
+    lets go of the tensor too). Push mode: takes, (id, transfer_id) pairs
+    every rank's shard holds READY, for the workers to hand over now;
+    freed, pushed ids the engine let go of (kept resident, evictable)."""
     loads: list = field(default_factory=list)
     starts: list = field(default_factory=list)
     ready: list = field(default_factory=list)
     releases: list = field(default_factory=list)
+    takes: list = field(default_factory=list)
+    freed: list = field(default_factory=list)
 
     def add_load(self, spec: ECXLoadSpec) -> None:
         self.loads.append(spec)
@@ -79,15 +83,19 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
     """Workers -> scheduler, each step. held: (id, attempt) pairs the rank
     holds now; failed: (id, attempt) -> why, for pulls that ended badly
     since the last report. Merged over ranks, an item is held when every
-    rank holds it and failed when any rank failed it."""
+    rank holds it and failed when any rank failed it. push_failed: id ->
+    why, for pushed items a rank could not take from its shard."""
     held: set = field(default_factory=set)
     failed: dict = field(default_factory=dict)
+    push_failed: dict = field(default_factory=dict)
 
     def aggregate(self, other):
         if not isinstance(other, ECXWorkerMetadata):
             return self
-        return ECXWorkerMetadata(held=self.held & other.held,
-                                 failed={**self.failed, **other.failed})
+        return ECXWorkerMetadata(
+            held=self.held & other.held,
+            failed={**self.failed, **other.failed},
+            push_failed={**self.push_failed, **other.push_failed})
 
 
 _STATS_BASE = ECConnectorStats if ECConnectorStats is not None else object

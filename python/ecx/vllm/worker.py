@@ -18,6 +18,7 @@ from .channel import WorkerChannel
 from .config import first_rank, model_device_type
 from .metadata import ECXConnectorMetadata, ECXLoadSpec, ECXWorkerMetadata
 from .pulls import Pulls
+from .pushflow import PushWorker
 
 logger = logging.getLogger("ecx.vllm")
 
@@ -34,6 +35,9 @@ class NoWorker:
     def build_connector_worker_meta(self, metadata):
         return None
 
+    def start_worker_services(self) -> None:
+        pass
+
     def shutdown(self):
         pass
 
@@ -42,7 +46,8 @@ class Worker(NoWorker):
     """A worker's pulls, saves and device copies."""
 
     def __init__(self, vllm_config, ec_cfg, cfg, stats, rank, tp,
-                 is_producer, is_consumer, async_load, channel_key=None):
+                 is_producer, is_consumer, async_load, channel_key=None,
+                 push=None, dp_rank=0):
         self._ec_cfg = ec_cfg
         self._cfg = cfg
         self._stats = stats
@@ -58,6 +63,8 @@ class Worker(NoWorker):
                             self._new_tensor)
         self._channel = None
         self._seen_meta = None
+        self._push: Optional[PushWorker] = None
+        self._push_failed: dict = {}
         # Device copies (ecx.cuda): the device interface, where vLLM's
         # tensors live, copies to it (consumer) and saves from it
         # (producer); set at the start.
@@ -72,6 +79,11 @@ class Worker(NoWorker):
         if is_producer and rank == 0:
             self._ensure_producer()
         self._start_device(vllm_config)
+        # Push mode: this rank's control shard, serving from now (ranks of
+        # the first pipeline stage only, as upstream's).
+        if is_consumer and push is not None and push.enabled and rank < tp:
+            self._push = PushWorker(push, self._ensure_consumer(), dp_rank,
+                                    tp, rank % tp).start()
         if is_consumer and async_load and channel_key and channel_key[0]:
             try:
                 self._channel = WorkerChannel(
@@ -260,10 +272,26 @@ class Worker(NoWorker):
             # The hand-over comes before the step's releases: an item one
             # request lets go of may be the one another starts using.
             self._hand_over(encoder_cache, metadata.ready)
+        if self._push is not None and metadata is not self._seen_meta:
+            self._push_step(encoder_cache, metadata)
         self._process_metadata(metadata)
         if metadata.loads:
             self._load_now(encoder_cache, metadata.loads)
         self._pulls.poll()
+
+    def _push_step(self, encoder_cache: dict, metadata) -> None:
+        """Pushed items: the step's takes handed to encoder_cache (the
+        arena bytes themselves on the CPU, one device copy on a GPU), then
+        what the engine freed retired on the shard."""
+        takes = getattr(metadata, "takes", None)
+        if takes:
+            device = self._device()
+            self._push_failed.update(self._push.take(
+                takes, encoder_cache, lambda t: self._to_device(t, device)))
+            self._stats.add("items_pushed_taken", len(takes))
+        freed = getattr(metadata, "freed", None)
+        if freed:
+            self._push.release(freed)
 
     def _hand_over(self, encoder_cache: dict, ready: list) -> None:
         t0 = time.perf_counter()
@@ -330,7 +358,7 @@ class Worker(NoWorker):
                                "(they expire): %s", len(left), e)
 
     def build_connector_worker_meta(self, metadata):
-        if not self._is_consumer or not self._async:
+        if not self._is_consumer or not (self._async or self._push):
             return None
         if metadata is not None:
             self._process_metadata(metadata)
@@ -340,13 +368,22 @@ class Worker(NoWorker):
                               f"worker rank {self._rank}")
         # Always an object, so a rank holding nothing is not skipped
         # when ranks are merged.
-        return ECXWorkerMetadata(held=held, failed=failed)
+        push_failed, self._push_failed = self._push_failed, {}
+        return ECXWorkerMetadata(held=held, failed=failed,
+                                 push_failed=push_failed)
+
+    def start_worker_services(self) -> None:
+        if self._push is not None:
+            self._push.start()
 
     def shutdown(self):
         if self._channel is not None:
             self._channel.close()  # no start comes in after this
             self._channel = None
         self._pulls.shutdown()
+        if self._push is not None:
+            self._push.stop()  # before its consumer's arena goes
+            self._push = None
         # Device copies end before the arenas are unpinned and unmapped:
         # the receive arena's copies to the GPU, the producer's saves
         # (committed, or left reserved after their bound).

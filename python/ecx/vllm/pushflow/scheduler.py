@@ -1,0 +1,335 @@
+"""PushScheduler: the consumer scheduler in push mode (upstream's, PUSH.md
+section 7). One PULL socket is connected to every shard's event endpoint
+(found through peers and event_port); events are drained without blocking
+whenever the engine asks; a transfer is ready once every shard has
+reported it. A request's items are found by transfer_id in its
+ec_transfer_params["ec_items"]; an item not ready waits in a record whose
+deadline is fixed at push_wait_timeout_s after it was first asked for,
+after which its request is unavailable (take_unavailable_requests; the
+engine lives). A ready item is handed over in the step that schedules it
+(the workers take it from their shards before the model runs). Items the
+engine frees stay resident on the shards (a later push of the same
+mm_hash is served from them); requests that finish with items not handed
+over have them cancelled on every shard; ended records stay as tombstones
+for the TTL so that late events do nothing.
+
+A request without ec_transfer_params goes to the pull flow where a
+registry is configured (pull: the pull scheduler), else is encoded here.
+"""
+import collections
+import json
+import logging
+import time
+
+import zmq
+
+from ..metadata import ECXConnectorMetadata, ECXWorkerMetadata
+from .control import Control, event_socket
+
+logger = logging.getLogger("ecx.vllm")
+
+WAITING, AVAILABLE, TAKING, TAKEN = "waiting", "available", "taking", "taken"
+UNAVAILABLE, CANCELLED, EXPIRED = "unavailable", "cancelled", "expired"
+ENDED = (UNAVAILABLE, CANCELLED, EXPIRED)
+TOMBSTONES_MAX = 65536
+# A ready record unclaimed this long is dropped (and cancelled) before the
+# shards' TTL ends it there.
+AVAILABLE_MAX_S = 270.0
+
+
+class _Rec:
+    __slots__ = ("mm_hash", "state", "shards", "deadline", "since")
+
+    def __init__(self, mm_hash, state, now):
+        self.mm_hash = mm_hash
+        self.state = state
+        self.shards = set()
+        self.deadline = None
+        self.since = now
+
+
+def transfer_id_of(params, i, h):
+    """upstream's lookup: ec_items[i] when its mm_hash is missing or h and
+    it has a transfer_id; else the first entry whose mm_hash is h."""
+    items = (params or {}).get("ec_items") or ()
+    if i < len(items) and isinstance(items[i], dict):
+        e = items[i]
+        if e.get("transfer_id") and e.get("mm_hash") in (None, h):
+            return str(e["transfer_id"])
+    for e in items:
+        if isinstance(e, dict) and e.get("mm_hash") == h and \
+                e.get("transfer_id"):
+            return str(e["transfer_id"])
+    return None
+
+
+class PushScheduler:
+    """pcfg: a PushConfig; stats: Counters; dp_rank, tp: the replica's;
+    pull: the pull flow's scheduler (or None)."""
+
+    def __init__(self, pcfg, stats, dp_rank, tp, pull=None, clock=None):
+        self._p = pcfg
+        self._stats = stats
+        self._pull = pull
+        self._clock = clock or time.monotonic
+        self._recs = {}  # transfer_id -> _Rec
+        self._tombs = collections.OrderedDict()  # transfer_id -> ended at
+        self._reqs = {}  # request id -> {mm_hash: transfer_id}
+        self._local = {}  # mm_hash -> request ids using the handed copy
+        self._ready_hash = {}  # mm_hash -> transfer_id AVAILABLE
+        self._takes = []
+        self._freed = []
+        self._unavailable = set()
+        self._nshards = tp
+        self._ctx = zmq.Context()
+        self._sock = event_socket(self._ctx, pcfg.token)
+        self._found = None
+        self.control = Control(pcfg.base_addr(dp_rank, tp),
+                               pcfg.control_timeout_s, pcfg.token,
+                               self._shards_found)
+
+    # ---- events ----
+
+    def _shards_found(self, found):
+        self._found = found  # read (and connected) by the scheduler thread
+
+    def _drain(self):
+        if self._found is not None:
+            found, self._found = self._found, None
+            self._nshards = len(found)
+            for _, endpoint in found:
+                self._sock.connect(endpoint)
+        sock = self._sock
+        while True:
+            try:
+                raw = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                logger.warning("ECXConnector: dropped a malformed push "
+                               "event")
+                continue
+            if isinstance(ev, dict) and ev.get("ready") is True:
+                self._event(ev)
+
+    def _event(self, ev):
+        tid, h = ev.get("transfer_id"), ev.get("mm_hash")
+        if not isinstance(tid, str) or not isinstance(h, str):
+            return
+        if tid in self._tombs:
+            self._stats.add("push_events_late")
+            return
+        rec = self._recs.get(tid)
+        now = self._clock()
+        if rec is None:  # before its request: the event makes the record
+            rec = self._recs[tid] = _Rec(h, WAITING, now)
+        if rec.mm_hash != h:
+            logger.warning("ECXConnector: event for transfer %s names %s, "
+                           "not %s: dropped", tid, h, rec.mm_hash)
+            return
+        rec.shards.add(ev.get("shard"))
+        if rec.state == WAITING and len(rec.shards) >= self._nshards:
+            rec.state, rec.since = AVAILABLE, now
+            self._ready_hash[h] = tid
+            self._stats.add("push_items_ready")
+
+    # ---- records ----
+
+    def _end(self, tid, state, cancel=False):
+        rec = self._recs.pop(tid, None)
+        if rec is not None and self._ready_hash.get(rec.mm_hash) == tid:
+            del self._ready_hash[rec.mm_hash]
+        self._tombs[tid] = self._clock()
+        self._tombs.move_to_end(tid)
+        while len(self._tombs) > TOMBSTONES_MAX:
+            self._tombs.popitem(last=False)
+        if cancel:
+            self.control.cancel([tid])
+        return rec
+
+    def _reap(self, now):
+        while self._tombs:
+            tid, t = next(iter(self._tombs.items()))
+            if now - t < self._p.ttl_s:
+                break
+            del self._tombs[tid]
+        old = [t for t, r in self._recs.items() if r.state == AVAILABLE and
+               now - r.since > AVAILABLE_MAX_S]
+        for t in old:
+            self._end(t, EXPIRED, cancel=True)
+
+    # ---- the hooks ----
+
+    def _push_request(self, request):
+        return bool((getattr(request, "ec_transfer_params", None) or {})
+                    .get("ec_items"))
+
+    def ensure_cache_available(self, request, num_computed_tokens):
+        self._drain()
+        if not self._push_request(request):
+            if self._pull is not None:
+                return self._pull.ensure_cache_available(request,
+                                                         num_computed_tokens)
+            return True
+        rid = request.request_id
+        params = request.ec_transfer_params
+        mine = self._reqs.setdefault(rid, {})
+        now = self._clock()
+        ready = True
+        for i, f in enumerate(getattr(request, "mm_features", None) or ()):
+            h = f.identifier
+            pos = getattr(f, "mm_position", None)
+            if pos is not None and num_computed_tokens and \
+                    pos.offset + pos.length <= num_computed_tokens:
+                continue
+            if h in self._local:
+                continue
+            tid = mine.get(h) or transfer_id_of(params, i, h) or \
+                f"{rid}:{i}"
+            mine[h] = tid
+            if tid in self._tombs:
+                self._give_up(rid, f"transfer {tid} of {h} has ended")
+                return False
+            rec = self._recs.get(tid)
+            if rec is None:
+                rec = self._recs[tid] = _Rec(h, WAITING, now)
+            elif rec.mm_hash != h:
+                self._give_up(rid, f"transfer {tid} is {rec.mm_hash}'s, "
+                              f"not {h}'s")
+                return False
+            if rec.deadline is None:
+                rec.deadline = now + self._p.push_wait_timeout_s
+            if rec.state in (AVAILABLE, TAKING):
+                continue
+            ready = False
+            if now >= rec.deadline:
+                self._end(tid, UNAVAILABLE, cancel=True)
+                self._give_up(rid, f"{h} was not pushed within "
+                              f"push_wait_timeout_s="
+                              f"{self._p.push_wait_timeout_s:g}")
+                return False
+        return ready
+
+    def has_cache_item(self, identifier):
+        if identifier in self._local or identifier in self._ready_hash:
+            return True
+        return self._pull is not None and \
+            self._pull.has_cache_item(identifier)
+
+    def update_state_after_alloc(self, request, index):
+        h = request.mm_features[index].identifier
+        tid = self._reqs.get(request.request_id, {}).get(h)
+        if tid is None:
+            if self._pull is not None:
+                self._pull.update_state_after_alloc(request, index)
+            return
+        if h in self._local:
+            self._local[h].add(request.request_id)
+            return
+        rec = self._recs.get(tid)
+        if rec is None or rec.state != AVAILABLE:
+            return
+        rec.state = TAKING
+        if self._ready_hash.get(h) == tid:
+            del self._ready_hash[h]
+        self._takes.append((h, tid))
+        self._local[h] = {request.request_id}
+
+    def _let_go(self, rid, h):
+        users = self._local.get(h)
+        if users is not None and rid in users:
+            users.discard(rid)
+            if not users and not self._engine_frees:
+                del self._local[h]
+                self._freed.append(h)
+
+    _engine_frees = False  # the engine says what it frees (free list)
+
+    def update_state_after_free(self, request, index):
+        h = request.mm_features[index].identifier
+        if h in self._reqs.get(request.request_id, {}):
+            self._let_go(request.request_id, h)
+        elif self._pull is not None:
+            self._pull.update_state_after_free(request, index)
+
+    def build_connector_meta(self, scheduler_output):
+        self._drain()  # so that a step with nobody waiting hears them too
+        meta = self._pull.build_connector_meta(scheduler_output) \
+            if self._pull is not None else ECXConnectorMetadata()
+        freed = getattr(scheduler_output, "free_encoder_mm_hashes", None)
+        if freed is not None:
+            self._engine_frees = True
+            for h in freed:
+                if self._local.pop(h, None) is not None:
+                    self._freed.append(h)
+        for h, tid in self._takes:
+            rec = self._recs.pop(tid, None)
+            if rec is not None:
+                self._tombs[tid] = self._clock()
+            self._stats.add("push_items_taken")
+        meta.takes, self._takes = self._takes, []
+        meta.freed, self._freed = self._freed, []
+        self._reap(self._clock())
+        return meta
+
+    def update_connector_output(self, connector_output):
+        wm = getattr(connector_output, "ec_connector_worker_meta", None)
+        if isinstance(wm, ECXWorkerMetadata):
+            for h, why in (getattr(wm, "push_failed", None) or {}).items():
+                self._local.pop(h, None)
+                self._stats.add("push_items_failed")
+                logger.error("ECXConnector: a rank could not take pushed "
+                             "item %s: %s", h, why)
+        if self._pull is not None:
+            self._pull.update_connector_output(connector_output)
+
+    def request_finished(self, request):
+        rid = request.request_id
+        mine = self._reqs.pop(rid, None)
+        if mine is None:
+            if self._pull is not None:
+                return self._pull.request_finished(request)
+            return False, None
+        for h, tid in mine.items():
+            if self._engine_frees:
+                users = self._local.get(h)
+                if users is not None:
+                    users.discard(rid)
+            else:
+                self._let_go(rid, h)
+            rec = self._recs.get(tid)
+            if tid in self._tombs or (rec is not None and
+                                      rec.state == TAKING):
+                continue
+            if rec is not None and any(
+                    t == tid for r in self._reqs.values()
+                    for t in r.values()):
+                continue  # another request waits for it too
+            self._end(tid, CANCELLED, cancel=True)
+        self._unavailable.discard(rid)
+        return False, None
+
+    def _give_up(self, rid, why):
+        if rid not in self._unavailable:
+            self._unavailable.add(rid)
+            self._stats.add("requests_unavailable")
+            logger.warning("ECXConnector: request %s is unavailable: %s",
+                           rid, why)
+
+    def take_unavailable_requests(self):
+        out, self._unavailable = self._unavailable, set()
+        if self._pull is not None:
+            out |= self._pull.take_unavailable_requests()
+        return out
+
+    def has_pending_push_work(self):
+        return self.control.pending > 0
+
+    def shutdown(self):
+        self.control.close()
+        self._sock.close(0)
+        self._ctx.term()
+        if self._pull is not None:
+            self._pull.shutdown()
