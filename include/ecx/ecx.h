@@ -664,7 +664,7 @@ ECX_API void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity);
  * *landed (may be NULL) is the bytes of the writes that landed whole.
  * Close the window before freeing its memory. */
 ECX_API int ecx_consumer_mooncake_session(ecx_consumer *c,
-                                           const char **session);
+                                          const char **session);
 ECX_API int ecx_consumer_push_open(ecx_consumer *c, const void *dst,
                                    uint64_t nbytes, uint64_t timeout_ms,
                                    uint64_t *id);
