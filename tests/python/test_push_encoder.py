@@ -491,9 +491,21 @@ def test_failure_event_and_hash_field_on_the_shard():
         for e in evs:
             assert e["ecx_failed"] and e["shard"] == sh.port
         assert evs[1]["mm_hash"] == "n" * 64
+        # A writer abandoned with a follower: both fail.
+        w = ctl.result("reserve", **pushkit.item("t4", mm="f" * 64))
+        ctl.result("reserve", **pushkit.item("t5", mm="f" * 64))
+        ctl.result("cancel", transfer_id="t4",
+                   reservation_id=w["reservation_id"], abandon=True)
+        evs2 = pushkit.recv_events(sub, 2)
+        assert sorted((e["transfer_id"], e["ready"]) for e in evs2) == [
+            ("t4", False), ("t5", False)]
         # A plain cancel (the consumer's own) and a refresh send none.
         ctl.result("reserve", **pushkit.item("t3", mm="o" * 64))
         ctl.result("cancel", transfer_id="t3", reservation_id="")
+        w = ctl.result("reserve", **pushkit.item("t6", mm="r" * 64))
+        ctl.result("cancel", transfer_id="t6",
+                   reservation_id=w["reservation_id"], abandon=True,
+                   refresh=True)
         assert pushkit.recv_events(sub, 1, timeout_s=0.3) == []
         # Upstream's scheduler skips it: no ready:true.
         assert not json.loads(json.dumps(evs[0])).get("ready")
