@@ -44,6 +44,8 @@ class ModelConfig:
         self.hf_config = None
         self.dtype = dtype
         self._width = width
+        # what the stand-in of vLLM's metadata resolver reads
+        self.placeholder_fields = {"image": {"image_grid_thw"}}
 
     def get_inputs_embeds_size(self):
         return self._width
@@ -54,12 +56,20 @@ class Pos:
         self.offset, self.length = offset, length
 
 
+class Data:
+    def __init__(self, **fields):
+        self._fields = fields
+
+    def get_data(self):
+        return dict(self._fields)
+
+
 class Feature:
-    def __init__(self, identifier, tokens, offset):
+    def __init__(self, identifier, tokens, offset, data=None):
         self.identifier = identifier
         self.mm_position = Pos(offset, tokens)
         self.modality = "image"
-        self.data = None
+        self.data = data
 
 
 class EncRequest:
@@ -67,11 +77,11 @@ class EncRequest:
     item (identifier = the item's uuid), ec_transfer_params from the
     proxy."""
 
-    def __init__(self, rid, hashes_tokens, params):
+    def __init__(self, rid, hashes_tokens, params, data=None):
         self.request_id = rid
         off, self.mm_features = 0, []
         for h, t in hashes_tokens:
-            self.mm_features.append(Feature(h, t, off))
+            self.mm_features.append(Feature(h, t, off, data))
             off += t
         self.ec_transfer_params = params
 
@@ -279,13 +289,18 @@ def test_whole_flow_through_the_proxy(encoder, prefill):
              enumerate((4, 1024, 3584))]
     media = [{"uuid": h, "modality": "image"} for h, _ in names]
     params, _ = proxy.encoder_body(media)
-    req = EncRequest("enc-1", names, params)
+    grid = Data(image_grid_thw=torch.tensor([[1, 4, 4]]),
+                pixel_values=torch.zeros(16, 8))
+    req = EncRequest("enc-1", names, params, data=grid)
     enc.plan(req)
     outs = {h: tensor_of(h, t) for h, t in names}
     enc.encode({h: t for h, (t, _) in outs.items()})
     _, response = enc.finish(req)  # the chat response's ec_transfer_params
+    for e in response.values():  # vLLM's placeholder fields, as lists
+        assert e["metadata"] == {"image_grid_thw": [[1, 4, 4]]}
     rewritten, cparams = proxy.consumer_body(media, params, response)
     assert [i["type"] for i in rewritten] == ["image_embeds"] * 3
+    assert rewritten[0]["image_embeds"] == {"image_grid_thw": [[1, 4, 4]]}
     assert "consumer_zmq" not in cparams
     # The prefill request, sent once every encoder response is back (the
     # pushes may still be in flight).
