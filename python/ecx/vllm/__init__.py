@@ -36,13 +36,17 @@ between scheduler and workers in the step), channel (the step channel),
 scheduler (today's flow), scheduler_sync (the synchronous flow), leases
 (the scheduler's leases), worker (saves, device copies, the synchronous
 flow's loads), pulls (the worker's background pulls), pushflow (push mode
-on upstream vLLM's wire, the consumer side: config, the worker's control
-shard, the scheduler's events). ECXConnector picks its parts at
-construction and hands each hook to one of them.
+on upstream vLLM's wire: the consumer's config, worker control shard and
+scheduler events; the encoder's scheduler plans and worker pushes).
+ECXConnector picks its parts at construction and hands each hook to one
+of them.
 
 A consumer configured as upstream's Mooncake EC consumer (ec_ip, ec_port,
 no registry URL) serves push mode: upstream's encoder and proxy push into
-it (../../../docs/vllm.md, "Push mode in the connector").
+it. An encoder pushes the items of every request whose ec_transfer_params
+name consumer_zmq (upstream's proxy adds it) into that consumer, and
+returns upstream's proxy map from request_finished
+(../../../docs/vllm.md, "Push mode in the connector").
 """
 import logging
 
