@@ -29,6 +29,7 @@ from test_push_connector import (HIDDEN, Request as PrefillRequest,
 from upstream_consumer import Shard
 from upstream_encoder import EventSubscriber, Item, UpstreamEncoder
 from upstream_proxy import Proxy
+from test_cuda import fake, fake_libcuda, gpu_config, standin  # noqa: F401
 from vllm.config import ECTransferConfig, VllmConfig
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 from vllm.v1.outputs import ECConnectorOutput
@@ -528,3 +529,47 @@ def test_failure_event_and_hash_field_on_the_shard():
         ctl.close()
     finally:
         sh.stop(0)
+
+
+def test_a_device_save_is_pushed_once_committed(registry, standin):
+    # The output is on the (stand-in) GPU: save_caches queues its copy to
+    # the arena on a side stream behind the encoder's kernels; the push
+    # waits for that commit, off the step, then writes.
+    shards = upstream_consumer(1)
+    cfg = gpu_config(registry().url, role="ec_producer",
+                     control_timeout_s=3)
+    sched = ECXConnector(cfg, ECConnectorRole.SCHEDULER)
+    w = ECXConnector(cfg, ECConnectorRole.WORKER)
+    try:
+        sh = shards[0]
+        assert w._worker._saves is not None
+        base = f"tcp://127.0.0.1:{sh.port}"
+        h = "ondevice".ljust(64, "g")
+        params, _ = Proxy([base]).encoder_body([{"uuid": h}])
+        tid = params["ec_items"][0]["transfer_id"]
+        req = EncRequest("g0", [(h, 64)], params)
+        assert sched.ensure_cache_available(req, 0)
+        sched.update_state_after_alloc(req, 0)
+        w.bind_connector_metadata(pickle.loads(pickle.dumps(
+            sched.build_connector_meta(object()))))
+        w.start_save_caches(encoder_cache={})
+        cpu, data = tensor_of(h, 64)
+        src = standin.tensor(cpu)
+        busy = standin.busy()  # the encoder's kernels, still running
+        t0 = time.monotonic()
+        w.save_caches({h: src}, h)
+        assert time.monotonic() - t0 < 0.1
+        time.sleep(0.3)
+        assert not any(r["op"] == "complete_batch" for r in sh.requests)
+        assert w.build_connector_worker_meta().pushes_pending == 1
+        busy.set()
+        assert pushkit.wait_for(
+            lambda: sh.records.get(tid, {}).get("state") == "READY")
+        rec = sh.records[tid]
+        assert sh.read(sh.addr + rec["off"], len(data)) == data
+        assert pushkit.wait_for(
+            lambda: w.build_connector_worker_meta().pushes_pending == 0)
+    finally:
+        w.shutdown()
+        sched.shutdown()
+        sh.stop()
