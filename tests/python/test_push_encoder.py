@@ -390,6 +390,12 @@ def test_failed_push_reaches_the_consumer_at_once(encoder, prefill):
     heard = time.monotonic() - t0
     assert eng.unavailable == {"pd-b"} and "pd-b" not in eng.scheduled
     assert heard < 1.0
+    # A request that asks after the failure fails at its first ask.
+    late = PrefillRequest("pd-late", [Item(tid, h, b"", [tokens, HIDDEN],
+                                           "bfloat16")])
+    eng.add(late)
+    eng.step()
+    assert "pd-late" in eng.unavailable
     enc.encode({h: tensor_of(h, tokens)[0]})
     enc.finish(req)
     enc.drain()
@@ -573,3 +579,27 @@ def test_a_device_save_is_pushed_once_committed(registry, standin):
         w.shutdown()
         sched.shutdown()
         sh.stop()
+
+
+def test_a_transfer_id_pushed_elsewhere_is_refused(encoder):
+    shards = upstream_consumer(1)
+    try:
+        from ecx.vllm.metadata import ECXPushSpec
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = encoder()
+        pushes = enc.pushes()
+        tid = os.urandom(16).hex()
+        a = ECXPushSpec("a".ljust(64, "a"), tid, base, "ra", (4, HIDDEN),
+                        "bfloat16")
+        b = ECXPushSpec("b".ljust(64, "b"), tid, base, "rb", (4, HIDDEN),
+                        "bfloat16")
+        pushes.plan([a])
+        pushes.plan([b])  # the same transfer_id for another item
+        # failed as upstream's failed saves: unavailable on the encoder
+        assert enc.end_step() == {"rb"}
+        assert enc.sched.has_pending_push_work()  # a's, still unbound
+        enc.finished = {"ra"}  # a's request ends before its output
+        enc.drain()
+        assert shards[0].records[tid]["state"] == "CANCELLED"
+    finally:
+        shards[0].stop()
