@@ -9,12 +9,17 @@ Python writer on the same wire, no hash) pushing the same bytes into the
 same prefill, its reservations also made beforehand. Both run in this
 process: the prefill's step loop pauses 0.1 ms between steps so that the
 encoder's push threads get the GIL (in vLLM the encoder is another
-process). Medians over --rounds.
+process). Then the parts alone, per size: one write of the item into an
+ArenaPool reservation by Producer.push (ecx's C writer) and by the
+stand-in's writer, and one XXH3 pass over it (ecx.xxh3: what the encoder
+pays where its producer has integrity off, and the consumer's check).
+Medians over --rounds.
 
   ECX_LIBRARY=build/libecx.so PYTHONPATH=python \\
       /usr/bin/python3 bench/push_encoder_latency.py --rounds 50
 """
 import argparse
+import ctypes
 import os
 import statistics
 import sys
@@ -28,6 +33,9 @@ from test_push_connector import (Prefill, Request, mc_writer,  # noqa: E402
 from test_push_encoder import EncRequest, Encoder, tensor_of  # noqa: E402
 from upstream_encoder import Item, UpstreamEncoder  # noqa: E402
 from upstream_proxy import Proxy  # noqa: E402
+
+import ecx  # noqa: E402
+from ecx.vllm.push import ArenaPool  # noqa: E402
 
 SIZES = {"64KiB": 64, "1MiB": 1024, "7.3MiB": 7475}  # tokens x 512 bf16
 STEP_PAUSE_S = 0.0001
@@ -95,6 +103,52 @@ def upstream_round(p, enc, k, tokens):
     return ready
 
 
+class _Window:
+    """What ArenaPool.open_write reads of a reservation."""
+
+    def __init__(self, addr, nbytes):
+        self.dst_ptr, self.nbytes = addr, nbytes
+        self.reservation_id = f"bench-{addr:x}"
+        self.expires_at = time.monotonic() + 600
+
+
+def parts(rounds):
+    """{size: (C push, stand-in write, xxh3)} medians, in seconds."""
+    cons = ecx.Consumer("http://127.0.0.1:1", recv_capacity=32 << 20)
+    prod = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
+                        registry_port=0)
+    write = mc_writer()
+    pool = ArenaPool(cons)
+    out = {}
+    try:
+        for name, tokens in SIZES.items():
+            t, data = tensor_of(f"part-{name}", tokens)
+            prod.put(f"part-{name}", t)
+            n = len(data)
+            w = _Window(pool.allocate(n), n)
+            session, _ = pool.open_write(w)
+            buf = ctypes.create_string_buffer(data, n)
+            c, py, hx = [], [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                prod.push(f"part-{name}", session, w.dst_ptr, n, 10)
+                t1 = time.perf_counter()
+                write(session, w.dst_ptr, data)
+                t2 = time.perf_counter()
+                ecx.xxh3(ctypes.addressof(buf), n)
+                t3 = time.perf_counter()
+                c.append(t1 - t0)
+                py.append(t2 - t1)
+                hx.append(t3 - t2)
+            pool.close_write(w)
+            pool.free(w.dst_ptr)
+            out[name] = tuple(statistics.median(x) for x in (c, py, hx))
+    finally:
+        prod.close()
+        cons.close()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=50)
@@ -118,6 +172,11 @@ def main():
             print(f"{name:>8} {med_us(saves):>13.0f} us "
                   f"{med_us(ecx_ready):>14.0f} us "
                   f"{med_us(up_ready):>18.0f} us")
+        print(f"{'size':>8} {'C push alone':>16} {'stand-in write':>17}"
+              f" {'xxh3':>21}")
+        for name, (c, py, hx) in parts(args.rounds).items():
+            print(f"{name:>8} {c * 1e6:>13.0f} us {py * 1e6:>14.0f} us "
+                  f"{hx * 1e6:>18.0f} us")
     finally:
         up.close()
         enc.close()
