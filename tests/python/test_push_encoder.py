@@ -282,9 +282,11 @@ def test_request_without_ec_transfer_params_is_pulled_as_before(encoder):
         assert out.view(torch.uint8).numpy().tobytes() == data
 
 
-def test_whole_flow_through_the_proxy(encoder, prefill):
-    p = prefill(tp=2)
-    enc = encoder()
+@pytest.mark.parametrize("token", [None, "s3cret"])
+def test_whole_flow_through_the_proxy(encoder, prefill, token):
+    extra = {"push_token": token} if token else {}
+    p = prefill(tp=2, **extra)
+    enc = encoder(**extra)
     proxy = Proxy([p.base])
     names = [(f"flow{k}".ljust(64, "f"), t) for k, t in
              enumerate((4, 1024, 3584))]
