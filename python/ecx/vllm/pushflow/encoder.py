@@ -103,8 +103,11 @@ class EncoderScheduler:
             return
         shape = None
         if self._width is not None:
-            shape = (int(request.get_num_encoder_embeds(index)),
-                     self._width)
+            try:
+                shape = (int(request.get_num_encoder_embeds(index)),
+                         self._width)
+            except Exception:  # noqa: BLE001 - reserved when bound, then
+                shape = None
         self._plans[tid] = ECXPushSpec(
             mm_hash=h, transfer_id=tid, consumer_zmq=consumer,
             request_id=request.request_id, shape=shape,
