@@ -202,7 +202,44 @@ int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
 	return rc;
 }
 
+/* The XXH3 of held item id: kept from put where integrity is on, else
+ * hashed now from the arena with the item pinned (outside the lock). */
+static int push_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
+{
+	pthread_mutex_lock(&p->lock);
+	item *it = prod_item_find(p, id);
+	if (it == NULL || !it->ready) {
+		pthread_mutex_unlock(&p->lock);
+		return ecx_set_error(ECX_ENOTFOUND, "hash of %.64s: not held",
+		                     id);
+	}
+	if (p->integrity) {
+		*out = it->xxh3;
+		pthread_mutex_unlock(&p->lock);
+		return 0;
+	}
+	prod_item_pin(p, it);
+	const void *src = (const char *)p->base + it->off;
+	uint64_t n = it->desc.nbytes;
+	pthread_mutex_unlock(&p->lock);
+	uint64_t h = ecx_hash_bytes(ECX_HASH_XXH3, src, n);
+	pthread_mutex_lock(&p->lock);
+	prod_item_unpin(p, it);
+	pthread_mutex_unlock(&p->lock);
+	*out = h;
+	return 0;
+}
+
 /* ---- public API ---- */
+
+int ecx_producer_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
+{
+	if (p != NULL && ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
+	if (p == NULL || id == NULL || out == NULL)
+		return ecx_set_error(ECX_EINVAL, "item hash: missing argument");
+	return push_item_xxh3(p, id, out);
+}
 
 int ecx_producer_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
                             uint64_t timeout_ms)

@@ -41,6 +41,11 @@ uint64_t ecx_hash_bytes(int kind, const void *p, size_t n)
 	return 0;
 }
 
+uint64_t ecx_xxh3(const void *p, size_t n)
+{
+	return XXH3_64bits(p, n);
+}
+
 void *ecx_xxh3_new(void)
 {
 	XXH3_state_t *st = XXH3_createState();
