@@ -1,0 +1,499 @@
+#!/usr/bin/python3
+"""Runs upstream vLLM's merged Mooncake EC connector (push mode), its own
+files unchanged, on Mooncake's own Python engine (tcp), against ecx in both
+cross roles: by hand, not a ctest test (ecx depends on neither).
+
+--source DIR is a folder holding upstream's files at their paths under
+vllm/distributed/ec_transfer/ec_connector/: mooncake/{__init__,config,
+control,memory,metadata,producer,reservation,scheduler,state,transfer,
+worker}.py, mooncake_ec_connector.py (the entry class) and utils.py
+(PlaceholderMetadataResolver, collect_ec_item_metadata). They are found
+there by appending that folder to the stub package's __path__ and are
+imported as vllm.distributed.ec_transfer.ec_connector.*, unmodified.
+tests/interop/README.md says which commits and how to check them.
+
+What stands in for vLLM (the minimum their imports and calls need):
+  tests/python/vllm_stub: ECConnectorBase, ECConnectorMetadata,
+    ECConnectorWorkerMetadata, ECConnectorRole, ECTransferConfig,
+    ECConnectorOutput;
+  vllm.logger.init_logger = logging.getLogger;
+  vllm.utils.network_utils: get_ip() = 127.0.0.1, make_zmq_path (vLLM's
+    rule: brackets for IPv6); vllm.utils.collection_utils.is_list_of;
+  vllm.v1.outputs.ModelRunnerOutput (a name only: utils.py imports it);
+  vllm.v1.core.sched.output.SchedulerOutput (free_encoder_mm_hashes,
+    finished_req_ids);
+  vllm.distributed.ec_transfer.ec_connector.cpu.common.
+    _get_encoder_cache_hidden_dim = model_config.get_inputs_embeds_size()
+    (vLLM's own for a model without deepstack);
+  vllm.distributed.parallel_state: get_tp_group/get_pp_group raise
+    AssertionError, as vLLM's do outside a distributed run (TP 1, PP 1);
+  vllm.multimodal.MULTIMODAL_REGISTRY: placeholder fields {image_grid_thw}
+    for images;
+  the config object: ec_transfer_config, parallel_config (TP/PP/DP 1,
+    data_parallel_index 0), model_config (dtype bfloat16, hidden 2048);
+  torch 1.13 (Debian 12) lacks Tensor.nbytes and dtype.itemsize (2.1) and
+    torch.OutOfMemoryError: added (the last only reached on a failed
+    registration). ec_buffer_device is "cpu", so no CUDA path runs.
+The driver reads two things of upstream's internals, to time and to wait,
+never to change them: the producer worker's ProducerPushManager.complete
+and .fail are wrapped to stamp when each push ends, and the reservation
+future of a push is waited on before its encoder output is bound (as a
+forward pass longer than a reserve round trip would).
+
+The proxy's part is a stand-in of disagg_epd_proxy.py's flow (PUSH.md
+section 6): a uuid4 hex transfer_id per item, {"consumer_zmq", "ec_items":
+[{"transfer_id"}]} to the encoder, the encoder's {mm_hash: {metadata,
+transfer_id}} back, {"ec_items": [{"mm_hash", "transfer_id"}], mm_hash:
+entry} to the consumer.
+
+Cases, each in a child process of its own, one request per item, N per
+size (64 KiB, 1 MiB, 7 MiB of bfloat16 [tokens, 2048]), every byte checked
+in the consumer's encoder_cache:
+  upstream_to_ecx  upstream's encoder (ECMooncakeConnector, ec_producer:
+    ensure_cache_available, update_state_after_alloc, build_connector_meta,
+    start_save_caches, save_caches, build_connector_worker_meta,
+    request_finished) into an ecx prefill (ECXConnector ec_consumer with
+    ec_ip/ec_port, no registry);
+  ecx_to_upstream  ecx's encoder (ecx.Producer and ecx.vllm.push.pusher's
+    Pusher with specs_from_params/finished_map; the connector does not
+    push yet) into upstream's consumer (ECMooncakeConnector ec_consumer,
+    scheduler and worker, start_worker_services);
+  ecx_to_ecx  the same ecx encoder into an ecx prefill (the baseline).
+push_ms: the encoder output bound (save_caches; Pusher.push) to the push
+done (every write and complete acknowledged); sched_ms: the same start to
+the consumer's ensure_cache_available true in a step loop (a step every
+0.5 ms). Medians. Prints one JSON object.
+
+  MC_FORCE_TCP=1 LD_LIBRARY_PATH=MCBUILD/mooncake-common \
+  PYTHONPATH=python:MCPY ECX_LIBRARY=build/libecx.so \
+  /usr/bin/python3 tests/interop/run_upstream_push.py --source DIR [--n N]
+"""
+import argparse
+import ctypes
+import gc
+import hashlib
+import json
+import logging
+import os
+import pickle
+import random
+import statistics
+import subprocess
+import sys
+import time
+import types
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STUB = os.path.join(HERE, "..", "python", "vllm_stub")
+EC = "vllm.distributed.ec_transfer.ec_connector"
+SIZES = [64 << 10, 1 << 20, 7 << 20]
+HIDDEN = 2048
+CASES = ["upstream_to_ecx", "ecx_to_upstream", "ecx_to_ecx"]
+
+
+def _module(name, **attrs):
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    sys.modules[name] = mod
+    parent, _, leaf = name.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], leaf, mod)
+    return mod
+
+
+def install_stubs(source):
+    """vLLM's names that upstream's files import, and torch 1.13's gaps."""
+    import torch
+    sys.path.insert(0, STUB)
+    import vllm.distributed.ec_transfer.ec_connector as ecpkg
+    import vllm.v1.outputs as outputs
+    ecpkg.__path__.append(os.path.join(
+        source, "vllm", "distributed", "ec_transfer", "ec_connector"))
+    _module("vllm.logger", init_logger=logging.getLogger)
+    _module("vllm.utils", __path__=[])
+
+    def make_zmq_path(scheme, host, port=None):
+        path = f"{scheme}://[{host}]" if ":" in host else f"{scheme}://{host}"
+        return path if port is None else f"{path}:{port}"
+    _module("vllm.utils.network_utils", get_ip=lambda: "127.0.0.1",
+            make_zmq_path=make_zmq_path)
+    _module("vllm.utils.collection_utils", is_list_of=lambda v, t: (
+        isinstance(v, list) and all(isinstance(x, t) for x in v)))
+    outputs.ModelRunnerOutput = type("ModelRunnerOutput", (), {})
+    for name in ("vllm.v1.core", "vllm.v1.core.sched"):
+        _module(name, __path__=[])
+    _module("vllm.v1.core.sched.output", SchedulerOutput=SchedulerOutput)
+    _module(EC + ".cpu", __path__=[])
+    _module(EC + ".cpu.common", _get_encoder_cache_hidden_dim=lambda c: (
+        c.model_config.get_inputs_embeds_size()))
+
+    def no_group():
+        raise AssertionError("group is not initialized")
+    _module("vllm.distributed.parallel_state", get_tp_group=no_group,
+            get_pp_group=no_group)
+    info = types.SimpleNamespace(data_parser=types.SimpleNamespace(
+        placeholder_metadata_fields=lambda m: (
+            {"image_grid_thw"} if m == "image" else set())))
+    _module("vllm.multimodal", MULTIMODAL_REGISTRY=types.SimpleNamespace(
+        create_processor=lambda mc: types.SimpleNamespace(info=info)))
+    if not hasattr(torch.Tensor, "nbytes"):
+        torch.Tensor.nbytes = property(
+            lambda t: t.numel() * t.element_size())
+    if not hasattr(torch.bfloat16, "itemsize"):  # an immutable C type
+        gc.get_referents(torch.dtype.__dict__)[0]["itemsize"] = property(
+            lambda d: torch.empty((), dtype=d).element_size())
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(torch.dtype))
+    if not hasattr(torch, "OutOfMemoryError"):
+        torch.OutOfMemoryError = getattr(torch.cuda, "OutOfMemoryError",
+                                         MemoryError)
+
+
+class SchedulerOutput:
+    def __init__(self, freed=(), finished=()):
+        self.free_encoder_mm_hashes = list(freed)
+        self.finished_req_ids = set(finished)
+
+
+class ModelConfig:
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.hf_config = None
+
+    def get_inputs_embeds_size(self):
+        return HIDDEN
+
+
+def vllm_config(connector, role, port, size, extra):
+    import torch
+    from vllm.config import ECTransferConfig
+    ec = ECTransferConfig(
+        ec_connector=connector, ec_role=role, ec_ip="127.0.0.1",
+        ec_port=port, ec_buffer_size=size, ec_buffer_device="cpu",
+        ec_connector_module_path="ecx.vllm" if connector == "ECXConnector"
+        else None, ec_connector_extra_config=dict(extra))
+    par = types.SimpleNamespace(
+        tensor_parallel_size=1, pipeline_parallel_size=1,
+        data_parallel_size=1, data_parallel_index=0, data_parallel_rank=0,
+        rank=0)
+    return types.SimpleNamespace(ec_transfer_config=ec, parallel_config=par,
+                                 model_config=ModelConfig(torch.bfloat16))
+
+
+class Feature:
+    def __init__(self, mm_hash, tokens):
+        import torch
+        self.identifier = mm_hash
+        self.modality = "image"
+        self.mm_position = types.SimpleNamespace(offset=1, length=tokens)
+        grid = torch.tensor([[1, tokens // 4 or 1, 4]])
+        self.data = types.SimpleNamespace(
+            get_data=lambda: {"image_grid_thw": grid})
+
+
+class Request:
+    """A one-item request: the encoder's (consumer_zmq, ec_items with
+    transfer_id) or the consumer's (ec_items with mm_hash)."""
+
+    def __init__(self, rid, mm_hash, tokens, params):
+        self.request_id = rid
+        self.mm_features = [Feature(mm_hash, tokens)]
+        self.ec_transfer_params = params
+        self.tokens = tokens
+
+    def get_num_encoder_embeds(self, index):
+        return self.tokens
+
+
+def proxy_encoder_params(consumer_zmq):
+    return {"consumer_zmq": consumer_zmq,
+            "ec_items": [{"transfer_id": uuid.uuid4().hex}]}
+
+
+def proxy_consumer_params(encoder_reply):
+    """The decode request's ec_transfer_params from the encoder's reply
+    (a single entry, so matched as the single entry)."""
+    (mm_hash, entry), = encoder_reply.items()
+    return {"ec_items": [{"mm_hash": mm_hash,
+                          "transfer_id": entry["transfer_id"]}],
+            mm_hash: entry}
+
+
+def item(case, size, rep):
+    import torch
+    mm_hash = hashlib.sha256(f"{case}:{size}:{rep}".encode()).hexdigest()
+    data = random.Random(mm_hash).randbytes(size)
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return mm_hash, data, t.view(torch.bfloat16).view(size // 2 // HIDDEN,
+                                                      HIDDEN)
+
+
+class Prefill:
+    """A consumer instance (scheduler and one worker rank) stepped as
+    vLLM's engine does; load() waits for a request to be scheduled and
+    returns when, with its tensor from the worker's encoder_cache."""
+
+    def __init__(self, connector, make_config):
+        from vllm.distributed.ec_transfer.ec_connector.base import (
+            ECConnectorRole)
+        self.worker = connector(make_config(), ECConnectorRole.WORKER)
+        self.worker.start_worker_services()
+        self.sched = connector(make_config(), ECConnectorRole.SCHEDULER)
+        self.cache = {}
+        self.freed = []
+
+    def step(self, req):
+        from vllm.v1.outputs import ECConnectorOutput
+        ready = self.sched.ensure_cache_available(req, 0)
+        if ready:
+            self.sched.update_state_after_alloc(req, 0)
+        meta = self.sched.build_connector_meta(SchedulerOutput(self.freed))
+        self.freed = []
+        self.worker.bind_connector_metadata(pickle.loads(pickle.dumps(meta)))
+        self.worker.start_load_caches(self.cache)
+        self.worker.get_finished(set())
+        wm = pickle.loads(pickle.dumps(
+            self.worker.build_connector_worker_meta()))
+        self.worker.clear_connector_metadata()
+        self.sched.update_connector_output(
+            ECConnectorOutput(ec_connector_worker_meta=wm))
+        bad = self.sched.take_unavailable_requests()
+        if bad:
+            raise RuntimeError(f"request {req.request_id} unavailable")
+        return ready
+
+    def load(self, req, timeout_s=20.0):
+        deadline = time.monotonic() + timeout_s
+        while not self.step(req):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{req.request_id}: not schedulable")
+            time.sleep(0.0005)
+        t = time.perf_counter()
+        return t, self.cache[req.mm_features[0].identifier]
+
+    def finish(self, req):
+        h = req.mm_features[0].identifier
+        self.sched.update_state_after_free(req, 0)
+        self.sched.request_finished(req)
+        self.cache.pop(h, None)
+        self.freed.append(h)
+
+    def close(self):
+        self.worker.shutdown()
+        self.sched.shutdown()
+
+
+class UpstreamEncoder:
+    """Upstream's encoder instance (scheduler and worker connectors), its
+    steps as vLLM's engine and model runner make them."""
+
+    def __init__(self, make_config):
+        from vllm.distributed.ec_transfer.ec_connector.base import (
+            ECConnectorRole)
+        from vllm.distributed.ec_transfer.ec_connector.mooncake_ec_connector \
+            import ECMooncakeConnector
+        self.sched = ECMooncakeConnector(make_config(),
+                                         ECConnectorRole.SCHEDULER)
+        self.worker = ECMooncakeConnector(make_config(),
+                                          ECConnectorRole.WORKER)
+        self.ended = {}
+        mgr = self.worker._worker._producer_pushes
+        self.mgr = mgr
+        done, failed = mgr.complete, mgr.fail
+
+        def complete(records):
+            done(records)
+            t = time.perf_counter()
+            for r in records:
+                self.ended[r.spec.transfer_id] = (t, None)
+
+        def fail(records, error):
+            failed(records, error)
+            t = time.perf_counter()
+            for r in records:
+                self.ended[r.spec.transfer_id] = (t, str(error))
+        mgr.complete, mgr.fail = complete, fail
+
+    def encode(self, req, tensor):
+        """One engine step encoding req's item; returns (bound at,
+        request_finished's map)."""
+        from vllm.v1.outputs import ECConnectorOutput
+        h = req.mm_features[0].identifier
+        tid = req.ec_transfer_params["ec_items"][0]["transfer_id"]
+        assert not self.sched.has_cache_item(h)
+        assert self.sched.ensure_cache_available(req, 0)
+        self.sched.update_state_after_alloc(req, 0)
+        meta = self.sched.build_connector_meta(SchedulerOutput())
+        self.worker.bind_connector_metadata(pickle.loads(pickle.dumps(meta)))
+        cache = {}
+        self.worker.start_save_caches(encoder_cache=cache)
+        self.mgr._records[tid].reservation_future.result(timeout=10)
+        cache[h] = tensor  # the encoder's output
+        t0 = time.perf_counter()
+        self.worker.save_caches(encoder_cache=cache, mm_hash=h)
+        self.worker.get_finished(set())
+        wm = pickle.loads(pickle.dumps(
+            self.worker.build_connector_worker_meta()))
+        self.worker.clear_connector_metadata()
+        self.sched.update_connector_output(
+            ECConnectorOutput(ec_connector_worker_meta=wm))
+        assert not self.sched.take_unavailable_requests()
+        _, reply = self.sched.request_finished(req)
+        return t0, reply
+
+    def ended_at(self, tid, timeout_s=20.0):
+        deadline = time.monotonic() + timeout_s
+        while tid not in self.ended:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"push {tid} never ended")
+            time.sleep(0.0002)
+        t, err = self.ended[tid]
+        if err:
+            raise RuntimeError(f"push {tid} failed: {err}")
+        return t
+
+    def close(self):
+        self.worker.shutdown()
+        self.sched.shutdown()
+
+
+class EcxEncoder:
+    """ecx's encoder side: an ecx.Producer holding the items and
+    ecx.vllm.push.pusher's Pusher."""
+
+    def __init__(self):
+        import ecx
+        from ecx.vllm.push.pusher import Pusher
+        self.prod = ecx.Producer(capacity_bytes=64 << 20,
+                                 bind_host="127.0.0.1", registry_port=0,
+                                 mooncake=True)
+        self.pusher = Pusher(self.prod, control_timeout_s=5.0)
+
+    def encode(self, params, mm_hash, tensor):
+        from ecx.vllm.push.pusher import finished_map, specs_from_params
+        self.prod.put(mm_hash, tensor)
+        meta = {"image_grid_thw": [[1, tensor.shape[0] // 4 or 1, 4]]}
+        consumer, specs = specs_from_params(params, [(
+            mm_hash, tensor.numel() * 2, list(tensor.shape), "bfloat16",
+            meta)])
+        assert self.pusher.reserve(consumer, specs) == specs, specs[0].error
+        t0 = time.perf_counter()
+        failed = self.pusher.push(consumer, specs)
+        t1 = time.perf_counter()
+        if failed:
+            raise RuntimeError(failed[0].error)
+        self.prod.remove(mm_hash)
+        return t0, t1, finished_map(specs)
+
+    def close(self):
+        self.pusher.close()
+        self.prod.close()
+
+
+def ports():
+    return random.randint(20000, 60000)
+
+
+def run_case(case, n):
+    import torch
+    from ecx.vllm import ECXConnector
+    from vllm.distributed.ec_transfer.ec_connector.mooncake_ec_connector \
+        import ECMooncakeConnector
+    ups = {"mooncake_protocol": "tcp", "control_timeout_s": 5,
+           "push_wait_timeout_s": 30}
+    port = ports()
+    if case == "ecx_to_upstream":
+        prefill = Prefill(ECMooncakeConnector, lambda: vllm_config(
+            "ECMooncakeConnector", "ec_consumer", port, 64 << 20, ups))
+    else:
+        prefill = Prefill(ECXConnector, lambda: vllm_config(
+            "ECXConnector", "ec_consumer", port, 64 << 20,
+            {"control_timeout_s": 5, "push_wait_timeout_s": 30}))
+    base = f"tcp://127.0.0.1:{port}"
+    if case == "upstream_to_ecx":
+        enc = UpstreamEncoder(lambda: vllm_config(
+            "ECMooncakeConnector", "ec_producer", ports(), 64 << 20, ups))
+    else:
+        enc = EcxEncoder()
+    rows, replies = {}, []
+    try:
+        for size in SIZES:
+            push, sched = [], []
+            for rep in range(n):
+                mm_hash, data, tensor = item(case, size, rep)
+                params = proxy_encoder_params(base)
+                tokens = tensor.shape[0]
+                if isinstance(enc, UpstreamEncoder):
+                    t0, reply = enc.encode(Request(
+                        f"enc-{size}-{rep}", mm_hash, tokens, params), tensor)
+                    t1 = enc.ended_at(params["ec_items"][0]["transfer_id"])
+                else:
+                    t0, t1, reply = enc.encode(params, mm_hash, tensor)
+                if rep == 0:
+                    replies.append(reply)
+                req = Request(f"dec-{size}-{rep}", mm_hash, tokens,
+                              proxy_consumer_params(reply))
+                t2, got = prefill.load(req)
+                raw = got.contiguous().view(torch.uint8).numpy().tobytes()
+                if raw != data or list(got.shape) != [tokens, HIDDEN]:
+                    raise RuntimeError(f"{case} {size} {rep}: bytes differ")
+                prefill.finish(req)
+                push.append(t1 - t0)
+                sched.append(t2 - t0)
+            rows[str(size)] = {
+                "n": n, "bytes_checked": n,
+                "push_ms": round(statistics.median(push) * 1e3, 3),
+                "sched_ms": round(statistics.median(sched) * 1e3, 3)}
+    finally:
+        enc.close()
+        prefill.close()
+    return {"sizes": rows, "encoder_reply": _short(replies[0])}
+
+
+def _short(reply):
+    """The encoder's request_finished map, keys cut, as one string."""
+    return json.dumps({k[:12] + "...": v for k, v in reply.items()})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True,
+                    help="folder with upstream's vllm/... files")
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--case", choices=CASES)
+    ap.add_argument("--engine", choices=["mooncake", "mcwire"],
+                    default="mooncake")
+    args = ap.parse_args()
+    os.environ.setdefault("MC_FORCE_TCP", "1")
+    if args.case:  # a child: one case, one JSON line
+        logging.basicConfig(level=logging.WARNING)
+        install_stubs(os.path.abspath(args.source))
+        if args.engine == "mcwire":
+            sys.path.insert(0, HERE)
+            _module("mooncake", __path__=[])
+            from mcwire_engine import TransferEngine
+            _module("mooncake.engine", TransferEngine=TransferEngine)
+        try:
+            out = {"ok": True, **run_case(args.case, args.n)}
+        except Exception as e:  # said, with the case, in the summary
+            out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(out), flush=True)
+        os._exit(0 if out["ok"] else 1)
+    results = {"engine": args.engine, "load_average": os.getloadavg(),
+               "n": args.n,
+               "hidden": HIDDEN, "dtype": "bfloat16", "cases": {}}
+    for case in CASES:
+        p = subprocess.run([sys.executable, __file__, "--source",
+                            args.source, "--n", str(args.n), "--case", case,
+                            "--engine", args.engine],
+                           capture_output=True, text=True, timeout=900)
+        lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+        results["cases"][case] = json.loads(lines[-1]) if lines else {
+            "ok": False, "rc": p.returncode, "stderr": p.stderr[-2000:]}
+    results["load_average_end"] = os.getloadavg()
+    print(json.dumps(results, indent=1))
+    return 0 if all(c["ok"] for c in results["cases"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
