@@ -56,12 +56,12 @@ consumer's encoder_cache:
     Pusher with specs_from_params/finished_map; the connector does not
     push yet) into upstream's consumer (ECMooncakeConnector ec_consumer,
     scheduler and worker, start_worker_services);
-  ecx_to_ecx  the same ecx encoder into an ecx prefill (the baseline).
+  ecx_to_ecx, upstream_to_upstream  the baselines (two Mooncake engines in
+    one process for the latter).
 push_ms: the encoder output bound (save_caches; Pusher.push) to the push
 done (every write and complete acknowledged); sched_ms: from the same to
 the consumer's ensure_cache_available true, a step every 0.5 ms. Medians,
-printed as one JSON object. How to run: README.md.
---engine mcwire: mcwire_engine.py in the place of Mooncake's module.
+printed as one JSON object. How to run, and --engine mcwire: README.md.
 """
 import argparse
 import ctypes
@@ -84,7 +84,8 @@ STUB = os.path.join(HERE, "..", "python", "vllm_stub")
 EC = "vllm.distributed.ec_transfer.ec_connector"
 SIZES = [64 << 10, 1 << 20, 7 << 20]
 HIDDEN = 2048
-CASES = ["upstream_to_ecx", "ecx_to_upstream", "ecx_to_ecx"]
+CASES = ["upstream_to_ecx", "ecx_to_upstream", "ecx_to_ecx",
+         "upstream_to_upstream"]
 
 
 def _module(name, **attrs):
@@ -377,8 +378,7 @@ class EcxEncoder:
         consumer, specs = specs_from_params(params, feats)
         assert self.pusher.reserve(consumer, specs) == specs, specs[0].error
         t0 = time.perf_counter()
-        failed = self.pusher.push(consumer, specs)
-        t1 = time.perf_counter()
+        failed, t1 = self.pusher.push(consumer, specs), time.perf_counter()
         if failed:
             raise RuntimeError(failed[0].error)
         for h, _ in items:
@@ -416,7 +416,7 @@ def run_case(case, n):
            "push_wait_timeout_s": 30}
     for port in random.sample(range(20000, 60000), 20):  # a free one
         try:
-            if case == "ecx_to_upstream":
+            if case.endswith("_to_upstream"):
                 prefill = Prefill(ECMooncakeConnector, lambda: vllm_config(
                     "ECMooncakeConnector", "ec_consumer", port, 64 << 20,
                     ups))
@@ -428,7 +428,7 @@ def run_case(case, n):
         except RuntimeError:
             continue
     base = f"tcp://127.0.0.1:{port}"
-    if case == "upstream_to_ecx":
+    if case.startswith("upstream_to_"):
         enc = UpstreamEncoder(lambda: vllm_config(
             "ECMooncakeConnector", "ec_producer", port + 1, 64 << 20, ups))
     else:
