@@ -170,7 +170,15 @@ def test_follower_of_an_inflight_writer(env):
     assert env.complete("t1", w["reservation_id"]) == (True, True)
     assert env.got(2) == ["t2", "t1"]  # followers first
     assert env.state("t1") == READY and env.state("t2") == READY
-    # both are leases on one resident copy: ending both keeps it retired
+    # both are leases on one resident copy (cached, as upstream's reply
+    # says of a record holding a lease): repeated, neither is written
+    for tid, r in (("t1", w), ("t2", f)):
+        again = env.reserve(tid)
+        assert (again["write"], again["ready"], again["cached"]) == (
+            False, True, True)
+        assert again["reservation_id"] == r["reservation_id"]
+    assert env.got(2) == ["t1", "t2"]
+    # ending both keeps the resident copy, retired
     env.cancel("t1")
     env.cancel("t2")
     assert env.s.table.resident("m" * 64).pins == 0

@@ -39,7 +39,7 @@ class Reservation:
     __slots__ = ("transfer_id", "mm_hash", "nbytes", "shape", "dtype",
                  "reservation_id", "state", "expires_at", "dst_session",
                  "dst_ptr", "buf", "writer", "followers", "resident",
-                 "cached", "open", "ended_at")
+                 "open", "ended_at")
 
     def __init__(self, spec, state, now, ttl):
         self.transfer_id = spec.transfer_id
@@ -56,7 +56,6 @@ class Reservation:
         self.writer = None      # the writer it follows
         self.followers = []     # its followers, while it writes
         self.resident = None    # the Resident it holds a lease on
-        self.cached = False
         self.open = False       # between open_write and close_write
         self.ended_at = None
 
@@ -154,7 +153,6 @@ class ReservationTable:
                 if (res.shape, res.dtype) != (s.shape, s.dtype):
                     raise Refused("conflicting cached tensor for mm_hash")
                 r = Reservation(s, READY, now, self.ttl)
-                r.cached = True
                 self._lease(r, res)
                 r.dst_session = self.pool.session
                 self._active[r.transfer_id] = r
@@ -365,7 +363,8 @@ class ReservationTable:
         return {"reservation_id": r.reservation_id,
                 "dst_session": r.dst_session, "dst_ptr": r.dst_ptr,
                 "nbytes": r.nbytes, "write": write,
-                "ready": r.state == READY, "cached": r.cached}
+                "ready": r.state == READY,
+                "cached": r.resident is not None}  # it holds a lease
 
     def _emit(self, r):
         ev = r.status()
