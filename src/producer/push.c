@@ -144,10 +144,6 @@ static void *push_thread(void *arg)
 int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
                     uint64_t timeout_ms)
 {
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL || (items == NULL && n > 0))
-		return ecx_set_error(ECX_EINVAL, "push: missing argument");
 	if (p->mc == NULL)
 		return ecx_set_error(ECX_EUNSUPPORTED,
 		                     "push: this producer was started with the "
@@ -200,22 +196,4 @@ int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
 	free(j.its);
 	free(j.src);
 	return rc;
-}
-
-/* ---- public API ---- */
-
-int ecx_producer_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
-                            uint64_t timeout_ms)
-{
-	return prod_push_batch(p, items, n, timeout_ms);
-}
-
-int ecx_producer_push(ecx_producer *p, const char *id, const char *dst_session,
-                      uint64_t dst_ptr, uint64_t nbytes, uint64_t timeout_ms)
-{
-	ecx_push_item e = {.id = id,
-	                   .dst_session = dst_session,
-	                   .dst_ptr = dst_ptr,
-	                   .nbytes = nbytes};
-	return prod_push_batch(p, &e, 1, timeout_ms);
 }
