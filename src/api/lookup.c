@@ -54,12 +54,17 @@ int api_lookup_run(const api_lookup *lk, ecx_item *items, size_t n,
 	if (n == 0)
 		return 0;
 	/* The registry client sets each one's found, entry (when found) and
-	 * holders; a NULL id is its to refuse. */
-	ecx_lookup_item *li = calloc(n, sizeof(*li));
+	 * holders: nothing else needs clearing (a batch's array is large).
+	 * A NULL id is its to refuse. */
+	ecx_lookup_item *li = malloc(n * sizeof(*li));
 	if (li == NULL)
 		return ecx_set_error(ECX_ENOMEM, "out of memory");
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		li[i].id = items[i].id;
+		li[i].found = false;
+		li[i].nalt = 0;
+		li[i].alt = NULL;
+	}
 	char why[256] = "";
 	if (lk->rc_lock != NULL)
 		pthread_mutex_lock(lk->rc_lock);
