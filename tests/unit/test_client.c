@@ -370,13 +370,12 @@ static void stale(ecx_item *it, size_t n)
 
 /* The consumer's lookups and the client's go through one path, so they
  * agree on every case: no handle, or no items for n > 0, is ECX_EINVAL
- * before any request (the consumer's used to crash on them); an id that
- * breaks the rules, or a NULL one, fails the call with ECX_EID before any
- * request, that item's status ECX_EID and every other's ECX_ENOTFOUND
- * (the client's used to leave the statuses as they were, so a stale 0
- * read as a hit); and a lookup that one registry of the list failed
- * (ECX_EINVAL: a server that is no registry) still leases what the others
- * found (the client's used to skip leasing then: a hit without a lease). */
+ * before any request; an id that breaks the rules, or a NULL one, fails
+ * the call with ECX_EID before any request, that item's status ECX_EID
+ * and every other's ECX_ENOTFOUND (a status an earlier call left never
+ * reads as a hit), and nothing leased; and a lookup that one registry of
+ * the list failed (ECX_EINVAL: a server that is no registry) still
+ * leases what the others found (a hit has a lease, or is a miss). */
 static void test_lookup_arguments_agree(void **state)
 {
 	(void)state;
