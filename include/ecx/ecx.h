@@ -151,6 +151,10 @@ ECX_API size_t ecx_dtype_size(ecx_dtype dt);
  * returns ECX_EDTYPE. Accepts torch's names, also with a "torch." prefix. */
 ECX_API int ecx_dtype_parse(const char *name, ecx_dtype *out);
 
+/* ecx_xxh3 returns the XXH3 (XXH3_64bits, no seed) of n bytes at p, the
+ * hash integrity uses; a push-mode consumer checks landed bytes with it. */
+ECX_API uint64_t ecx_xxh3(const void *p, size_t n);
+
 #define ECX_MAX_DIMS 8
 
 /* What an item is: element type, shape and total size. nbytes is declared by
@@ -456,6 +460,15 @@ ECX_API int ecx_producer_push(ecx_producer *p, const char *id,
  * detail in ecx_last_error). The caller owns items. */
 ECX_API int ecx_producer_push_batch(ecx_producer *p, ecx_push_item *items,
                                     size_t n, uint64_t timeout_ms);
+
+/* ecx_producer_item_xxh3 sets *out to the XXH3 (XXH3_64bits, no seed: the
+ * hash integrity uses) of the held item id, what a push carries to its
+ * consumer: the hash made at put where the producer has integrity on (so
+ * bytes changed in the arena since are caught), else one made now from the
+ * item's bytes, the item pinned meanwhile. Does not wait on the network.
+ * Errors: ECX_EINVAL, ECX_ENOTFOUND (not held, or not committed yet). */
+ECX_API int ecx_producer_item_xxh3(ecx_producer *p, const char *id,
+                                   uint64_t *out);
 
 ECX_API const char *ecx_producer_last_error(void);
 

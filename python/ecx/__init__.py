@@ -31,6 +31,15 @@ from .errors import (EFORK, Corrupt, EcxError, Forked,  # noqa: F401
 from .item import Found, Item
 from .producer import Producer
 
+
+
+def xxh3(addr, nbytes):
+    """The XXH3 (XXH3_64bits, no seed; what integrity uses) of nbytes at
+    address addr of this process, as an int."""
+    from . import _cdefs
+    return _cdefs.ecx_xxh3(int(addr), int(nbytes))
+
+
 __all__ = ["Producer", "Consumer", "Client", "Item", "Load", "Found",
            "EcxError", "NotFound", "Timeout", "Corrupt", "load_library",
-           "DTYPES", "__version__"]
+           "DTYPES", "__version__", "xxh3"]

@@ -195,6 +195,8 @@ _proto("ecx_producer_registry_port", ctypes.c_uint16, P)
 _proto("ecx_producer_destroy", None, P)
 _proto("ecx_producer_push", _int, P, _str, _str, _u64, _u64, _u64)
 _proto("ecx_producer_push_batch", _int, P, ctypes.c_void_p, _size_t, _u64)
+_proto("ecx_producer_item_xxh3", _int, P, _str, _ptr(_u64))
+_proto("ecx_xxh3", _u64, ctypes.c_void_p, _size_t)
 _proto("ecx_consumer_create", _int, _ptr(ecx_consumer_params), _ptr(P),
        _str, _size_t)
 _proto("ecx_consumer_lookup", _int, P, _ptr(ecx_item), _size_t)

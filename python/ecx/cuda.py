@@ -406,6 +406,12 @@ class Saves:
         with self._cv:
             return len(self._queue)
 
+    def wait_for(self, id, timeout_s):
+        """Waits until id's save (if one is queued) has committed or
+        failed, at most timeout_s; True when it is no longer queued."""
+        with self._cv:
+            return self._cv.wait_for(lambda: id not in self._ids, timeout_s)
+
     def _run(self):
         self._api.use_device(self._device)
         while True:

@@ -219,6 +219,17 @@ class Producer:
                                 else "")
         return [e.status for e in arr]
 
+    def item_xxh3(self, id):
+        """The XXH3 of the held item id (an int): the hash made at put
+        with integrity on, else one made now from its bytes. NotFound when
+        it is not held (or not committed yet)."""
+        out = ctypes.c_uint64()
+        rc = C.ecx_producer_item_xxh3(self._handle(), b(id),
+                                      ctypes.byref(out))
+        if rc != 0:
+            raise error(rc)
+        return out.value
+
     def stats(self):
         s = C.ecx_producer_stats()
         C.ecx_producer_stats_get(self._handle(), ctypes.byref(s))

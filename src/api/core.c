@@ -1,11 +1,12 @@
 /*
  * core.c - the public entry points that belong to no handle: the version,
  * the error table (ecx_strerror, ecx_err_name), the calling thread's last
- * error, ids, dtypes and tensor descriptors, and ecx_free. Each is one
- * call into core/ (err.c, types.c), whose functions every layer uses
- * under their internal names.
+ * error, ids, dtypes and tensor descriptors, ecx_xxh3 and ecx_free. Each
+ * is one call into core/ (err.c, types.c) or wire/ (pull.c's hashes),
+ * whose functions every layer uses under their internal names.
  */
 #include "core/core.h"
+#include "wire/wire.h"
 
 #include <stdlib.h>
 
@@ -68,6 +69,11 @@ int ecx_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
                    const uint64_t *shape)
 {
 	return core_tensor_set(d, dtype, ndim, shape);
+}
+
+uint64_t ecx_xxh3(const void *p, size_t n)
+{
+	return ecx_hash_bytes(ECX_HASH_XXH3, p, n);
 }
 
 void ecx_free(void *p)

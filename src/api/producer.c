@@ -142,6 +142,15 @@ int ecx_producer_push(ecx_producer *p, const char *id, const char *dst_session,
 	return ecx_producer_push_batch(p, &e, 1, timeout_ms);
 }
 
+int ecx_producer_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
+{
+	if (p != NULL && ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
+	if (p == NULL || id == NULL || out == NULL)
+		return ecx_set_error(ECX_EINVAL, "item hash: missing argument");
+	return prod_item_xxh3(p, id, out);
+}
+
 const char *ecx_producer_last_error(void)
 {
 	return core_last_error();

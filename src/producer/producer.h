@@ -459,5 +459,9 @@ size_t prod_ref_metrics(ecx_producer *p, char *buf, size_t len);
  * _push_batch, check them). Blocks the caller; sets the last error. */
 int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
                     uint64_t timeout_ms);
+/* push.c: the engine of ecx_producer_item_xxh3 (p, id and out checked):
+ * the XXH3 of held item id, kept from its put where integrity is on, else
+ * hashed now from the arena with the item pinned (outside the lock). */
+int prod_item_xxh3(ecx_producer *p, const char *id, uint64_t *out);
 
 #endif /* ECX_PRODUCER_H */

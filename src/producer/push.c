@@ -197,3 +197,29 @@ int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
 	free(j.src);
 	return rc;
 }
+
+int prod_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
+{
+	pthread_mutex_lock(&p->lock);
+	item *it = prod_item_find(p, id);
+	if (it == NULL || !it->ready) {
+		pthread_mutex_unlock(&p->lock);
+		return ecx_set_error(ECX_ENOTFOUND, "hash of %.64s: not held",
+		                     id);
+	}
+	if (p->integrity) {
+		*out = it->xxh3;
+		pthread_mutex_unlock(&p->lock);
+		return 0;
+	}
+	prod_item_pin(p, it);
+	const void *src = (const char *)p->base + it->off;
+	uint64_t n = it->desc.nbytes;
+	pthread_mutex_unlock(&p->lock);
+	uint64_t h = ecx_hash_bytes(ECX_HASH_XXH3, src, n);
+	pthread_mutex_lock(&p->lock);
+	prod_item_unpin(p, it);
+	pthread_mutex_unlock(&p->lock);
+	*out = h;
+	return 0;
+}

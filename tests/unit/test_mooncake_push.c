@@ -2,11 +2,14 @@
  * the Mooncake session of tests/common/mcrx.h at addresses the test picks
  * (as a push-mode reservation picks them), bytes checked; refusals before
  * a byte is sent; a receiver that refuses, stalls or is gone, each
- * bounded. Real sockets on 127.0.0.1, port 0. */
+ * bounded. ecx_producer_item_xxh3: the hash a push carries. Real sockets
+ * on 127.0.0.1, port 0. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -240,12 +243,62 @@ static void test_push_receiver_faults(void **state)
 	ecx_producer_destroy(p);
 }
 
+/* The hash a push carries: XXH3 of the bytes; with integrity on, the
+ * put's, kept after the arena's bytes changed. */
+static void test_item_xxh3(void **state)
+{
+	(void)state;
+	for (int integrity = 0; integrity <= 1; integrity++) {
+		ecx_producer_params pp = {.field_mask =
+		                              ECX_PRODUCER_PARAM_CAPACITY |
+		                              ECX_PRODUCER_PARAM_BIND_HOST |
+		                              ECX_PRODUCER_PARAM_REGISTRY_PORT |
+		                              ECX_PRODUCER_PARAM_INTEGRITY,
+		                          .capacity_bytes = 4 * MiB,
+		                          .bind_host = "127.0.0.1",
+		                          .registry_port = 0,
+		                          .integrity = integrity};
+		ecx_producer *p = NULL;
+		char why[256] = "";
+		if (ecx_producer_create(&pp, &p, why, sizeof(why)) != 0)
+			fail_msg("producer: %s", why);
+		uint64_t n = 300 * KiB + 7;
+		put(p, "hashed", n);
+		unsigned char *want = malloc(n);
+		tu_fill("hashed", want, n);
+		uint64_t h = 0;
+		assert_int_equal(ecx_producer_item_xxh3(p, "hashed", &h), 0);
+		assert_true(h == ecx_xxh3(want, n));
+		assert_int_equal(ecx_producer_item_xxh3(p, "absent", &h),
+		                 ECX_ENOTFOUND);
+		assert_int_equal(ecx_producer_item_xxh3(p, NULL, &h),
+		                 ECX_EINVAL);
+		/* A byte changed in the arena after put. */
+		uint64_t cap = 0;
+		unsigned char *arena = ecx_producer_arena(p, &cap);
+		unsigned char *at = NULL;
+		for (uint64_t off = 0; at == NULL && off + n <= cap; off++)
+			if (memcmp(arena + off, want, n) == 0)
+				at = arena + off;
+		assert_non_null(at);
+		at[1000] ^= 0x40;
+		assert_int_equal(ecx_producer_item_xxh3(p, "hashed", &h), 0);
+		if (integrity)
+			assert_true(h == ecx_xxh3(want, n)); /* the put's */
+		else
+			assert_true(h == ecx_xxh3(at, n)); /* the bytes now */
+		free(want);
+		ecx_producer_destroy(p);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_push),
 	    cmocka_unit_test(test_push_refused),
 	    cmocka_unit_test(test_push_receiver_faults),
+	    cmocka_unit_test(test_item_xxh3),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,13 +36,17 @@ between scheduler and workers in the step), channel (the step channel),
 scheduler (today's flow), scheduler_sync (the synchronous flow), leases
 (the scheduler's leases), worker (saves, device copies, the synchronous
 flow's loads), pulls (the worker's background pulls), pushflow (push mode
-on upstream vLLM's wire, the consumer side: config, the worker's control
-shard, the scheduler's events). ECXConnector picks its parts at
-construction and hands each hook to one of them.
+on upstream vLLM's wire: the consumer's config, worker control shard and
+scheduler events; the encoder's scheduler plans and worker pushes).
+ECXConnector picks its parts at construction and hands each hook to one
+of them.
 
 A consumer configured as upstream's Mooncake EC consumer (ec_ip, ec_port,
 no registry URL) serves push mode: upstream's encoder and proxy push into
-it (../../../docs/vllm.md, "Push mode in the connector").
+it. An encoder pushes the items of every request whose ec_transfer_params
+name consumer_zmq (upstream's proxy adds it) into that consumer, and
+returns upstream's proxy map from request_finished
+(../../../docs/vllm.md, "Push mode in the connector").
 """
 import logging
 
@@ -54,7 +58,7 @@ from .config import (VLLM_HAS_ASYNC_HOOKS, Config, parse_size,  # noqa: F401
                      pp_size, rank, tp_size)
 from .metadata import (Counters, ECXConnectorMetadata,  # noqa: F401
                        ECXConnectorStats, ECXLoadSpec, ECXWorkerMetadata)
-from .pushflow import PushConfig, PushScheduler
+from .pushflow import EncoderScheduler, PushConfig, PushScheduler
 from .scheduler import AsyncScheduler, Scheduler
 from .scheduler_sync import SyncScheduler
 from .worker import NoWorker, Worker
@@ -123,6 +127,10 @@ class ECXConnector(ECConnectorBase):
                 self._scheduler = SyncScheduler(self._cfg, self._stats, tp)
         else:
             self._scheduler = Scheduler(self._cfg, self._stats, tp)
+        if role == ECConnectorRole.SCHEDULER and self.is_producer:
+            # Push mode on an encoder: requests with consumer_zmq.
+            self._scheduler = EncoderScheduler(self._scheduler, vllm_config,
+                                               self._stats)
         self._worker = NoWorker()
         if role == ECConnectorRole.WORKER:
             self._worker = Worker(vllm_config, cfg, self._cfg, self._stats,
@@ -135,7 +143,13 @@ class ECXConnector(ECConnectorBase):
 
     def save_caches(self, encoder_cache: dict, mm_hash: str,
                     **kwargs) -> None:
-        self._worker.save_caches(encoder_cache, mm_hash, **kwargs)
+        self._worker.save_caches(encoder_cache, mm_hash,
+                                 metadata=self._connector_metadata, **kwargs)
+
+    def start_save_caches(self, **kwargs) -> None:
+        # An encoder's pushes are reserved now, before the encoder runs.
+        self._worker.start_save_caches(self._connector_metadata,
+                                       kwargs.get("encoder_cache"))
 
     def start_load_caches(self, encoder_cache: dict, **kwargs) -> None:
         self._worker.start_load_caches(self._get_connector_metadata,
@@ -146,8 +160,10 @@ class ECXConnector(ECConnectorBase):
             self._connector_metadata)
 
     def get_finished(self, finished_req_ids):
-        # Loads end in the step that schedules them (the take), and a
-        # consumer saves nothing: nothing finishes later.
+        # Loads end in the step that schedules them (the take), and saves
+        # and pushes are never waited for (an encoder's pushes of finished
+        # requests whose output was never bound are abandoned here).
+        self._worker.get_finished(finished_req_ids)
         return None, None
 
     def start_worker_services(self) -> None:
@@ -184,7 +200,8 @@ class ECXConnector(ECConnectorBase):
         return self._scheduler.request_finished(request)
 
     def has_pending_push_work(self) -> bool:
-        # A push-mode consumer: while cancels are still to be sent.
+        # An encoder: while pushes are planned or in flight; a push-mode
+        # consumer: while cancels are still to be sent.
         f = getattr(self._scheduler, "has_pending_push_work", None)
         return bool(f()) if f is not None else False
 

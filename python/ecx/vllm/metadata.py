@@ -3,6 +3,7 @@ step's metadata both ways), and the connector's counters."""
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorMetadata)
@@ -56,6 +57,21 @@ class ECXLoadSpec:
 
 
 @dataclass
+class ECXPushSpec:
+    """One item an encoder pushes (push mode, scheduler -> worker): where
+    (consumer_zmq, the proxy's), under which transfer_id, for which
+    request. shape [tokens, width] and dtype name where the scheduler
+    knows the model's (then the worker reserves before the encoder runs),
+    else None (the worker reserves with the output's)."""
+    mm_hash: str
+    transfer_id: str
+    consumer_zmq: str
+    request_id: str
+    shape: Optional[tuple] = None
+    dtype: Optional[str] = None
+
+
+@dataclass
 class ECXConnectorMetadata(ECConnectorMetadata):
     """Scheduler -> workers, one step.
 
@@ -66,13 +82,15 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     ones (their receive-arena space comes back once vLLM's encoder cache
     lets go of the tensor too). Push mode: takes, (id, transfer_id) pairs
     every rank's shard holds READY, for the workers to hand over now;
-    freed, pushed ids the engine let go of (kept resident, evictable)."""
+    freed, pushed ids the engine let go of (kept resident, evictable);
+    pushes, ECXPushSpecs an encoder's workers push."""
     loads: list = field(default_factory=list)
     starts: list = field(default_factory=list)
     ready: list = field(default_factory=list)
     releases: list = field(default_factory=list)
     takes: list = field(default_factory=list)
     freed: list = field(default_factory=list)
+    pushes: list = field(default_factory=list)
 
     def add_load(self, spec: ECXLoadSpec) -> None:
         self.loads.append(spec)
@@ -84,10 +102,15 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
     holds now; failed: (id, attempt) -> why, for pulls that ended badly
     since the last report. Merged over ranks, an item is held when every
     rank holds it and failed when any rank failed it. push_failed: id ->
-    why, for pushed items a rank could not take from its shard."""
+    why, for pushed items a rank could not take from its shard. An
+    encoder's: pushes_pending, its pushes planned and not ended (summed);
+    saves_failed, request ids whose push was refused (a transfer_id it
+    already pushes elsewhere)."""
     held: set = field(default_factory=set)
     failed: dict = field(default_factory=dict)
     push_failed: dict = field(default_factory=dict)
+    pushes_pending: int = 0
+    saves_failed: set = field(default_factory=set)
 
     def aggregate(self, other):
         if not isinstance(other, ECXWorkerMetadata):
@@ -95,7 +118,9 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
         return ECXWorkerMetadata(
             held=self.held & other.held,
             failed={**self.failed, **other.failed},
-            push_failed={**self.push_failed, **other.push_failed})
+            push_failed={**self.push_failed, **other.push_failed},
+            pushes_pending=self.pushes_pending + other.pushes_pending,
+            saves_failed=self.saves_failed | other.saves_failed)
 
 
 _STATS_BASE = ECConnectorStats if ECConnectorStats is not None else object

@@ -19,6 +19,7 @@ from .config import first_rank, model_device_type
 from .metadata import ECXConnectorMetadata, ECXLoadSpec, ECXWorkerMetadata
 from .pulls import Pulls
 from .pushflow import PushWorker
+from .pushflow.pushes import EncoderPushes
 
 logger = logging.getLogger("ecx.vllm")
 
@@ -27,6 +28,12 @@ class NoWorker:
     """The worker hooks of a connector that is no worker (a scheduler's)."""
 
     def save_caches(self, encoder_cache, mm_hash, **kwargs):
+        pass
+
+    def start_save_caches(self, metadata, encoder_cache=None):
+        pass
+
+    def get_finished(self, finished_req_ids):
         pass
 
     def start_load_caches(self, get_metadata, encoder_cache, **kwargs):
@@ -65,6 +72,7 @@ class Worker(NoWorker):
         self._seen_meta = None
         self._push: Optional[PushWorker] = None
         self._push_failed: dict = {}
+        self._pushes: Optional[EncoderPushes] = None
         # Device copies (ecx.cuda): the device interface, where vLLM's
         # tensors live, copies to it (consumer) and saves from it
         # (producer); set at the start.
@@ -79,6 +87,13 @@ class Worker(NoWorker):
         if is_producer and rank == 0:
             self._ensure_producer()
         self._start_device(vllm_config)
+        # Push mode on an encoder: the rank whose Producer holds the
+        # outputs pushes them where its requests' ec_transfer_params say.
+        if self._producer is not None and push is not None:
+            self._pushes = EncoderPushes(
+                self._producer, push.control_timeout_s, push.token, stats,
+                wait_saved=lambda h, t: self._saves is None or
+                self._saves.wait_for(h, t))
         # Push mode: this rank's control shard, serving from now (ranks of
         # the first pipeline stage only, as upstream's).
         if is_consumer and push is not None and push.enabled and rank < tp:
@@ -132,13 +147,15 @@ class Worker(NoWorker):
             return self._consumer
 
     def save_caches(self, encoder_cache: dict, mm_hash: str,
-                    **kwargs: Any) -> None:
+                    metadata=None, **kwargs: Any) -> None:
         # Every instance calls this for what it encoded; only a producer's
         # workers keep it.
         if not self._is_producer:
             return
         if not first_rank():
             return  # tensor-parallel ranks hold the same output
+        if self._pushes is not None:
+            self._pushes.from_metadata(metadata)
         # A CUDA tensor is copied once, from the device straight into its
         # place in the producer's (page-locked) arena.
         tensor = encoder_cache[mm_hash]
@@ -147,9 +164,28 @@ class Worker(NoWorker):
         except Exception as e:  # noqa: BLE001 - logged, never raised
             # An item that cannot be kept (arena full, a dtype ecx does not
             # carry, a CUDA error) is one consumers encode again; it must
-            # not fail the encoder's request.
+            # not fail the encoder's request (its pushes fail, with
+            # abandon, when they find it not held).
             logger.warning("ECXConnector: not saving %s: %s: %s", mm_hash,
                            type(e).__name__, e)
+        if self._pushes is not None:
+            self._pushes.bind(mm_hash, tensor)
+
+    def start_save_caches(self, metadata, encoder_cache=None) -> None:
+        """An encoder's step begins: its push plans are reserved now; an
+        item it encoded before (in encoder_cache) is saved and pushed at
+        once."""
+        if self._pushes is None or not first_rank():
+            return
+        self._pushes.from_metadata(metadata)
+        if isinstance(encoder_cache, dict):
+            for p in getattr(metadata, "pushes", None) or ():
+                if p.mm_hash in encoder_cache:
+                    self.save_caches(encoder_cache, p.mm_hash)
+
+    def get_finished(self, finished_req_ids) -> None:
+        if self._pushes is not None:
+            self._pushes.finished(set(finished_req_ids or ()))
 
     def _start_device(self, vllm_config) -> None:
         """Where this worker's tensors live, and its arenas page-locked for
@@ -358,8 +394,13 @@ class Worker(NoWorker):
                                "(they expire): %s", len(left), e)
 
     def build_connector_worker_meta(self, metadata):
+        pushes = None
+        if self._pushes is not None:
+            self._pushes.from_metadata(metadata)
+            pending, refused = self._pushes.report()
+            pushes = {"pushes_pending": pending, "saves_failed": refused}
         if not self._is_consumer or not (self._async or self._push):
-            return None
+            return ECXWorkerMetadata(**pushes) if pushes else None
         if metadata is not None:
             self._process_metadata(metadata)
         self._poll_copies()
@@ -370,7 +411,7 @@ class Worker(NoWorker):
         # when ranks are merged.
         push_failed, self._push_failed = self._push_failed, {}
         return ECXWorkerMetadata(held=held, failed=failed,
-                                 push_failed=push_failed)
+                                 push_failed=push_failed, **(pushes or {}))
 
     def start_worker_services(self) -> None:
         if self._push is not None:
@@ -381,6 +422,9 @@ class Worker(NoWorker):
             self._channel.close()  # no start comes in after this
             self._channel = None
         self._pulls.shutdown()
+        if self._pushes is not None:
+            self._pushes.close()  # before the saves and the producer go
+            self._pushes = None
         if self._push is not None:
             self._push.stop()  # before its consumer's arena goes
             self._push = None

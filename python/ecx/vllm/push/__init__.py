@@ -1,6 +1,7 @@
-"""Push mode on upstream vLLM's wire, the consumer's side: the control
-shard an encoder reserves in, completes and cancels with, and the ready
-events it sends the consumer's scheduler.
+"""Push mode on upstream vLLM's wire: the consumer's control shard an
+encoder reserves in, completes and cancels with, and the ready (and, ecx's,
+failure) events it sends the consumer's scheduler; and the encoder's
+pusher.
 
   pool   ReceivePool (what a shard needs of its receive memory and of the
          data plane) and BufferPool (one over memory of this process)
@@ -10,12 +11,13 @@ events it sends the consumer's scheduler.
   table  ReservationTable: reservations, their states, TTLs, tombstones,
          followers and resident copies
   shard  ControlShard: the REP and event sockets, the server thread, the
-         ops, the token
+         ops, the token, failure events, the hash check at complete
+  pusher Pusher: the encoder's discovery, reserves, writes, completes
+         and abandons
 
-Nothing here imports vLLM or torch; the connector wires it in.
-../../../../docs/vllm.md ("Push mode: the control server") says what
-exists and what is not wired yet; ../../../../docs/protocol.md ("Push
-mode") is the contract.
+Nothing here imports vLLM or torch; the connector (../pushflow/) wires it
+in. ../../../../docs/vllm.md ("Push mode") says how it is used;
+../../../../docs/protocol.md ("Push mode") is the contract.
 """
 from .arena import ArenaPool
 from .pool import ALIGN, BufferPool, ReceivePool

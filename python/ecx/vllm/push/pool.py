@@ -54,6 +54,12 @@ class ReceivePool:
         free them."""
         raise NotImplementedError
 
+    def xxh3(self, addr, nbytes):
+        """The XXH3 of nbytes at addr (inside the pool), which a writer's
+        "ecx_xxh3" is checked against. Memory of this process: ecx_xxh3."""
+        from ... import xxh3
+        return xxh3(addr, nbytes)
+
 
 class BufferPool(ReceivePool):
     """A ReceivePool over a writable buffer of this process (anything

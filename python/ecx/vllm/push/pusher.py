@@ -16,9 +16,15 @@ Pusher.push(consumer_zmq, specs) does, for one consumer:
   completed:true). Any failure cancels every known reservation of the
   failed items with abandon (up to 2 tries each).
 
-Not wired into ECXConnector yet: specs_from_params turns a request's
-ec_transfer_params into PushSpecs, finished_map builds the map that
-request_finished returns to upstream's proxy.
+ecx's own (upstream's consumer ignores both): each complete_batch entry
+carries the item's XXH3 as "ecx_xxh3" (16 hex digits; the hash made at
+put where the Producer has integrity on, else made from its bytes just
+before the write), which an ecx consumer checks the landed bytes against;
+and a token as "ecx_token".
+
+specs_from_params turns a request's ec_transfer_params into PushSpecs,
+finished_map builds the map that request_finished returns to upstream's
+proxy; ../pushflow/pushes.py drives them from ECXConnector's encoder.
 """
 import json
 import threading
@@ -27,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
-from .wire import TOKEN_FIELD
+from .wire import HASH_FIELD, TOKEN_FIELD
 
 TTL_S = 300.0
 
@@ -48,6 +54,7 @@ class PushSpec:
         self.shape = [int(d) for d in shape]
         self.dtype = dtype
         self.metadata = metadata
+        self.xxh3 = None       # the item's hash, sent with complete
         self.shards = {}       # shard address -> reservation
         self.reserved_at = {}  # shard address -> clock() of its reserve
         self.error = None
@@ -83,6 +90,14 @@ def finished_map(specs):
     items: {mm_hash: {"metadata": ..., "transfer_id": ...}}."""
     return {s.mm_hash: {"metadata": s.metadata,
                         "transfer_id": s.transfer_id} for s in specs}
+
+
+def _complete_item(spec, reservation):
+    e = {"transfer_id": spec.transfer_id,
+         "reservation_id": reservation["reservation_id"]}
+    if spec.xxh3 is not None:
+        e[HASH_FIELD] = f"{spec.xxh3:016x}"
+    return e
 
 
 def _shard_addr(base, port):
@@ -155,11 +170,14 @@ class Pusher:
     control_timeout_s: the REQ timeout (upstream's extra config key);
     write_timeout_s: the bound of one batch of writes (default
     control_timeout_s); token: ecx's control token, sent as "ecx_token"
-    (None for none, as upstream). Thread-safe."""
+    (None for none, as upstream); send_hash: whether completes carry
+    "ecx_xxh3". Thread-safe."""
 
     def __init__(self, producer, control_timeout_s=30.0, token=None,
-                 write_timeout_s=None, clock=time.monotonic, threads=8):
+                 write_timeout_s=None, clock=time.monotonic, threads=8,
+                 send_hash=True):
         self.producer = producer
+        self.send_hash = send_hash
         self.ctl = _Control(control_timeout_s, token)
         self.write_timeout_s = write_timeout_s or control_timeout_s
         self.clock = clock
@@ -302,6 +320,11 @@ class Pusher:
                             f"{spec.transfer_id}, the item has "
                             f"{spec.nbytes}")
                     writes.setdefault(a, []).append((spec, r))
+            if self.send_hash:
+                for spec in {id(s): s for e in writes.values()
+                             for s, _ in e}.values():
+                    if spec.xxh3 is None:
+                        spec.xxh3 = self.producer.item_xxh3(spec.mm_hash)
             batch = [(spec.mm_hash, r["dst_session"], r["dst_ptr"],
                       spec.nbytes)
                      for entries in writes.values() for spec, r in entries]
@@ -313,9 +336,7 @@ class Pusher:
                     f"{getattr(self.producer, 'last_push_error', '')}")
             futs = {a: self.pool.submit(self.ctl.call, a, {
                 "op": "complete_batch",
-                "items": [{"transfer_id": s.transfer_id,
-                           "reservation_id": r["reservation_id"]}
-                          for s, r in entries]})
+                "items": [_complete_item(s, r) for s, r in entries]})
                 for a, entries in writes.items()}
             errors = []
             for a, f in futs.items():

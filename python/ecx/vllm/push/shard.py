@@ -346,19 +346,61 @@ class ControlShard:
         return {"items": out}
 
     def _op_complete(self, req):
-        done, ready = self.table.complete(*wire.complete_args(req))
-        return {"completed": done, "became_ready": ready}
+        return self._complete(wire.complete_args(req),
+                              wire.complete_hash(req))
 
     def _op_complete_batch(self, req):
-        args = [wire.complete_args(i) for i in wire.batch_items(req)]
-        out = []
-        for a in args:
-            done, ready = self.table.complete(*a)
-            out.append({"completed": done, "became_ready": ready})
-        return {"items": out}
+        args = [(wire.complete_args(i), wire.complete_hash(i))
+                for i in wire.batch_items(req)]
+        return {"items": [self._complete(a, h) for a, h in args]}
+
+    def _complete(self, args, want):
+        """complete, with the landed bytes checked against an ecx writer's
+        hash (want) where it sent one: a mismatch ends the reservation
+        CANCELLED and queues a failure event."""
+        got = []
+
+        def verify(addr, nbytes):
+            got.append(self.pool.xxh3(addr, nbytes))
+            return got[0] == want
+
+        with self.table.lock:
+            followers = self._followers(args[0])
+            done, ready = self.table.complete(
+                *args, verify=None if want is None else verify)
+        if got and got[0] != want:
+            logger.warning("push control shard %s: transfer %s landed "
+                           "with xxh3 %016x, its writer sent %016x: "
+                           "cancelled", self.endpoint, args[0][:64],
+                           got[0], want)
+            self._queue_failed([args[0]] + followers,
+                               f"the bytes landed do not match the "
+                               f"writer's {wire.HASH_FIELD}")
+        return {"completed": done, "became_ready": ready}
 
     def _op_cancel(self, req):
-        return {"cancelled": self.table.cancel(*wire.cancel_args(req))}
+        tid, rid, abandon, refresh = wire.cancel_args(req)
+        with self.table.lock:
+            followers = self._followers(tid)
+            done = self.table.cancel(tid, rid, abandon, refresh)
+        if done and abandon and not refresh:
+            self._queue_failed([tid] + followers,
+                               "cancelled with abandon by its writer")
+        return {"cancelled": done}
+
+    def _followers(self, transfer_id):
+        r = self.table.get(transfer_id)
+        return [f.transfer_id for f in r.followers] if r is not None else []
+
+    def _queue_failed(self, transfer_ids, why):
+        """Failure events (ecx), one per transfer (a writer's followers
+        end with it): ready false, so upstream's scheduler skips them;
+        ecx's fails the requests that wait for the transfer."""
+        for tid in transfer_ids:
+            r = self.table.get(tid)
+            self._queue_event({"transfer_id": tid,
+                               "mm_hash": r.mm_hash if r is not None else "",
+                               "ready": False, wire.FAILED_FIELD: why})
 
     def _op_status(self, req):
         return self.table.status(wire.field(req, "transfer_id", "str"))

@@ -197,8 +197,10 @@ class ReservationTable:
             self._emit(r)
         return self._reply(r, False)
 
-    def complete(self, transfer_id, reservation_id):
-        """(completed, became_ready)."""
+    def complete(self, transfer_id, reservation_id, verify=None):
+        """(completed, became_ready). verify(addr, nbytes), where given, is
+        asked about a writer's bytes once its window is closed: False ends
+        it CANCELLED (its followers too) and completes nothing."""
         with self.lock:
             r = self._active.get(transfer_id)
             if r is None or r.reservation_id != reservation_id:
@@ -210,6 +212,9 @@ class ReservationTable:
             now = self.clock()
             self._close(r)
             self._unwrite(r)
+            if verify is not None and not verify(r.buf, r.nbytes):
+                self._end(r, CANCELLED, now)
+                return False, False
             res = None
             if r.followers:
                 res = self._retain(r)

@@ -24,6 +24,8 @@ MAX_ID = 256              # characters of a transfer_id or reservation_id
 MAX_HASH = 1024           # characters of an mm_hash
 MAX_DIMS = 8
 TOKEN_FIELD = "ecx_token"
+HASH_FIELD = "ecx_xxh3"     # a complete item's hash of the bytes (ecx)
+FAILED_FIELD = "ecx_failed"  # a failure event's reason (ecx)
 
 
 class BadRequest(ValueError):
@@ -141,6 +143,17 @@ def complete_args(item):
         raise BadRequest("a complete item must be a JSON object")
     return (_ident(item, "transfer_id", MAX_ID),
             _ident(item, "reservation_id", MAX_ID))
+
+
+def complete_hash(item):
+    """An ecx writer's XXH3 of the bytes it wrote ("ecx_xxh3": 16 hex
+    digits), as an int; None where absent (upstream's writer)."""
+    v = field(item, HASH_FIELD, "str", None, required=False)
+    if v is None:
+        return None
+    if len(v) != 16 or any(c not in "0123456789abcdefABCDEF" for c in v):
+        raise BadRequest(f"field {HASH_FIELD!r} must be 16 hex digits")
+    return int(v, 16)
 
 
 def cancel_args(req):

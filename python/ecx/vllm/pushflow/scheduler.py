@@ -11,7 +11,10 @@ engine lives). A ready item is handed over in the step that schedules it
 engine frees stay resident on the shards (a later push of the same
 mm_hash is served from them); requests that finish with items not handed
 over have them cancelled on every shard; ended records stay as tombstones
-for the TTL so that late events do nothing.
+for the TTL so that late events do nothing. A failure event (ecx: a
+shard's "ecx_failed", sent when the writer abandons a transfer or its
+bytes fail the writer's hash) makes the requests waiting for that
+transfer unavailable at once.
 
 A request without ec_transfer_params goes to the pull flow where a
 registry is configured (pull: the pull scheduler), else is encoded here.
@@ -24,6 +27,7 @@ import time
 import zmq
 
 from ..metadata import ECXConnectorMetadata, ECXWorkerMetadata
+from ..push.wire import FAILED_FIELD
 from .control import Control, event_socket
 
 logger = logging.getLogger("ecx.vllm")
@@ -113,6 +117,8 @@ class PushScheduler:
                 continue
             if isinstance(ev, dict) and ev.get("ready") is True:
                 self._event(ev)
+            elif isinstance(ev, dict) and ev.get(FAILED_FIELD):
+                self._failed(ev)
 
     def _event(self, ev):
         tid, h = ev.get("transfer_id"), ev.get("mm_hash")
@@ -134,6 +140,25 @@ class PushScheduler:
             rec.state, rec.since = AVAILABLE, now
             self._ready_hash[h] = tid
             self._stats.add("push_items_ready")
+
+    def _failed(self, ev):
+        """A failure event (ecx): the transfer's writer gave up on it on
+        some shard, or its bytes did not match the writer's hash. It ends
+        here (no cancel: the shard has ended it) and every request waiting
+        for it is unavailable now, not at push_wait_timeout_s."""
+        tid = ev.get("transfer_id")
+        if not isinstance(tid, str) or tid in self._tombs:
+            return
+        rec = self._recs.get(tid)
+        if rec is not None and rec.state == TAKING:
+            return  # being handed over: a rank that cannot says so
+        self._end(tid, UNAVAILABLE)
+        self._stats.add("push_items_failed_events")
+        why = str(ev.get(FAILED_FIELD))[:200]
+        for rid, mine in self._reqs.items():
+            if tid in mine.values():
+                self._give_up(rid, f"transfer {tid} failed on shard "
+                              f"{ev.get('shard')}: {why}")
 
     # ---- records ----
 
