@@ -566,18 +566,23 @@ typedef struct ecx_item {
  * not), else the registry error: ECX_EINVAL when a registry URL names a
  * server that is no ecx or reference registry (a 404 other than their
  * {"detail": "unknown mm_hash"}), which is not a miss; ECX_EINVAL at once
- * without a consumer, or without items for n > 0 (as ecx_client_lookup).
- * Blocks up to the timeout per registry. */
+ * without a consumer, or without items for n > 0; ECX_EID before any
+ * request when an id breaks the rules (ecx_id_check; a NULL id too): that
+ * item's status is ECX_EID, every other's ECX_ENOTFOUND. ecx_client_lookup
+ * does the same, through the same code. Blocks up to the timeout per
+ * registry. */
 ECX_API int ecx_consumer_lookup(ecx_consumer *c, ecx_item *items, size_t n);
 
 /* ecx_consumer_lookup_lease is ecx_consumer_lookup that also takes a lease
  * on each item found: "a hit will load". Each item's producer pins it for
  * lease_ms (0: ECX_LEASE_MS_DEFAULT; the producer may cut it to its
  * lease_max_ms), so that eviction cannot take it before the load that
- * follows. An item's lease ends at the first of: a pull that names it
- * (ecx_consumer_load of the item, from this or another process: the lease
- * number travels in the item), ecx_consumer_release, its expiry, or an
- * explicit ecx_producer_remove of the item.
+ * follows. What the registries found is leased even when one of them
+ * failed (the call then returns that registry's error, as the lookup);
+ * after ECX_EID nothing is. An item's lease ends at the first of: a pull
+ * that names it (ecx_consumer_load of the item, from this or another
+ * process: the lease number travels in the item), ecx_consumer_release,
+ * its expiry, or an explicit ecx_producer_remove of the item.
  *
  * One round trip per producer (in parallel) for up to 200 ids of it, after
  * the registry lookup. A lease the producer cannot grant (its lease share

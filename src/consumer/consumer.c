@@ -14,8 +14,8 @@
 
 /* ---- create, stats, destroy ---- */
 
-int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
-                        char *why, size_t whylen)
+int cons_create(const ecx_consumer_params *pp, ecx_consumer **out, char *why,
+                size_t whylen)
 {
 	uint64_t m = pp != NULL ? pp->field_mask : 0;
 #define HAS(f) ((m & ECX_CONSUMER_PARAM_##f) != 0)
@@ -145,29 +145,27 @@ int ecx_consumer_create(const ecx_consumer_params *pp, ecx_consumer **out,
 fail_msg:
 	ecx_why(why, whylen, rc, "out of memory");
 fail:
-	ecx_consumer_destroy(c);
+	cons_destroy(c);
 	return rc;
 }
 
-void ecx_consumer_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
+void cons_stats_get(ecx_consumer *c, ecx_consumer_stats *out)
 {
-	if (c != NULL && ecx_forked(c->pid, "consumer")) {
-		memset(out, 0, sizeof(*out));
-		return;
-	}
 	pthread_mutex_lock(&c->lock);
 	*out = c->st;
 	cons_mc_stats(c, out);
 	pthread_mutex_unlock(&c->lock);
 }
 
-void ecx_consumer_destroy(ecx_consumer *c)
+void cons_lookups_count(ecx_consumer *c, size_t n)
 {
-	if (c == NULL)
-		return;
-	/* In a forked child: the parent's state, left as it is (leaked). */
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return;
+	pthread_mutex_lock(&c->lock);
+	c->st.lookups += n;
+	pthread_mutex_unlock(&c->lock);
+}
+
+void cons_destroy(ecx_consumer *c)
+{
 	if (c->hooked)
 		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,
 		                        c);

@@ -1,17 +1,21 @@
 /*
  * consumer.h - the consumer role's internal header: its state and what its
- * files share. The role is one object (ecx_consumer) in six files:
+ * files share. The role is one object (ecx_consumer) in these files,
+ * which the public calls (api/consumer.c: their argument checks, the
+ * handle's process; lookups through api/lookup.c) call into:
  *   consumer.c  lifecycle (create, destroy), stats
  *   conns.c     connections to producers (hello, endpoint), failures
  *   replies.c   what producers send back: replies, and data over TCP
  *   memory.c    the receive arena and the registration cache of the
  *               caller's memory (the Mooncake receiver's buffers follow
  *               them)
- *   load.c      lookups and loads: one pull per producer, bounded waits
+ *   load.c      loads: one pull per producer, bounded waits
  *   failover.c  the end of a load: load.c's wait, then other holders
  *               of an item that failed (it calls load.c, not back)
  *   mooncake.c  loads over Mooncake's TCP wire: the reference's pull op,
  *               answered by a write into this consumer's receiver
+ *   push.c      push windows: writes on Mooncake's wire into the receive
+ *               arena
  *
  * May include: every layer below (core, wire, mem, xfer, mooncake, rdv,
  * dir). Never:
@@ -328,6 +332,15 @@ void cons_pconn_close(ecx_consumer *c, pconn *pc);
  * the connections whose producer answered "closed". For destroy. */
 void cons_pconns_bye(ecx_consumer *c);
 
+/* consumer.c: the engines of ecx_consumer_create, _destroy and
+ * _stats_get (ecx.h has their contracts), on a consumer of this process;
+ * and the count of ids a lookup asked the registries for. */
+int cons_create(const ecx_consumer_params *pp, ecx_consumer **out, char *why,
+                size_t whylen);
+void cons_destroy(ecx_consumer *c);
+void cons_stats_get(ecx_consumer *c, ecx_consumer_stats *out);
+void cons_lookups_count(ecx_consumer *c, size_t n);
+
 /* load.c: a load that ends by deadline_ns (retry: a failover's, not
  * counted as new loads; sync: waited for at once, see ecx_load), and its
  * wait without failover, which frees it; why gets the detail of a failure
@@ -338,20 +351,18 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 int cons_load_wait_once(ecx_load *l, char *why, size_t whylen);
 /* load.c: one progress of l, 0 when it has ended (ecx_load_test). */
 int cons_load_test(ecx_load *l);
-/* load.c: a lookup (with lease_ms, one that asks the registries for
- * leases too), the lookup that also leases at the producers, and the end
- * of leases (ecx_consumer_lookup, _lookup_lease, _release; the arguments
- * checked by src/api/consumer.c). */
-int cons_lookup(ecx_consumer *c, ecx_item *items, size_t n, uint64_t lease_ms);
-int cons_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n,
-                      uint64_t lease_ms);
-int cons_release(ecx_consumer *c, ecx_item *items, size_t n);
 
 /* failover.c: the end of a load: its wait (load.c), then the items that
  * failed tried at their other holders within the load's deadline, then l
  * freed. Returns 0 or the first item's error, with the detail in the last
  * error. failover.c calls load.c, never the other way. */
 int cons_load_wait(ecx_load *l);
+
+/* memory.c: the engines of ecx_consumer_arena, _alloc and _free (ptr
+ * not NULL), each taking c->lock as it needs. */
+void *cons_arena(ecx_consumer *c, uint64_t *capacity);
+void *cons_alloc(ecx_consumer *c, size_t nbytes);
+void cons_free(ecx_consumer *c, void *ptr);
 
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
@@ -405,5 +416,15 @@ int cons_mc_mode(const char *s, int *mode, char *why, size_t whylen);
  * mooncake.c holds. */
 void cons_mc_stats(ecx_consumer *c, ecx_consumer_stats *st);
 void cons_mc_destroy(ecx_consumer *c);
+
+/* push.c: the engines of ecx_consumer_mooncake_session, _push_open,
+ * _push_renew and _push_close (ecx.h has their contracts), on arguments
+ * the public call checked; they take c->lock and set the last error.
+ * cons_push_close returns the bytes that landed. */
+int cons_mc_session(ecx_consumer *c, const char **session);
+int cons_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
+                   uint64_t timeout_ms, uint64_t *id);
+int cons_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms);
+uint64_t cons_push_close(ecx_consumer *c, uint64_t id);
 
 #endif /* ECX_CONSUMER_H */

@@ -65,7 +65,7 @@ static void fo_detail(const ecx_item *x, const fo_item *f, int timeout_ms,
 	int k;
 	if (f == NULL && st != ECX_ETIMEDOUT) {
 		snprintf(out, outlen, "%s: %s (producer %s)", x->id,
-		         ecx_strerror(st),
+		         core_strerror(st),
 		         x->producer[0] ? x->producer : "none");
 		return;
 	}
@@ -84,7 +84,7 @@ static void fo_detail(const ecx_item *x, const fo_item *f, int timeout_ms,
 		snprintf(out + k, outlen - (size_t)k,
 		         "; %zu other holder%s failed too (last: %s)",
 		         f->ntried - 1, f->ntried > 2 ? "s" : "",
-		         ecx_strerror(x->status));
+		         core_strerror(x->status));
 	else if (f != NULL && f->ntried == 1 && k > 0 && (size_t)k < outlen)
 		snprintf(out + k, outlen - (size_t)k, "; no other holder");
 }

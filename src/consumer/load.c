@@ -1,7 +1,7 @@
 /*
- * load.c - lookups through the registry client, and loads: the items are
- * grouped by producer, one pull is sent to each (all in flight at once),
- * and every wait is bounded by the consumer's timeout.
+ * load.c - loads: the items are grouped by producer, one pull is sent to
+ * each (all in flight at once), and every wait is bounded by the
+ * consumer's timeout.
  */
 #include "consumer/consumer.h"
 
@@ -17,73 +17,6 @@
 /* An item's status while its load runs: no error code, so an item a pull
  * failed with ECX_EBUSY (too many zombies, too many regions) keeps it. */
 #define ITEM_PENDING INT_MIN
-
-/* ---- lookups ---- */
-
-/* A lookup; with lease_ms, one that asks the registries for leases too
- * (items[].lease: what they granted, else 0). */
-int cons_lookup(ecx_consumer *c, ecx_item *items, size_t n, uint64_t lease_ms)
-{
-	char why[256];
-	if (n == 0)
-		return 0;
-	if (c->rc == NULL) {
-		for (size_t i = 0; i < n; i++)
-			items[i].status = ECX_EINVAL;
-		return ecx_set_error(ECX_EINVAL,
-		                     "this consumer has no registry "
-		                     "(created without one: push "
-		                     "only), so it cannot look up");
-	}
-	ecx_lookup_item *li = calloc(n, sizeof(*li));
-	if (li == NULL)
-		return ecx_set_error(ECX_ENOMEM, "out of memory");
-	for (size_t i = 0; i < n; i++)
-		li[i].id = items[i].id;
-	pthread_mutex_lock(&c->reg_lock);
-	int rc = lease_ms != 0
-	             ? ecx_regclient_lookup_lease(c->rc, li, n, lease_ms, why,
-	                                          sizeof(why))
-	             : ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
-	pthread_mutex_unlock(&c->reg_lock);
-	for (size_t i = 0; i < n; i++) {
-		items[i].status = li[i].found ? 0 : ECX_ENOTFOUND;
-		if (lease_ms != 0)
-			items[i].lease = li[i].found ? li[i].entry.lease : 0;
-		if (li[i].found) {
-			items[i].desc = li[i].entry.desc;
-			ecx_strlcpy(items[i].producer, li[i].entry.producer_zmq,
-			            sizeof(items[i].producer));
-			items[i].epoch = ecx_entry_item_epoch(&li[i].entry);
-		}
-	}
-	ecx_lookup_items_clear(li, n);
-	free(li);
-	pthread_mutex_lock(&c->lock);
-	c->st.lookups += n;
-	pthread_mutex_unlock(&c->lock);
-	if (rc != 0)
-		return ecx_set_error(rc, "%s", why);
-	return 0;
-}
-
-int cons_lookup_lease(ecx_consumer *c, ecx_item *items, size_t n, uint64_t ms)
-{
-	/* A producer's embedded registry leases its items in the lookup;
-	 * what the registries found is leased at its producer otherwise,
-	 * even when one of them failed: the rest of the lookup stands. */
-	int rc = cons_lookup(c, items, n, ms);
-	ecx_rdv_lease(c->leaser, items, n, ms, c->token, c->timeout_ms, NULL);
-	return rc;
-}
-
-int cons_release(ecx_consumer *c, ecx_item *items, size_t n)
-{
-	char why[256];
-	int rc = ecx_rdv_release(c->leaser, items, n, c->token, c->timeout_ms,
-	                         why, sizeof(why));
-	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
-}
 
 /* ---- loads ---- */
 
@@ -379,11 +312,11 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 		char why[200];
 		x->status = ITEM_PENDING;
 		group[i] = SIZE_MAX;
-		if (ecx_id_check(x->id, why, sizeof(why)) != 0)
+		if (core_id_check(x->id, why, sizeof(why)) != 0)
 			x->status = ECX_EID;
 		else if (x->producer[0] == '\0')
 			x->status = ECX_ENOTFOUND;
-		else if (ecx_tensor_check(&x->desc, why, sizeof(why)) != 0)
+		else if (core_tensor_check(&x->desc, why, sizeof(why)) != 0)
 			x->status = ECX_ESIZE;
 		else if (x->dst == NULL && x->desc.nbytes > 0)
 			x->status = ECX_EINVAL;

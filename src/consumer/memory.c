@@ -239,20 +239,16 @@ uint64_t cons_span_populate(ecx_consumer *c, uint64_t lo, uint64_t hi)
 	return done;
 }
 
-void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity)
+void *cons_arena(ecx_consumer *c, uint64_t *capacity)
 {
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return NULL;
 	bool live = c->arena.live;
 	if (capacity != NULL)
 		*capacity = live ? c->alloc.capacity : 0;
 	return live ? c->arena_base : NULL;
 }
 
-void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
+void *cons_alloc(ecx_consumer *c, size_t nbytes)
 {
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return NULL;
 	uint64_t off;
 	pthread_mutex_lock(&c->lock);
 	if (!c->arena.live || !ecx_alloc_take(&c->alloc, nbytes, &off)) {
@@ -279,12 +275,8 @@ void *ecx_consumer_alloc(ecx_consumer *c, size_t nbytes)
 	return (char *)c->arena_base + off;
 }
 
-void ecx_consumer_free(ecx_consumer *c, void *ptr)
+void cons_free(ecx_consumer *c, void *ptr)
 {
-	if (c != NULL && ecx_forked(c->pid, "consumer"))
-		return;
-	if (c == NULL || ptr == NULL)
-		return;
 	uint64_t off = (uint64_t)((char *)ptr - (char *)c->arena_base);
 	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < c->nallocs; i++) {

@@ -42,15 +42,8 @@ static int receiver(ecx_consumer *c)
 	return 0;
 }
 
-int ecx_consumer_mooncake_session(ecx_consumer *c, const char **session)
+int cons_mc_session(ecx_consumer *c, const char **session)
 {
-	if (c == NULL || session == NULL)
-		return ecx_set_error(ECX_EINVAL,
-		                     "mooncake_session needs a consumer and a "
-		                     "place for the session");
-	*session = NULL;
-	if (ecx_forked(c->pid, "consumer"))
-		return ECX_EFORK;
 	pthread_mutex_lock(&c->lock);
 	int rc = receiver(c);
 	if (rc == 0)
@@ -66,16 +59,9 @@ static uint64_t expiry(uint64_t timeout_ms)
 	return now + (timeout_ms < max ? timeout_ms : max) * 1000000u;
 }
 
-int ecx_consumer_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
-                           uint64_t timeout_ms, uint64_t *id)
+int cons_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
+                   uint64_t timeout_ms, uint64_t *id)
 {
-	if (c == NULL || dst == NULL || id == NULL || nbytes == 0)
-		return ecx_set_error(
-		    ECX_EINVAL, "push_open needs a consumer, a destination, "
-		                "nbytes > 0 and a place for the id");
-	if (ecx_forked(c->pid, "consumer"))
-		return ECX_EFORK;
-	*id = 0;
 	pthread_mutex_lock(&c->lock);
 	int rc = receiver(c);
 	if (rc == 0 && !in_allocation(c, (uintptr_t)dst, nbytes))
@@ -94,11 +80,8 @@ int ecx_consumer_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
 	return rc;
 }
 
-int ecx_consumer_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms)
+int cons_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms)
 {
-	if (c == NULL || id == 0)
-		return ecx_set_error(ECX_EINVAL, "push_renew needs a consumer "
-		                                 "and an open window's id");
 	pthread_mutex_lock(&c->lock);
 	bool found =
 	    c->mc != NULL && ecx_mc_recv_extend(c->mc, id, expiry(timeout_ms));
@@ -108,20 +91,12 @@ int ecx_consumer_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms)
 	                             (unsigned long long)id);
 }
 
-int ecx_consumer_push_close(ecx_consumer *c, uint64_t id, uint64_t *landed)
+uint64_t cons_push_close(ecx_consumer *c, uint64_t id)
 {
-	if (landed != NULL)
-		*landed = 0;
-	if (c == NULL || id == 0)
-		return ecx_set_error(ECX_EINVAL, "push_close needs a consumer "
-		                                 "and an open window's id");
 	pthread_mutex_lock(&c->lock);
 	ecx_mc_recv *r = c->mc;
 	pthread_mutex_unlock(&c->lock);
 	/* The receiver lives as long as the consumer; release takes its own
 	 * lock and waits at most for one recv into the range. */
-	uint64_t n = r != NULL ? ecx_mc_recv_release(r, id) : 0;
-	if (landed != NULL)
-		*landed = n;
-	return 0;
+	return r != NULL ? ecx_mc_recv_release(r, id) : 0;
 }

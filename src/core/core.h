@@ -173,4 +173,23 @@ bool ecx_forked(int owner, const char *what);
  * returns err. */
 int ecx_set_error(int err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* core_last_error is the calling thread's detail, "" before any. */
+const char *core_last_error(void);
+
+/* ---- errors, ids, dtypes, tensors (err.c, types.c) ---- */
+
+/* The engines of ecx_strerror, ecx_err_name, ecx_id_check,
+ * ecx_dtype_name, ecx_dtype_size, ecx_dtype_parse, ecx_tensor_nbytes,
+ * ecx_tensor_check and ecx_tensor_set (ecx.h has their contracts), which
+ * every layer uses; api/core.c makes them public. */
+const char *core_strerror(int err);
+const char *core_err_name(int err);
+int core_id_check(const char *id, char *why, size_t whylen);
+const char *core_dtype_name(ecx_dtype dt);
+size_t core_dtype_size(ecx_dtype dt);
+int core_dtype_parse(const char *name, ecx_dtype *out);
+int core_tensor_nbytes(const ecx_tensor_desc *d, uint64_t *out);
+int core_tensor_check(const ecx_tensor_desc *d, char *why, size_t whylen);
+int core_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
+                    const uint64_t *shape);
 #endif /* ECX_CORE_H */

@@ -1,4 +1,5 @@
-/* err.c - the error table's strings, and the version. */
+/* err.c - the error table's strings, and the calling thread's last error
+ * detail. */
 #include "core.h"
 
 #include <pthread.h>
@@ -6,17 +7,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-const char *ecx_version(void)
-{
-	return ECX_VERSION_STRING;
-}
-
-int ecx_version_number(void)
-{
-	return ECX_VERSION_NUMBER;
-}
-
-const char *ecx_strerror(int err)
+const char *core_strerror(int err)
 {
 	switch (err) {
 #define ECX_ERR_STR(name, code, msg) \
@@ -28,7 +19,7 @@ const char *ecx_strerror(int err)
 	return "unknown error";
 }
 
-const char *ecx_err_name(int err)
+const char *core_err_name(int err)
 {
 	switch (err) {
 #define ECX_ERR_NAME(name, code, msg) \
@@ -53,15 +44,7 @@ int ecx_why(char *why, size_t whylen, int err, const char *fmt, ...)
 
 static __thread char last_error[512];
 
-const char *ecx_last_error(void)
-{
-	return last_error;
-}
-const char *ecx_producer_last_error(void)
-{
-	return last_error;
-}
-const char *ecx_consumer_last_error(void)
+const char *core_last_error(void)
 {
 	return last_error;
 }

@@ -1,4 +1,5 @@
-/* types.c - item ids, dtypes and tensor descriptors. */
+/* types.c - item ids, dtypes and tensor descriptors (api/core.c makes
+ * them public). */
 #include "core.h"
 
 #include <string.h>
@@ -22,7 +23,7 @@ static bool id_byte_ok(unsigned char c)
 	return id_bytes[c];
 }
 
-int ecx_id_check(const char *id, char *why, size_t whylen)
+int core_id_check(const char *id, char *why, size_t whylen)
 {
 	if (id == NULL)
 		return ecx_why(why, whylen, ECX_EID, "id is missing");
@@ -60,21 +61,21 @@ static const struct {
 #undef ECX_DTYPE_ROW
 };
 
-const char *ecx_dtype_name(ecx_dtype dt)
+const char *core_dtype_name(ecx_dtype dt)
 {
 	if ((int)dt <= ECX_DTYPE_INVALID || dt >= ECX_DTYPE_COUNT)
 		return NULL;
 	return dtypes[dt].name;
 }
 
-size_t ecx_dtype_size(ecx_dtype dt)
+size_t core_dtype_size(ecx_dtype dt)
 {
 	if ((int)dt <= ECX_DTYPE_INVALID || dt >= ECX_DTYPE_COUNT)
 		return 0;
 	return dtypes[dt].size;
 }
 
-int ecx_dtype_parse(const char *name, ecx_dtype *out)
+int core_dtype_parse(const char *name, ecx_dtype *out)
 {
 	if (name == NULL)
 		return ECX_EDTYPE;
@@ -89,9 +90,9 @@ int ecx_dtype_parse(const char *name, ecx_dtype *out)
 	return ECX_EDTYPE;
 }
 
-int ecx_tensor_nbytes(const ecx_tensor_desc *d, uint64_t *out)
+int core_tensor_nbytes(const ecx_tensor_desc *d, uint64_t *out)
 {
-	size_t esz = ecx_dtype_size(d->dtype);
+	size_t esz = core_dtype_size(d->dtype);
 	if (esz == 0)
 		return ECX_EDTYPE;
 	if (d->ndim > ECX_MAX_DIMS)
@@ -109,10 +110,10 @@ int ecx_tensor_nbytes(const ecx_tensor_desc *d, uint64_t *out)
 	return 0;
 }
 
-int ecx_tensor_check(const ecx_tensor_desc *d, char *why, size_t whylen)
+int core_tensor_check(const ecx_tensor_desc *d, char *why, size_t whylen)
 {
 	uint64_t n;
-	int rc = ecx_tensor_nbytes(d, &n);
+	int rc = core_tensor_nbytes(d, &n);
 	switch (rc) {
 	case 0:
 		break;
@@ -136,8 +137,8 @@ int ecx_tensor_check(const ecx_tensor_desc *d, char *why, size_t whylen)
 	return 0;
 }
 
-int ecx_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
-                   const uint64_t *shape)
+int core_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
+                    const uint64_t *shape)
 {
 	ecx_tensor_desc t;
 	memset(&t, 0, sizeof(t));
@@ -147,7 +148,7 @@ int ecx_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
 		return ECX_EINVAL;
 	for (uint32_t i = 0; i < ndim; i++)
 		t.shape[i] = shape[i];
-	int rc = ecx_tensor_nbytes(&t, &t.nbytes);
+	int rc = core_tensor_nbytes(&t, &t.nbytes);
 	if (rc == 0)
 		*d = t;
 	return rc;

@@ -525,7 +525,7 @@ static int lookup(ecx_regclient *c, ecx_lookup_item *items, size_t n,
                   bool all_holders, uint64_t lease_ms, char *why, size_t whylen)
 {
 	for (size_t i = 0; i < n; i++) {
-		if (ecx_id_check(items[i].id, why, whylen) != 0)
+		if (core_id_check(items[i].id, why, whylen) != 0)
 			return ECX_EID;
 		items[i].found = false;
 		items[i].alt = NULL; /* output only */

@@ -38,7 +38,7 @@ static int list_decode(const reg_conn *g, const buf *b, ecx_store_row *rows,
 		}
 		if (ecx_json_get_str(x, "id", rows[n].id, sizeof(rows[n].id),
 		                     sub, sizeof(sub)) != 0 ||
-		    ecx_id_check(rows[n].id, sub, sizeof(sub)) != 0 ||
+		    core_id_check(rows[n].id, sub, sizeof(sub)) != 0 ||
 		    ecx_entry_from_json(x, &rows[n].entry, sub, sizeof(sub)) !=
 		        0) {
 			rc = ECX_EPROTO;
@@ -71,7 +71,7 @@ int ecx_regclient_list(ecx_regclient *c, const char *after, size_t limit,
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "a listing page is 1 to %d entries, not %zu",
 		               ECX_LIST_MAX, limit);
-	if (after[0] != '\0' && ecx_id_check(after, why, whylen) != 0)
+	if (after[0] != '\0' && core_id_check(after, why, whylen) != 0)
 		return ECX_EID;
 	/* One row more than asked says whether another page follows, so
 	 * `next` is "" exactly when the listing is complete (HTTP pages of

@@ -12,7 +12,7 @@
 int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
                       char *why, size_t whylen)
 {
-	if (ecx_id_check(id, why, whylen) != 0)
+	if (core_id_check(id, why, whylen) != 0)
 		return ECX_EID;
 	if (c->regs[0].redis != NULL)
 		return c->regs[0].redis->ops->put(c->regs[0].redis, id, e, why,
@@ -36,7 +36,7 @@ int ecx_regclient_put(ecx_regclient *c, const char *id, const ecx_entry *e,
 int ecx_regclient_delete(ecx_regclient *c, const char *id,
                          const char *producer_zmq, char *why, size_t whylen)
 {
-	if (ecx_id_check(id, why, whylen) != 0)
+	if (core_id_check(id, why, whylen) != 0)
 		return ECX_EID;
 	if (c->regs[0].redis != NULL)
 		return c->regs[0].redis->ops->del(c->regs[0].redis, id,

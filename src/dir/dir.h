@@ -5,9 +5,9 @@
  * with libcurl or, for redis://, through the Redis store directly), with
  * per-registry back-off.
  *
- * May include: core/, wire/, and rdv/ for the public client's leases
- * (api.c: ZeroMQ only through rdv/). Never: UCX or any role; the registry
- * server (registry/) and the roles sit above and use this.
+ * May include: core/, wire/. Never: ZeroMQ (rdv/), UCX or any role; the
+ * registry server (registry/), the roles and the public client
+ * (api/client.c, which adds rdv/'s leases) sit above and use this.
  */
 #ifndef ECX_DIR_H
 #define ECX_DIR_H

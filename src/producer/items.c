@@ -91,13 +91,13 @@ static int make_room(ecx_producer *p, uint64_t n, uint64_t *off, evicted *ev)
 /* Checks and takes room for id: *dst is its place in the arena, or NULL
  * (and 0) when id is already held with the same descriptor. The item is
  * in the table, not ready: invisible to lookups, pulls and eviction. */
-static int reserve(ecx_producer *p, const char *op, const char *id,
-                   const ecx_tensor_desc *desc, void **dst)
+int prod_reserve(ecx_producer *p, const char *op, const char *id,
+                 const ecx_tensor_desc *desc, void **dst)
 {
 	char why[256];
-	if (ecx_id_check(id, why, sizeof(why)) != 0)
+	if (core_id_check(id, why, sizeof(why)) != 0)
 		return ecx_set_error(ECX_EID, "%s: %s", op, why);
-	int rc = ecx_tensor_check(desc, why, sizeof(why));
+	int rc = core_tensor_check(desc, why, sizeof(why));
 	if (rc != 0)
 		return ecx_set_error(rc, "%s %s: %s", op, id, why);
 	if (ecx_alloc_size(desc->nbytes) > p->alloc.capacity)
@@ -168,17 +168,6 @@ static int reserve(ecx_producer *p, const char *op, const char *id,
 	return 0;
 }
 
-int ecx_producer_reserve(ecx_producer *p, const char *id,
-                         const ecx_tensor_desc *desc, void **dst)
-{
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL || desc == NULL || dst == NULL)
-		return ecx_set_error(ECX_EINVAL, "reserve: missing argument");
-	*dst = NULL;
-	return reserve(p, "reserve", id, desc, dst);
-}
-
 /* The reservation of id (an item not ready), or NULL. With the lock. */
 static item *reserved(ecx_producer *p, const char *id)
 {
@@ -186,12 +175,8 @@ static item *reserved(ecx_producer *p, const char *id)
 	return it != NULL && !it->ready ? it : NULL;
 }
 
-int ecx_producer_commit(ecx_producer *p, const char *id)
+int prod_commit(ecx_producer *p, const char *id)
 {
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL)
-		return ecx_set_error(ECX_EINVAL, "commit: missing argument");
 	pthread_mutex_lock(&p->lock);
 	item *it = reserved(p, id);
 	uint64_t off = it != NULL ? it->off : 0;
@@ -228,12 +213,8 @@ int ecx_producer_commit(ecx_producer *p, const char *id)
 	return 0;
 }
 
-int ecx_producer_cancel(ecx_producer *p, const char *id)
+int prod_cancel(ecx_producer *p, const char *id)
 {
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL)
-		return ecx_set_error(ECX_EINVAL, "cancel: missing argument");
 	pthread_mutex_lock(&p->lock);
 	item *it = reserved(p, id);
 	if (it != NULL) {
@@ -245,15 +226,6 @@ int ecx_producer_cancel(ecx_producer *p, const char *id)
 		return ecx_set_error(ECX_ENOTFOUND, "cancel %s: not reserved",
 		                     id != NULL ? id : "(null)");
 	return 0;
-}
-
-void *ecx_producer_arena(ecx_producer *p, uint64_t *capacity)
-{
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return NULL;
-	if (capacity != NULL)
-		*capacity = p->alloc.capacity;
-	return p->base;
 }
 
 /* dst <- n bytes of src, with non-temporal stores where the CPU has them;
@@ -289,15 +261,11 @@ static void copy_into_arena(void *dst, const void *src, uint64_t n)
 	memcpy(dst, src, n);
 }
 
-static int put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
-               const void *src, int *stored)
+int prod_put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
+             const void *src, int *stored)
 {
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL || desc == NULL || (src == NULL && desc->nbytes > 0))
-		return ecx_set_error(ECX_EINVAL, "put: missing argument");
 	void *dst = NULL;
-	int rc = reserve(p, "put", id, desc, &dst);
+	int rc = prod_reserve(p, "put", id, desc, &dst);
 	if (rc != 0)
 		return rc;
 	if (dst == NULL) {
@@ -307,33 +275,14 @@ static int put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
 	}
 	if (desc->nbytes > 0)
 		copy_into_arena(dst, src, desc->nbytes);
-	rc = ecx_producer_commit(p, id);
+	rc = prod_commit(p, id);
 	if (rc == 0 && stored != NULL)
 		*stored = 1;
 	return rc;
 }
 
-int ecx_producer_put(ecx_producer *p, const char *id,
-                     const ecx_tensor_desc *desc, const void *src)
+int prod_remove(ecx_producer *p, const char *id)
 {
-	return put(p, id, desc, src, NULL);
-}
-
-int ecx_producer_put_stored(ecx_producer *p, const char *id,
-                            const ecx_tensor_desc *desc, const void *src,
-                            int *stored)
-{
-	if (stored == NULL)
-		return ecx_set_error(ECX_EINVAL, "put: missing argument");
-	return put(p, id, desc, src, stored);
-}
-
-int ecx_producer_remove(ecx_producer *p, const char *id)
-{
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL || id == NULL)
-		return ecx_set_error(ECX_EINVAL, "remove: missing argument");
 	pthread_mutex_lock(&p->lock);
 	item *it = prod_item_find(p, id);
 	if (it == NULL || !it->ready) {

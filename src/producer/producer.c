@@ -17,8 +17,8 @@
 
 /* ---- create, stats, destroy ---- */
 
-int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
-                        char *why, size_t whylen)
+int prod_create(const ecx_producer_params *pp, ecx_producer **out, char *why,
+                size_t whylen)
 {
 	uint64_t m = pp != NULL ? pp->field_mask : 0;
 #define HAS(f) ((m & ECX_PRODUCER_PARAM_##f) != 0)
@@ -143,8 +143,7 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 		 * asked, until it says its items are in. */
 		p->hold_ready =
 		    (m & ECX_PRODUCER_PARAM_STARTING) && pp->starting;
-		rc = ecx_registry_create_starting(&rp, &p->registry, why,
-		                                  whylen);
+		rc = reg_server_create(&rp, true, &p->registry, why, whylen);
 		if (rc != 0)
 			goto fail;
 	}
@@ -196,32 +195,23 @@ int ecx_producer_create(const ecx_producer_params *pp, ecx_producer **out,
 fail_msg:
 	ecx_why(why, whylen, rc, "out of memory");
 fail:
-	ecx_producer_destroy(p);
+	prod_destroy(p);
 	return rc;
 }
 
-const char *ecx_producer_address(const ecx_producer *p)
+void prod_set_ready(ecx_producer *p)
 {
-	return p->address;
-}
-
-void ecx_producer_set_ready(ecx_producer *p)
-{
-	if (p != NULL && p->registry != NULL)
+	if (p->registry != NULL)
 		ecx_registry_set_starting(p->registry, false);
 }
 
-uint16_t ecx_producer_registry_port(const ecx_producer *p)
+uint16_t prod_registry_port(const ecx_producer *p)
 {
-	return p->registry != NULL ? ecx_registry_port(p->registry) : 0;
+	return p->registry != NULL ? reg_server_port(p->registry) : 0;
 }
 
-void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
+void prod_stats_get(ecx_producer *p, ecx_producer_stats *out)
 {
-	if (p != NULL && ecx_forked(p->pid, "producer")) {
-		memset(out, 0, sizeof(*out));
-		return;
-	}
 	pthread_mutex_lock(&p->lock);
 	prod_leases_expire(p);
 	*out = p->st;
@@ -234,7 +224,7 @@ void ecx_producer_stats_get(ecx_producer *p, ecx_producer_stats *out)
 size_t prod_metrics(void *arg, char *buf, size_t len)
 {
 	ecx_producer_stats s;
-	ecx_producer_stats_get(arg, &s);
+	prod_stats_get(arg, &s);
 	int n = snprintf(
 	    buf, len,
 	    "# HELP ecx_producer_connections Consumer connections open.\n"
@@ -278,13 +268,8 @@ size_t prod_metrics(void *arg, char *buf, size_t len)
 	                        (size_t)n < len ? len - (size_t)n : 0);
 }
 
-void ecx_producer_destroy(ecx_producer *p)
+void prod_destroy(ecx_producer *p)
 {
-	if (p == NULL)
-		return;
-	/* In a forked child: the parent's state, left as it is (leaked). */
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return;
 	pthread_mutex_lock(&p->lock);
 	p->closing = true;
 	pthread_mutex_unlock(&p->lock);
@@ -320,7 +305,7 @@ void ecx_producer_destroy(ecx_producer *p)
 	}
 	free(p->buckets);
 	ecx_alloc_fini(&p->alloc);
-	ecx_registry_destroy(p->registry);
+	reg_server_destroy(p->registry);
 	ecx_regclient_destroy(p->remote);
 	if (p->token != NULL)
 		memset(p->token, 0, p->token_len);

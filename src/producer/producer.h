@@ -1,6 +1,8 @@
 /*
  * producer.h - the producer role's internal header: its state and what its
- * files share. The role is one object (ecx_producer) in these files:
+ * files share. The role is one object (ecx_producer) in these files,
+ * which the public calls (api/producer.c: their argument checks, the
+ * handle's process) call into:
  *   producer.c  lifecycle (create, destroy), stats
  *   table.c     the item table, LRU list and pins (a leaf: calls no other
  *               file of the role)
@@ -278,6 +280,28 @@ struct ecx_producer {
 	ecx_producer_stats st;
 };
 
+/* producer.c: the engines of ecx_producer_create, _destroy, _stats_get,
+ * _set_ready and _registry_port (ecx.h has their contracts). destroy and
+ * stats_get take a producer of this process. */
+int prod_create(const ecx_producer_params *pp, ecx_producer **out, char *why,
+                size_t whylen);
+void prod_destroy(ecx_producer *p);
+void prod_stats_get(ecx_producer *p, ecx_producer_stats *out);
+void prod_set_ready(ecx_producer *p);
+uint16_t prod_registry_port(const ecx_producer *p);
+
+/* items.c: the engines of ecx_producer_put(_stored), _reserve (op names
+ * the call in the error detail: "put", "reserve"), _commit, _cancel and
+ * _remove, on arguments the public call checked (p, desc and dst not
+ * NULL); they set the last error. */
+int prod_put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
+             const void *src, int *stored);
+int prod_reserve(ecx_producer *p, const char *op, const char *id,
+                 const ecx_tensor_desc *desc, void **dst);
+int prod_commit(ecx_producer *p, const char *id);
+int prod_cancel(ecx_producer *p, const char *id);
+int prod_remove(ecx_producer *p, const char *id);
+
 /* table.c: the item table, the LRU list and the pins. Called with p->lock
  * held. */
 /* The item of id (ready or not), or NULL. */
@@ -430,9 +454,14 @@ char *prod_ref_pull(ecx_producer *p, const ecx_zreq *r);
 void prod_ref_refuse(ecx_producer *p, int reason);
 size_t prod_ref_metrics(ecx_producer *p, char *buf, size_t len);
 
-/* push.c: ecx_producer_push_batch (the public call is its thin wrapper).
- * Blocks the caller; sets the last error. */
+/* push.c: ecx_producer_push_batch on a producer of this process and
+ * items not NULL (n > 0) (the public calls, ecx_producer_push and
+ * _push_batch, check them). Blocks the caller; sets the last error. */
 int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
                     uint64_t timeout_ms);
+/* push.c: the engine of ecx_producer_item_xxh3 (p, id and out checked):
+ * the XXH3 of held item id, kept from its put where integrity is on, else
+ * hashed now from the arena with the item pinned (outside the lock). */
+int prod_item_xxh3(ecx_producer *p, const char *id, uint64_t *out);
 
 #endif /* ECX_PRODUCER_H */

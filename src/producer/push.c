@@ -144,10 +144,6 @@ static void *push_thread(void *arg)
 int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
                     uint64_t timeout_ms)
 {
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL || (items == NULL && n > 0))
-		return ecx_set_error(ECX_EINVAL, "push: missing argument");
 	if (p->mc == NULL)
 		return ecx_set_error(ECX_EUNSUPPORTED,
 		                     "push: this producer was started with the "
@@ -202,9 +198,7 @@ int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
 	return rc;
 }
 
-/* The XXH3 of held item id: kept from put where integrity is on, else
- * hashed now from the arena with the item pinned (outside the lock). */
-static int push_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
+int prod_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
 {
 	pthread_mutex_lock(&p->lock);
 	item *it = prod_item_find(p, id);
@@ -228,31 +222,4 @@ static int push_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
 	pthread_mutex_unlock(&p->lock);
 	*out = h;
 	return 0;
-}
-
-/* ---- public API ---- */
-
-int ecx_producer_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
-{
-	if (p != NULL && ecx_forked(p->pid, "producer"))
-		return ECX_EFORK;
-	if (p == NULL || id == NULL || out == NULL)
-		return ecx_set_error(ECX_EINVAL, "item hash: missing argument");
-	return push_item_xxh3(p, id, out);
-}
-
-int ecx_producer_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
-                            uint64_t timeout_ms)
-{
-	return prod_push_batch(p, items, n, timeout_ms);
-}
-
-int ecx_producer_push(ecx_producer *p, const char *id, const char *dst_session,
-                      uint64_t dst_ptr, uint64_t nbytes, uint64_t timeout_ms)
-{
-	ecx_push_item e = {.id = id,
-	                   .dst_session = dst_session,
-	                   .dst_ptr = dst_ptr,
-	                   .nbytes = nbytes};
-	return prod_push_batch(p, &e, 1, timeout_ms);
 }

@@ -174,7 +174,7 @@ char *prod_ref_pull(ecx_producer *p, const ecx_zreq *r)
 		prod_ref_refuse(p, rc == ECX_ENOTFOUND ? REF_UNKNOWN_ID
 		                                       : REF_SIZE);
 		/* Exactly the reference's words: "unknown mm_hash", "size
-		 * mismatch" (ecx_strerror). */
+		 * mismatch" (core_strerror). */
 		return ecx_zresp_encode_error(rc, NULL);
 	}
 	t->nbytes = r->nbytes;

@@ -507,7 +507,7 @@ static void job_finish(ecx_producer *p, job *j)
 	prod_job_tally(j, &served, &failed, &bytes);
 	ecx_debug(MOD, "pull %llu done: %llu served, %llu failed, flush %s",
 	          (unsigned long long)j->req, (unsigned long long)served,
-	          (unsigned long long)failed, ecx_err_name(j->flush_status));
+	          (unsigned long long)failed, core_err_name(j->flush_status));
 	/* A folded reply that told the truth is the answer; one whose send
 	 * failed is followed by this one (the consumer takes the first it
 	 * gets). */

@@ -378,7 +378,7 @@ void ecx_rdv_lease(ecx_rdv_leaser *l, ecx_item *items, size_t n,
 		}
 		if (r->rc != 0)
 			ecx_info("consumer", "no leases from %s: %s",
-			         r->address, ecx_strerror(r->rc));
+			         r->address, core_strerror(r->rc));
 	}
 	reqs_free(rq, nr);
 	if (refused != NULL)
@@ -416,7 +416,7 @@ int ecx_rdv_release(ecx_rdv_leaser *l, ecx_item *items, size_t n,
 		if (rq[k].rc != 0)
 			rc = ecx_why(why, whylen, rq[k].rc,
 			             "cannot release leases at %s: %s",
-			             rq[k].address, ecx_strerror(rq[k].rc));
+			             rq[k].address, core_strerror(rq[k].rc));
 	reqs_free(rq, nr);
 out:
 	for (size_t i = 0; i < n; i++)

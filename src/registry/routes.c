@@ -298,7 +298,7 @@ static int route_list(ecx_registry *r, ecx_reg_answer *a, const ecx_reg_http *q)
 	}
 	if (after == NULL)
 		after = "";
-	else if (after[0] != '\0' && ecx_id_check(after, NULL, 0) != 0)
+	else if (after[0] != '\0' && core_id_check(after, NULL, 0) != 0)
 		return answer_error(a, MHD_HTTP_BAD_REQUEST,
 		                    "after is not a valid id");
 	ecx_store_row *rows = calloc(limit, sizeof(*rows));
@@ -443,7 +443,7 @@ static int reg_route(ecx_registry *r, const ecx_reg_http *q, ecx_reg_answer *a)
 		char why[160];
 		if (!get && !put && !del)
 			goto not_allowed;
-		if (ecx_id_check(id, why, sizeof(why)) != 0)
+		if (core_id_check(id, why, sizeof(why)) != 0)
 			return answer_error(a, MHD_HTTP_BAD_REQUEST, why);
 		if (get)
 			return route_info_get(r, a, id, q);

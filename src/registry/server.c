@@ -197,7 +197,7 @@ static int reg_listen(const char *host, uint16_t port, int *fd_out,
 	return 0;
 }
 
-static int reg_create(const ecx_registry_params *p, bool starting,
+int reg_server_create(const ecx_registry_params *p, bool starting,
                       ecx_registry **out, char *why, size_t whylen)
 {
 	uint64_t m = p != NULL ? p->field_mask : 0;
@@ -303,24 +303,12 @@ fail:
 	return rc;
 }
 
-int ecx_registry_create(const ecx_registry_params *p, ecx_registry **out,
-                        char *why, size_t whylen)
-{
-	return reg_create(p, false, out, why, whylen);
-}
-
-int ecx_registry_create_starting(const ecx_registry_params *p,
-                                 ecx_registry **out, char *why, size_t whylen)
-{
-	return reg_create(p, true, out, why, whylen);
-}
-
 void ecx_registry_set_starting(ecx_registry *r, bool starting)
 {
 	__atomic_store_n(&r->starting, starting, __ATOMIC_RELEASE);
 }
 
-uint16_t ecx_registry_port(const ecx_registry *r)
+uint16_t reg_server_port(const ecx_registry *r)
 {
 	return r->port;
 }
@@ -340,7 +328,7 @@ uint64_t ecx_registry_http_writes(ecx_registry *r)
 	return __atomic_load_n(&r->http_writes, __ATOMIC_RELAXED);
 }
 
-void ecx_registry_destroy(ecx_registry *r)
+void reg_server_destroy(ecx_registry *r)
 {
 	if (r == NULL)
 		return;
@@ -370,7 +358,7 @@ int ecx_registry_create_detached(const char *token, ecx_registry **out)
 		r->token_len = strlen(token);
 	}
 	if (r->store == NULL || (token != NULL && r->token == NULL)) {
-		ecx_registry_destroy(r);
+		reg_server_destroy(r);
 		return ECX_ENOMEM;
 	}
 	*out = r;

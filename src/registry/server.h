@@ -24,16 +24,19 @@ void ecx_registry_count_publish(ecx_registry *r, bool removal);
  * the embedding producer's entries are as it wrote them. */
 uint64_t ecx_registry_http_writes(ecx_registry *r);
 
-/* ecx_registry_create for an embedding producer: it listens, but its
- * /healthz answers 503 {"ok": false, "starting": true, ...} until
- * ecx_registry_set_starting(r, false). */
-int ecx_registry_create_starting(const ecx_registry_params *p,
-                                 ecx_registry **out, char *why, size_t whylen);
+/* The engines of ecx_registry_create, _port and _destroy (api/registry.c;
+ * ecx.h has their contracts). With starting (an embedding producer's
+ * registry), it listens, but its /healthz answers 503 {"ok": false,
+ * "starting": true, ...} until ecx_registry_set_starting(r, false). */
+int reg_server_create(const ecx_registry_params *p, bool starting,
+                      ecx_registry **out, char *why, size_t whylen);
+uint16_t reg_server_port(const ecx_registry *r);
+void reg_server_destroy(ecx_registry *r);
 void ecx_registry_set_starting(ecx_registry *r, bool starting);
 
 /* Lines the embedding producer adds to /metrics: fn writes them into buf
  * (at most len bytes) and returns what snprintf would. It runs on the
- * server's threads, until ecx_registry_destroy. Set before serving
+ * server's threads, until its destroy. Set before serving
  * matters; NULL removes it. */
 typedef size_t (*ecx_registry_metrics_fn)(void *arg, char *buf, size_t len);
 void ecx_registry_set_metrics(ecx_registry *r, ecx_registry_metrics_fn fn,
@@ -45,7 +48,7 @@ void ecx_registry_set_metrics(ecx_registry *r, ecx_registry_metrics_fn fn,
  * those of them its producer holds (setting entry.lease) and makes a miss
  * (found false) each of them whose lease it refuses; the others it leaves
  * as they are (the client leases those at their producers). It runs on
- * the server's threads, until ecx_registry_destroy, only for callers
+ * the server's threads, until its destroy, only for callers
  * with the registry's token where it has one. Set before serving. */
 typedef void (*ecx_registry_lease_fn)(void *arg, ecx_lookup_item *items,
                                       size_t n, uint64_t ms);
@@ -75,7 +78,7 @@ void ecx_registry_route(ecx_registry *r, const ecx_reg_http *q,
                         ecx_reg_answer *a);
 
 /* A registry with its store and counters but no listener, for the router's
- * fuzzer. Destroy with ecx_registry_destroy. */
+ * fuzzer. Destroy with reg_server_destroy. */
 int ecx_registry_create_detached(const char *token, ecx_registry **out);
 
 #endif /* ECX_REGISTRY_H */

@@ -23,7 +23,7 @@ static bool entry_write(js_out *o, const ecx_entry *e)
 			js_lit(o, ",");
 		js_u64(o, e->desc.shape[i]);
 	}
-	const char *dt = ecx_dtype_name(e->desc.dtype);
+	const char *dt = core_dtype_name(e->desc.dtype);
 	js_lit(o, "],\"dtype\":");
 	js_str(o, dt != NULL ? dt : "invalid");
 	js_lit(o, ",\"producer_zmq\":");
@@ -166,10 +166,10 @@ static int entry_read_at(js_iter *at, ecx_entry *out, char *why, size_t whylen)
 	               whylen);
 	if (rc != 0)
 		return rc;
-	if (ecx_dtype_parse(dt, &e.desc.dtype) != 0)
+	if (core_dtype_parse(dt, &e.desc.dtype) != 0)
 		return ecx_why(why, whylen, ECX_EDTYPE, "unknown dtype \"%s\"",
 		               dt);
-	rc = ecx_tensor_check(&e.desc, why, whylen);
+	rc = core_tensor_check(&e.desc, why, whylen);
 	if (rc != 0)
 		return rc;
 	rc = field_str(&f[F_PRODUCER], have[F_PRODUCER], "producer_zmq",
@@ -281,7 +281,7 @@ static int read_id(js_span s, size_t i, char *out, char *why, size_t whylen)
 		               "\"ids\"[%zu] is not a string", i);
 	char id[ECX_ID_MAX + 2], r[160];
 	size_t n = js_unescape(s, id, sizeof(id));
-	if (ecx_id_check(id, r, sizeof(r)) != 0)
+	if (core_id_check(id, r, sizeof(r)) != 0)
 		return ecx_why(why, whylen, ECX_EID, "\"ids\"[%zu]: %s", i, r);
 	memcpy(out, id, n + 1);
 	return 0;

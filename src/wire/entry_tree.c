@@ -14,7 +14,7 @@ cJSON *ecx_entry_to_json(const ecx_entry *e)
 	cJSON_AddItemToObject(o, "shape", shape);
 	for (uint32_t i = 0; i < e->desc.ndim && i < ECX_MAX_DIMS; i++)
 		cJSON_AddItemToArray(shape, ecx_json_u64(e->desc.shape[i]));
-	const char *dt = ecx_dtype_name(e->desc.dtype);
+	const char *dt = core_dtype_name(e->desc.dtype);
 	cJSON_AddStringToObject(o, "dtype", dt != NULL ? dt : "invalid");
 	cJSON_AddStringToObject(o, "producer_zmq", e->producer_zmq);
 	if (e->epoch != 0)
@@ -77,10 +77,10 @@ int ecx_entry_from_json(const cJSON *o, ecx_entry *out, char *why,
 	rc = ecx_json_get_str(o, "dtype", dt, sizeof(dt), why, whylen);
 	if (rc != 0)
 		return rc;
-	if (ecx_dtype_parse(dt, &e.desc.dtype) != 0)
+	if (core_dtype_parse(dt, &e.desc.dtype) != 0)
 		return ecx_why(why, whylen, ECX_EDTYPE, "unknown dtype \"%s\"",
 		               dt);
-	rc = ecx_tensor_check(&e.desc, why, whylen);
+	rc = core_tensor_check(&e.desc, why, whylen);
 	if (rc != 0)
 		return rc;
 	rc = ecx_json_get_str(o, "producer_zmq", e.producer_zmq,

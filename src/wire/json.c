@@ -125,7 +125,7 @@ int ecx_json_id(const cJSON *n, const char *what, char *out, char *why,
 		return ecx_why(why, whylen, ECX_EPROTO, "%s is not a string",
 		               what);
 	char r[160];
-	if (ecx_id_check(n->valuestring, r, sizeof(r)) != 0)
+	if (core_id_check(n->valuestring, r, sizeof(r)) != 0)
 		return ecx_why(why, whylen, ECX_EID, "%s: %s", what, r);
 	memcpy(out, n->valuestring, strlen(n->valuestring) + 1);
 	return 0;

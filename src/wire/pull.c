@@ -41,11 +41,6 @@ uint64_t ecx_hash_bytes(int kind, const void *p, size_t n)
 	return 0;
 }
 
-uint64_t ecx_xxh3(const void *p, size_t n)
-{
-	return XXH3_64bits(p, n);
-}
-
 void *ecx_xxh3_new(void)
 {
 	XXH3_state_t *st = XXH3_createState();
@@ -333,8 +328,8 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 		cJSON_AddBoolToObject(o, "ok", false);
 		cJSON_AddStringToObject(
 		    o, "err",
-		    r->detail[0] != '\0' ? r->detail : ecx_strerror(r->err));
-		cJSON_AddStringToObject(o, "code", ecx_err_name(r->err));
+		    r->detail[0] != '\0' ? r->detail : core_strerror(r->err));
+		cJSON_AddStringToObject(o, "code", core_err_name(r->err));
 		return json_print_free(o);
 	}
 	cJSON_AddBoolToObject(o, "ok", true);
@@ -360,9 +355,9 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 		}
 		if (r->status[i] != 0) {
 			cJSON_AddStringToObject(x, "err",
-			                        ecx_strerror(r->status[i]));
+			                        core_strerror(r->status[i]));
 			if (!cJSON_AddStringToObject(
-			        x, "code", ecx_err_name(r->status[i])))
+			        x, "code", core_err_name(r->status[i])))
 				goto fail;
 		}
 	}
@@ -403,7 +398,7 @@ int ecx_pull_resp_decode(const char *buf, size_t len, ecx_pull_resp *out,
 		const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "err");
 		ecx_strlcpy(r.detail,
 		            cJSON_IsString(e) ? e->valuestring
-		                              : ecx_strerror(r.err),
+		                              : core_strerror(r.err),
 		            sizeof(r.detail));
 		cJSON_Delete(o);
 		*out = r;

@@ -392,7 +392,7 @@ char *ecx_zresp_encode_lease(uint64_t epoch, uint64_t ms,
                              const uint64_t *leases, const int *errs, size_t n);
 /* The answer to the reference's pull, in its shape: {"ok":true,
  * "mooncake_ret":0} when err is 0, else {"ok":false,"mooncake_ret":-1,
- * "err":detail (or ecx_strerror),"code":NAME} (-1 is what Mooncake's
+ * "err":detail (or core_strerror),"code":NAME} (-1 is what Mooncake's
  * batch_transfer_sync_write returns for a failed transfer). */
 char *ecx_zresp_encode_ref_pull(int err, const char *detail);
 /* {"ok":true,"released":N} */

@@ -311,7 +311,7 @@ int ecx_zreq_decode(const char *buf, size_t len, ecx_zreq *out, char *why,
 			goto out;
 		}
 		char r2[160];
-		if (ecx_id_check(h->valuestring, r2, sizeof(r2)) != 0) {
+		if (core_id_check(h->valuestring, r2, sizeof(r2)) != 0) {
 			rc = ecx_why(why, whylen, ECX_EID, "\"mm_hash\": %s",
 			             r2);
 			goto out;
@@ -344,8 +344,8 @@ char *ecx_zresp_encode_error(int err, const char *detail)
 		return NULL;
 	cJSON_AddBoolToObject(o, "ok", false);
 	cJSON_AddStringToObject(o, "err",
-	                        detail != NULL ? detail : ecx_strerror(err));
-	cJSON_AddStringToObject(o, "code", ecx_err_name(err));
+	                        detail != NULL ? detail : core_strerror(err));
+	cJSON_AddStringToObject(o, "code", core_err_name(err));
 	return json_print_free(o);
 }
 
@@ -358,8 +358,8 @@ char *ecx_zresp_encode_ref_pull(int err, const char *detail)
 	cJSON_AddNumberToObject(o, "mooncake_ret", err == 0 ? 0 : -1);
 	if (err != 0) {
 		cJSON_AddStringToObject(
-		    o, "err", detail != NULL ? detail : ecx_strerror(err));
-		cJSON_AddStringToObject(o, "code", ecx_err_name(err));
+		    o, "err", detail != NULL ? detail : core_strerror(err));
+		cJSON_AddStringToObject(o, "code", core_err_name(err));
 	}
 	return json_print_free(o);
 }
@@ -425,7 +425,7 @@ char *ecx_zresp_encode_lease(uint64_t epoch, uint64_t ms,
 			                      ecx_json_u64(leases[i]));
 		else
 			cJSON_AddStringToObject(x, "code",
-			                        ecx_err_name(errs[i]));
+			                        core_err_name(errs[i]));
 	}
 	if (a == NULL) {
 		cJSON_Delete(o);
@@ -523,7 +523,7 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 			r.err = ECX_EIO;
 		ecx_strlcpy(r.detail,
 		            cJSON_IsString(e) ? e->valuestring
-		                              : ecx_strerror(r.err),
+		                              : core_strerror(r.err),
 		            sizeof(r.detail));
 		goto out;
 	}

@@ -18,6 +18,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -253,40 +255,234 @@ static void test_down(void **state)
 	ecx_client_destroy(c);
 }
 
-/* The consumer's lookups check their arguments as the client's do: no
- * handle, or no items for n > 0, is ECX_EINVAL before any request (the
- * consumer's used to crash on them). */
+/* An HTTP server that is no registry: every request is answered 404 with
+ * a body that is not the registries' miss, and the connection closed. */
+typedef struct not_registry {
+	int fd;
+	unsigned port;
+	volatile int stop;
+	pthread_t thr;
+} not_registry;
+
+static void *not_registry_run(void *arg)
+{
+	not_registry *nr = arg;
+	while (!nr->stop) {
+		struct pollfd pf = {.fd = nr->fd, .events = POLLIN};
+		if (poll(&pf, 1, 50) != 1)
+			continue;
+		int c = accept(nr->fd, NULL, NULL);
+		if (c < 0)
+			continue;
+		/* The request's head (its body, if any, is left unread). */
+		char buf[4096];
+		size_t got = 0;
+		while (got < sizeof(buf) - 1) {
+			struct pollfd cf = {.fd = c, .events = POLLIN};
+			if (poll(&cf, 1, 2000) != 1)
+				break;
+			ssize_t k = read(c, buf + got, sizeof(buf) - 1 - got);
+			if (k <= 0)
+				break;
+			got += (size_t)k;
+			buf[got] = '\0';
+			if (strstr(buf, "\r\n\r\n") != NULL)
+				break;
+		}
+		static const char ans[] = "HTTP/1.1 404 Not Found\r\n"
+		                          "Content-Type: text/plain\r\n"
+		                          "Content-Length: 9\r\n"
+		                          "Connection: close\r\n\r\n"
+		                          "not here\n";
+		ssize_t w = write(c, ans, sizeof(ans) - 1);
+		(void)w;
+		close(c);
+	}
+	return NULL;
+}
+
+static void not_registry_start(not_registry *nr)
+{
+	memset(nr, 0, sizeof(*nr));
+	nr->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(nr->fd >= 0);
+	struct sockaddr_in a = {.sin_family = AF_INET,
+	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	assert_int_equal(bind(nr->fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(nr->fd, 16), 0);
+	assert_int_equal(getsockname(nr->fd, (struct sockaddr *)&a, &al), 0);
+	nr->port = ntohs(a.sin_port);
+	assert_int_equal(pthread_create(&nr->thr, NULL, not_registry_run, nr),
+	                 0);
+}
+
+static void not_registry_stop(not_registry *nr)
+{
+	nr->stop = 1;
+	pthread_join(nr->thr, NULL);
+	close(nr->fd);
+}
+
+/* The lookups of a client and of a consumer, side by side. */
+typedef struct looker {
+	const char *what;
+	int (*lookup)(void *h, ecx_item *it, size_t n);
+	int (*lease)(void *h, ecx_item *it, size_t n, int ms);
+	int (*release)(void *h, ecx_item *it, size_t n);
+	void *h;
+} looker;
+
+static int cl_lookup(void *h, ecx_item *it, size_t n)
+{
+	return ecx_client_lookup(h, it, n);
+}
+static int cl_lease(void *h, ecx_item *it, size_t n, int ms)
+{
+	return ecx_client_lookup_lease(h, it, n, ms);
+}
+static int cl_release(void *h, ecx_item *it, size_t n)
+{
+	return ecx_client_release(h, it, n);
+}
+static int co_lookup(void *h, ecx_item *it, size_t n)
+{
+	return ecx_consumer_lookup(h, it, n);
+}
+static int co_lease(void *h, ecx_item *it, size_t n, int ms)
+{
+	return ecx_consumer_lookup_lease(h, it, n, ms);
+}
+static int co_release(void *h, ecx_item *it, size_t n)
+{
+	return ecx_consumer_release(h, it, n);
+}
+
+/* Items whose outputs hold what an earlier call left: a call must write
+ * every status (and, leased, every lease) it reports on. */
+static void stale(ecx_item *it, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		it[i].status = 12345;
+		it[i].lease = 99;
+	}
+}
+
+/* The consumer's lookups and the client's go through one path, so they
+ * agree on every case: no handle, or no items for n > 0, is ECX_EINVAL
+ * before any request; an id that breaks the rules, or a NULL one, fails
+ * the call with ECX_EID before any request, that item's status ECX_EID
+ * and every other's ECX_ENOTFOUND (a status an earlier call left never
+ * reads as a hit), and nothing leased; and a lookup that one registry of
+ * the list failed (ECX_EINVAL: a server that is no registry) still
+ * leases what the others found (a hit has a lease, or is a miss). */
 static void test_lookup_arguments_agree(void **state)
 {
 	(void)state;
-	char url[64];
-	snprintf(url, sizeof(url), "http://127.0.0.1:%d", tu_free_port());
-	ecx_client *cl = client(url, NULL);
+	char rurl[64], urls[160], why[256] = "";
+	ecx_registry *r = start(NULL, rurl, sizeof(rurl));
+	not_registry nr;
+	not_registry_start(&nr);
+	snprintf(urls, sizeof(urls), "%s,http://127.0.0.1:%u", rurl, nr.port);
+	ecx_producer_params pp = {.field_mask = ECX_PRODUCER_PARAM_CAPACITY |
+	                                        ECX_PRODUCER_PARAM_BIND_HOST |
+	                                        ECX_PRODUCER_PARAM_REGISTRY |
+	                                        ECX_PRODUCER_PARAM_TRANSPORT,
+	                          .capacity_bytes = 1u << 20,
+	                          .bind_host = "127.0.0.1",
+	                          .registry = rurl,
+	                          .transport = "tcp"};
+	ecx_producer *prod = NULL;
+	if (ecx_producer_create(&pp, &prod, why, sizeof(why)) != 0)
+		fail_msg("producer: %s", why);
+	uint64_t shape[1] = {64};
+	ecx_tensor_desc d;
+	assert_int_equal(ecx_tensor_set(&d, ECX_DTYPE_UINT8, 1, shape), 0);
+	char bytes[64] = {1};
+	assert_int_equal(ecx_producer_put(prod, "agree-a", &d, bytes), 0);
+
+	ecx_client *cl = client(urls, NULL);
 	ecx_consumer_params cp = {.field_mask =
 	                              ECX_CONSUMER_PARAM_REGISTRY |
 	                              ECX_CONSUMER_PARAM_RECV_CAPACITY |
 	                              ECX_CONSUMER_PARAM_TRANSPORT,
-	                          .registry = url,
+	                          .registry = urls,
 	                          .recv_capacity = 0,
 	                          .transport = "tcp"};
 	ecx_consumer *co = NULL;
-	char why[256] = "";
 	if (ecx_consumer_create(&cp, &co, why, sizeof(why)) != 0)
 		fail_msg("consumer: %s", why);
-	ecx_item it = {.id = "a"};
-	assert_int_equal(ecx_client_lookup(NULL, &it, 1), ECX_EINVAL);
-	assert_int_equal(ecx_consumer_lookup(NULL, &it, 1), ECX_EINVAL);
-	assert_int_equal(ecx_client_lookup(cl, NULL, 1), ECX_EINVAL);
-	assert_int_equal(ecx_consumer_lookup(co, NULL, 1), ECX_EINVAL);
-	assert_int_equal(ecx_client_lookup_lease(NULL, &it, 1, 0), ECX_EINVAL);
-	assert_int_equal(ecx_consumer_lookup_lease(NULL, &it, 1, 0),
-	                 ECX_EINVAL);
-	assert_int_equal(ecx_client_lookup_lease(cl, NULL, 1, 0), ECX_EINVAL);
-	assert_int_equal(ecx_consumer_lookup_lease(co, NULL, 1, 0), ECX_EINVAL);
-	assert_int_equal(ecx_client_lookup(cl, NULL, 0), 0);
-	assert_int_equal(ecx_consumer_lookup(co, NULL, 0), 0);
+	looker lk[2] = {{"client", cl_lookup, cl_lease, cl_release, cl},
+	                {"consumer", co_lookup, co_lease, co_release, co}};
+	for (int k = 0; k < 2; k++) {
+		looker *l = &lk[k];
+		print_message("%s\n", l->what);
+		/* No handle, no items. */
+		ecx_item it[2] = {{.id = "agree-a"}, {.id = "agree-missing"}};
+		assert_int_equal(l->lookup(NULL, it, 1), ECX_EINVAL);
+		assert_int_equal(l->lookup(l->h, NULL, 1), ECX_EINVAL);
+		assert_int_equal(l->lease(NULL, it, 1, 0), ECX_EINVAL);
+		assert_int_equal(l->lease(l->h, NULL, 1, 0), ECX_EINVAL);
+		assert_int_equal(l->lease(l->h, it, 1, -1), ECX_EINVAL);
+		assert_int_equal(l->release(NULL, it, 1), ECX_EINVAL);
+		assert_int_equal(l->release(l->h, NULL, 1), ECX_EINVAL);
+		assert_int_equal(l->lookup(l->h, NULL, 0), 0);
+		assert_int_equal(l->lease(l->h, NULL, 0, 0), 0);
+
+		/* An id that breaks the rules. */
+		ecx_item bad[2] = {{.id = "agree-a"}, {.id = "a b"}};
+		stale(bad, 2);
+		assert_int_equal(l->lookup(l->h, bad, 2), ECX_EID);
+		assert_int_equal(bad[0].status, ECX_ENOTFOUND);
+		assert_int_equal(bad[1].status, ECX_EID);
+		stale(bad, 2);
+		assert_int_equal(l->lease(l->h, bad, 2, 0), ECX_EID);
+		assert_int_equal(bad[0].status, ECX_ENOTFOUND);
+		assert_int_equal(bad[1].status, ECX_EID);
+		assert_int_equal(bad[0].lease, 0);
+		assert_int_equal(bad[1].lease, 0);
+
+		/* A NULL id. */
+		ecx_item none[2] = {{.id = NULL}, {.id = "agree-a"}};
+		stale(none, 2);
+		assert_int_equal(l->lookup(l->h, none, 2), ECX_EID);
+		assert_non_null(strstr(ecx_last_error(), "id is missing"));
+		assert_int_equal(none[0].status, ECX_EID);
+		assert_int_equal(none[1].status, ECX_ENOTFOUND);
+		stale(none, 2);
+		assert_int_equal(l->lease(l->h, none, 2, 0), ECX_EID);
+		assert_non_null(strstr(ecx_last_error(), "id is missing"));
+		assert_int_equal(none[0].status, ECX_EID);
+		assert_int_equal(none[0].lease, 0);
+		assert_int_equal(none[1].lease, 0);
+
+		/* The second registry is no registry: ECX_EINVAL, with what
+		 * the first found filled in, and leased. */
+		stale(it, 2);
+		assert_int_equal(l->lookup(l->h, it, 2), ECX_EINVAL);
+		assert_non_null(strstr(ecx_last_error(), "404"));
+		assert_int_equal(it[0].status, 0);
+		assert_int_equal(it[0].desc.nbytes, 64);
+		assert_int_equal(it[1].status, ECX_ENOTFOUND);
+		stale(it, 2);
+		assert_int_equal(l->lease(l->h, it, 2, 30000), ECX_EINVAL);
+		assert_int_equal(it[0].status, 0);
+		assert_int_not_equal(it[0].lease, 0);
+		assert_int_not_equal(it[0].lease, 99);
+		assert_int_equal(it[1].status, ECX_ENOTFOUND);
+		assert_int_equal(it[1].lease, 0);
+		assert_int_equal(l->release(l->h, it, 1), 0);
+		assert_int_equal(it[0].lease, 0);
+	}
+	ecx_producer_stats ps;
+	ecx_producer_stats_get(prod, &ps);
+	assert_int_equal(ps.leases_granted, 2);
+	assert_int_equal(ps.leases_released, 2);
 	ecx_consumer_destroy(co);
 	ecx_client_destroy(cl);
+	ecx_producer_destroy(prod);
+	not_registry_stop(&nr);
+	ecx_registry_destroy(r);
 }
 
 /* A registry that was down and comes back is asked again within about a

@@ -1,8 +1,11 @@
-/* api.c - the public registry client (ecx_client_*, ecx.h) over the
- * directory layer's client, and the public entry JSON codecs. Failures are
- * reported once, here, through the calling thread's last error. */
-#include "dir/dir.h"
-#include "rdv/rdv.h"
+/*
+ * client.c - the public registry client (ecx_client_*): a directory
+ * client (dir/) and, for leases, a leaser (rdv/), its lookups through
+ * the consumer's path (lookup.c); and the public entry JSON codecs.
+ * Failures are reported once, here, through the calling thread's last
+ * error.
+ */
+#include "api/api.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -104,88 +107,51 @@ void ecx_client_destroy(ecx_client *c)
 	free(c);
 }
 
-static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
-                         uint64_t lease_ms);
+/* What lookup.c asks through. */
+static api_lookup client_lookup(const ecx_client *c)
+{
+	return (api_lookup){.rc = c->rc,
+	                    .rc_lock = NULL,
+	                    .leaser = c->leaser,
+	                    .token = c->token,
+	                    .timeout_ms = c->timeout_ms};
+}
+
+int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
+{
+	if (c != NULL && ecx_forked(c->pid, "client"))
+		return ECX_EFORK;
+	int rc = api_lookup_check(c, "client", items, n, 0);
+	if (rc != 0)
+		return rc;
+	api_lookup lk = client_lookup(c);
+	size_t asked;
+	return api_lookup_run(&lk, items, n, 0, &asked);
+}
 
 int ecx_client_lookup_lease(ecx_client *c, ecx_item *items, size_t n,
                             int lease_ms)
 {
 	if (c != NULL && ecx_forked(c->pid, "client"))
 		return ECX_EFORK;
-	if (lease_ms < 0)
-		return ecx_set_error(ECX_EINVAL, "lease_ms cannot be negative");
-	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;
-	/* A producer's embedded registry leases its items in the lookup;
-	 * the rest are leased at their producers. */
-	int rc = client_lookup(c, items, n, ms);
-	if (rc == ECX_EID || rc == ECX_EINVAL)
+	int rc = api_lookup_check(c, "client", items, n, lease_ms);
+	if (rc != 0)
 		return rc;
-	ecx_rdv_lease(c->leaser, items, n, ms, c->token, c->timeout_ms, NULL);
-	return rc;
+	uint64_t ms = lease_ms > 0 ? (uint64_t)lease_ms : ECX_LEASE_MS_DEFAULT;
+	api_lookup lk = client_lookup(c);
+	size_t asked;
+	return api_lookup_run(&lk, items, n, ms, &asked);
 }
 
 int ecx_client_release(ecx_client *c, ecx_item *items, size_t n)
 {
 	if (c != NULL && ecx_forked(c->pid, "client"))
 		return ECX_EFORK;
-	char why[256];
-	if (c == NULL || (items == NULL && n > 0))
-		return ecx_set_error(ECX_EINVAL, "no client or no items");
-	int rc = ecx_rdv_release(c->leaser, items, n, c->token, c->timeout_ms,
-	                         why, sizeof(why));
-	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
-}
-
-int ecx_client_lookup(ecx_client *c, ecx_item *items, size_t n)
-{
-	return client_lookup(c, items, n, 0);
-}
-
-/* A lookup; with lease_ms, one that asks the registries for leases too
- * (items[].lease: what they granted, else 0). */
-static int client_lookup(ecx_client *c, ecx_item *items, size_t n,
-                         uint64_t lease_ms)
-{
-	if (c != NULL && ecx_forked(c->pid, "client"))
-		return ECX_EFORK;
-	if (c == NULL || (items == NULL && n > 0))
-		return ecx_set_error(ECX_EINVAL, "no client or no items");
-	if (n == 0)
-		return 0;
-	/* The lookup sets each item's found, entry (when found) and holders:
-	 * nothing else needs clearing. */
-	ecx_lookup_item *li = malloc(n * sizeof(*li));
-	if (li == NULL)
-		return ecx_set_error(ECX_ENOMEM, "out of memory");
-	for (size_t i = 0; i < n; i++) {
-		li[i].id = items[i].id != NULL ? items[i].id : "";
-		li[i].found = false;
-		li[i].nalt = 0;
-		li[i].alt = NULL;
-	}
-	char why[256] = "";
-	int rc = lease_ms != 0
-	             ? ecx_regclient_lookup_lease(c->rc, li, n, lease_ms, why,
-	                                          sizeof(why))
-	             : ecx_regclient_lookup(c->rc, li, n, why, sizeof(why));
-	/* An id that breaks the rules fails the call before any request. */
-	if (rc != ECX_EID) {
-		for (size_t i = 0; i < n; i++) {
-			items[i].status = li[i].found ? 0 : ECX_ENOTFOUND;
-			if (lease_ms != 0)
-				items[i].lease =
-				    li[i].found ? li[i].entry.lease : 0;
-			if (!li[i].found)
-				continue;
-			items[i].desc = li[i].entry.desc;
-			ecx_strlcpy(items[i].producer, li[i].entry.producer_zmq,
-			            sizeof(items[i].producer));
-			items[i].epoch = ecx_entry_item_epoch(&li[i].entry);
-		}
-	}
-	ecx_lookup_items_clear(li, n);
-	free(li);
-	return rc != 0 ? ecx_set_error(rc, "%s", why) : 0;
+	int rc = api_lookup_check(c, "client", items, n, 0);
+	if (rc != 0)
+		return rc;
+	api_lookup lk = client_lookup(c);
+	return api_release(&lk, items, n);
 }
 
 /* The registry entry of item, checked as a producer would publish it. */
@@ -199,7 +165,7 @@ static int entry_of_item(const ecx_item *item, ecx_entry *e, char *why,
 	if (pl == 0 || pl == sizeof(item->producer))
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "item's producer is empty or not terminated");
-	int rc = ecx_tensor_check(&item->desc, why, whylen);
+	int rc = core_tensor_check(&item->desc, why, whylen);
 	if (rc != 0)
 		return rc;
 	e->desc = item->desc;
@@ -218,7 +184,7 @@ int ecx_client_publish(ecx_client *c, const ecx_item *item)
 		return ecx_set_error(ECX_EINVAL, "no client");
 	if (item == NULL || item->id == NULL)
 		return ecx_set_error(ECX_EID, "no id");
-	if (ecx_id_check(item->id, why, sizeof(why)) != 0)
+	if (core_id_check(item->id, why, sizeof(why)) != 0)
 		return ecx_set_error(ECX_EID, "publish '%.80s': %s", item->id,
 		                     why);
 	int rc = entry_of_item(item, &e, why, sizeof(why));
@@ -345,9 +311,4 @@ int ecx_item_from_json(const char *json, size_t len, ecx_item *item, char *why,
 	ecx_strlcpy(item->producer, e.producer_zmq, sizeof(item->producer));
 	item->epoch = ecx_entry_item_epoch(&e);
 	return 0;
-}
-
-void ecx_free(void *p)
-{
-	free(p);
 }
