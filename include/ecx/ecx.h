@@ -647,6 +647,33 @@ ECX_API int ecx_load_test(ecx_load *l);
  * long ago its entry was renewed. */
 ECX_API int ecx_load_wait(ecx_load *l);
 
+/* ecx_consumer_load_notify starts loading the n items and returns at once
+ * with the load in *out, never waiting for a handshake: where every
+ * producer is connected its pulls go from this call, as
+ * ecx_consumer_load_start's; else a thread of the library's makes the
+ * connections and sends them. That thread then sleeps while the progress
+ * thread and callers' ecx_load_test progress the load (it takes no core
+ * while the bytes move) and ends it as ecx_load_wait does (failover and
+ * integrity check included, within the same bounds), unless a caller's
+ * ecx_load_test found every item loaded with nothing left to check and
+ * ended it first. Whichever ends it then, where fd is a socket (-1: none),
+ * sends on it once, without blocking, len bytes of msg followed by one
+ * int32_t per item in host order, its final status (0: loaded). A
+ * connected datagram socket (AF_UNIX, SOCK_DGRAM) keeps that message
+ * whole; a receiver that is gone or full misses it (logged at debug). The
+ * library sends on a duplicate of fd, so the caller may close fd at any
+ * time. So a caller that must not run a thread of its own (an interpreter
+ * with a global lock) learns of the end from the socket, in another
+ * process too. ecx_load_test progresses the worker once and returns 0
+ * once the load has ended (its statuses are then final; it never blocks);
+ * ecx_load_wait waits for the thread, frees the load and returns as
+ * ecx_load_wait does. items and their dst memory must stay valid until
+ * then. Errors: ECX_EINVAL (fd is not a socket, len above 65536),
+ * ECX_ENOMEM (no memory, no thread). */
+ECX_API int ecx_consumer_load_notify(ecx_consumer *c, ecx_item *items, size_t n,
+                                     int fd, const void *msg, size_t len,
+                                     ecx_load **out);
+
 /* ecx_consumer_load is start then wait. */
 ECX_API int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n);
 

@@ -1,4 +1,5 @@
 """Consumer (looks items up and loads them) and Load (a load in flight)."""
+import array
 import ctypes
 import os
 import threading
@@ -176,6 +177,19 @@ class Consumer:
             pairs = [(it, self._new_tensor(it)) for it in items]
         return Load(self, pairs)
 
+    def load_notify(self, pairs, sock=None, msg=b""):
+        """Starts loading (Item, tensor) pairs without waiting for a
+        handshake (ecx_consumer_load_notify): returns a Load at once, and
+        no Python thread has to run for it to end. Once it has ended, libecx sends
+        on sock (a socket, or its descriptor; None: nothing is sent), in
+        one message and without blocking, msg followed by each item's
+        status as a native int32 (0: loaded; see notify_statuses). The Load
+        keeps the items and tensors alive until it ends."""
+        fd = -1 if sock is None else (sock if isinstance(sock, int)
+                                      else sock.fileno())
+        return Load(self, [(it, t) for it, t in pairs], notify=(fd,
+                                                                bytes(msg)))
+
     def _new_tensor(self, it):
         t = self.arena_tensor(it) if self._arena else None
         return t if t is not None else it.empty("cpu")
@@ -334,6 +348,17 @@ class Consumer:
         self.close()
 
 
+def notify_statuses(data, n):
+    """The (msg, statuses) of a message of Consumer.load_notify for a load
+    of n items: its last 4*n bytes are the statuses (native int32)."""
+    k = len(data) - 4 * n
+    if k < 0:
+        raise ValueError(f"{len(data)} bytes cannot carry {n} statuses")
+    st = array.array("i")
+    st.frombytes(data[k:])
+    return data[:k], list(st)
+
+
 class Load:
     """A load in flight (Consumer.load_start). .items and .tensors are what
     it loads into; both, and the C items, stay alive here until it ends.
@@ -343,7 +368,7 @@ class Load:
     returns .errors: None for each item that loaded, an EcxError for each
     that did not (ETIMEDOUT for what was still missing at the deadline)."""
 
-    def __init__(self, consumer, pairs):
+    def __init__(self, consumer, pairs, notify=None):
         self.items = [it for it, _ in pairs]
         self.tensors = [t for _, t in pairs]
         self.errors = None
@@ -353,10 +378,16 @@ class Load:
         self._arr, self._keep = consumer._pairs_array(pairs) if pairs \
             else ((C.ecx_item * 0)(), [])
         h = C.P()
-        rc = C.ecx_consumer_load_start(consumer._handle(), self._arr,
-                                  len(pairs), ctypes.byref(h))
+        if notify is None:
+            rc = C.ecx_consumer_load_start(consumer._handle(), self._arr,
+                                           len(pairs), ctypes.byref(h))
+        else:
+            fd, msg = notify
+            rc = C.ecx_consumer_load_notify(
+                consumer._handle(), self._arr, len(pairs), fd, msg,
+                len(msg), ctypes.byref(h))
         if rc != 0:
-            raise error(rc)
+            raise error(rc, C.ecx_last_error().decode())
         self._h = h
         consumer._loads.add(self)
 

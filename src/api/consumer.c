@@ -2,9 +2,10 @@
  * consumer.c - the public entry points of a consumer (ecx_consumer_*,
  * ecx_load_test, ecx_load_wait): the checks of the arguments and of the
  * handle's process, then one call into the consumer role (consumer/
- * consumer.c, load.c, failover.c, memory.c, push.c) or, for lookups and
- * leases, into the path it shares with ecx_client_* (lookup.c); each
- * reports its failures through the calling thread's last error.
+ * consumer.c, load.c, failover.c, notify.c, memory.c, push.c) or, for
+ * lookups and leases, into the path it shares with ecx_client_*
+ * (lookup.c); each reports its failures through the calling thread's last
+ * error.
  */
 #include "consumer/consumer.h"
 #include "api/api.h"
@@ -112,18 +113,32 @@ int ecx_consumer_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	    false, false, out);
 }
 
+int ecx_consumer_load_notify(ecx_consumer *c, ecx_item *items, size_t n, int fd,
+                             const void *msg, size_t len, ecx_load **out)
+{
+	if (c != NULL && ecx_forked(c->pid, "consumer"))
+		return ECX_EFORK;
+	if (c == NULL || out == NULL || (items == NULL && n > 0) ||
+	    (msg == NULL && len > 0))
+		return ecx_set_error(ECX_EINVAL,
+		                     "no consumer, items, message or out");
+	return cons_load_notify(
+	    c, items, n, ecx_now_ns() + (uint64_t)c->timeout_ms * 1000000u, fd,
+	    msg, len, out);
+}
+
 int ecx_load_test(ecx_load *l)
 {
 	if (l != NULL && ecx_forked(l->c->pid, "consumer"))
 		return ECX_EFORK;
-	return cons_load_test(l);
+	return l->bg != NULL ? cons_bg_test(l) : cons_load_test(l);
 }
 
 int ecx_load_wait(ecx_load *l)
 {
 	if (l != NULL && ecx_forked(l->c->pid, "consumer"))
 		return ECX_EFORK;
-	return cons_load_wait(l);
+	return l->bg != NULL ? cons_bg_wait(l) : cons_load_wait(l);
 }
 
 int ecx_consumer_load(ecx_consumer *c, ecx_item *items, size_t n)

@@ -16,6 +16,9 @@
  *               answered by a write into this consumer's receiver
  *   push.c      push windows: writes on Mooncake's wire into the receive
  *               arena
+ *   notify.c    loads a thread of the library's starts, waits for and
+ *               ends, saying so on the caller's socket (it calls load.c
+ *               and failover.c, not back)
  *
  * May include: every layer below (core, wire, mem, xfer, mooncake, rdv,
  * dir). Never:
@@ -193,11 +196,18 @@ struct ecx_load {
 	 * a failover): it progresses the worker in place of the progress
 	 * thread from the send of the last pull on (waiting: since then). */
 	bool sync, waiting;
+	/* Progressed by the progress thread (and callers' tests) while a
+	 * thread of notify.c sleeps until it ends: its wait then leaves the
+	 * worker to the progress thread at once, with no linger. */
+	bool passive;
 	/* Items loaded with the reference's pull over Mooncake's wire
 	 * (mooncake.c): nmc of them, mc_left not answered yet (atomic). */
 	struct mcpull *mc;
 	size_t nmc;
 	size_t mc_left;
+	/* A load of ecx_consumer_load_notify: only c and bg are set, and
+	 * notify.c's thread runs the real load (NULL for any other). */
+	struct cons_bgload *bg;
 };
 
 typedef struct arena_alloc {
@@ -327,6 +337,7 @@ ucs_status_t cons_am_landed(void *arg, const void *header, size_t header_len,
 typedef void (*cons_ready_fn)(ecx_consumer *c, ecx_load *l, pull *p);
 void cons_pconns_get(ecx_consumer *c, ecx_load *l, cons_ready_fn ready);
 void cons_pconn_close(ecx_consumer *c, pconn *pc);
+
 /* Says goodbye to every producer, in parallel, waiting up to
  * ECX_BYE_WAIT_MS (and the timeout) for the answers; ends the zombies of
  * the connections whose producer answered "closed". For destroy. */
@@ -349,6 +360,9 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
                     uint64_t deadline_ns, bool retry, bool sync,
                     ecx_load **out);
 int cons_load_wait_once(ecx_load *l, char *why, size_t whylen);
+/* load.c: whether every pull of l has ended (never blocks, progresses
+ * nothing). */
+bool cons_load_done(ecx_load *l);
 /* load.c: one progress of l, 0 when it has ended (ecx_load_test). */
 int cons_load_test(ecx_load *l);
 
@@ -363,6 +377,16 @@ int cons_load_wait(ecx_load *l);
 void *cons_arena(ecx_consumer *c, uint64_t *capacity);
 void *cons_alloc(ecx_consumer *c, size_t nbytes);
 void cons_free(ecx_consumer *c, void *ptr);
+/* notify.c: a load that says its end on fd (-1: none), msg and the
+ * items' statuses, started here or (handshakes) by a thread of its own,
+ * which sleeps on it and ends it unless a caller's test has; its test and
+ * its wait (which joins the thread and frees it). */
+#define ECX_NOTIFY_MSG_MAX 65536u
+int cons_load_notify(ecx_consumer *c, ecx_item *items, size_t n,
+                     uint64_t deadline_ns, int fd, const void *msg, size_t len,
+                     ecx_load **out);
+int cons_bg_test(ecx_load *l);
+int cons_bg_wait(ecx_load *l);
 
 /* memory.c. Called with c->lock. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);

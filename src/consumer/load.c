@@ -384,7 +384,7 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	return 0;
 }
 
-static bool load_done(ecx_load *l)
+bool cons_load_done(ecx_load *l)
 {
 	if (!cons_mc_done(l))
 		return false;
@@ -399,7 +399,7 @@ int cons_load_test(ecx_load *l)
 	ecx_ucx_progress(l->c->ucx);
 	cons_mc_poll(l);
 	cons_pconns_watch(l->c, false);
-	return load_done(l) ||
+	return cons_load_done(l) ||
 	               ecx_now_ns() >= l->deadline_ns + ECX_LOAD_GRACE_NS
 	           ? 0
 	           : ECX_EBUSY;
@@ -418,7 +418,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	 * then answers; the grace lets that answer arrive, so a load from a
 	 * live producer returns with nothing left to write. */
 	uint64_t until = l->deadline_ns + ECX_LOAD_GRACE_NS;
-	while (!load_done(l)) {
+	while (!cons_load_done(l)) {
 		uint64_t now = ecx_now_ns();
 		if (now >= until)
 			break;
@@ -506,6 +506,10 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 	 * late put of a timed-out pull (TSan's timing showed it, in
 	 * test_slow_producer_tcp_caller). */
 	ecx_ucx_waiting(c->ucx, false);
+	/* A load nobody waited on (notify.c) leaves no linger: the next one
+	 * is the progress thread's at once. */
+	if (l->passive)
+		ecx_ucx_wake(c->ucx);
 	/* Every item's status is final now (the pulls are gone): the
 	 * integrity check needs no lock. */
 	if (l->xxh != NULL)

@@ -210,9 +210,12 @@ def test_every_rank_must_hold_it(registry, producers):  # noqa: F811
     try:
         for k, h in enumerate(hashes):
             req = steps.Request(f"q{k}", [h])
-            # Rank 1's report for the arrival step is built before its pull
-            # lands: the step after it reports, the one after schedules.
-            assert steps_to_schedule(eng, req) == 3
+            # Rank 0's news comes within pull_wait_ms of the arrival step,
+            # which must not schedule it: rank 1 says it holds it only in
+            # a step's report, the arrival step's where its pull (started
+            # from that step's metadata) has landed by then, else the
+            # next step's.
+            assert steps_to_schedule(eng, req) in (2, 3)
             eng.finish(req)
         assert not eng.unavailable
     finally:

@@ -1,31 +1,43 @@
 """The step channel between a consumer's scheduler connector and its
-worker connectors, which vLLM runs in different processes: ZeroMQ over
-ipc:// sockets in a directory only this user can enter, named from vLLM's
-engine_id and the data-parallel rank (vLLM hands its workers the
-scheduler's config, so both sides derive the same names).
+worker connectors, which vLLM runs in different processes: sockets in a
+directory only this user can enter, named from vLLM's engine_id and the
+data-parallel rank (vLLM hands its workers the scheduler's config, so both
+sides derive the same names).
 
-- starts, scheduler PUB -> every worker's SUB: the pulls to start, sent the
-  moment ensure_cache_available has looked the items up, so every rank
-  starts them without waiting for the step's metadata;
-- news, every worker's PUSH -> scheduler PULL: (rank, held, failed), sent
-  the moment a pull ends, so the scheduler learns an item landed without
-  waiting for the step's report.
+- starts, scheduler PUB -> every worker's SUB (ZeroMQ over ipc://): the
+  pulls to start, sent the moment ensure_cache_available has looked the
+  items up, so every rank starts them without waiting for the step's
+  metadata;
+- news, every worker -> the scheduler's datagram socket (AF_UNIX,
+  SOCK_DGRAM): one message per pull the moment it ends, sent by libecx's
+  own thread (ecx_consumer_load_notify), never by a thread of Python's:
+  the worker's tag (its rank, the pull's (id, attempt) pairs), then each
+  item's status. The scheduler learns an item landed without waiting for
+  the step's report, and without a Python thread of the worker having to
+  win its GIL first.
 
 Both are a fast path beside the step's metadata, which still carries every
 start and every report: a message lost (a worker not subscribed yet, a
-worker on another host, where ipc:// does not reach, a full queue) costs a
-step or two, never an item. Messages are JSON, never pickles: a peer that
-can connect can at most make a worker pull an item or the scheduler count
-an item landed early, and the directory's mode keeps other users out."""
+worker on another host, where these sockets do not reach, a full queue)
+costs a step or two, never an item. Tags are JSON, never pickles: a peer
+that can connect can at most make a worker pull an item or the scheduler
+count an item landed early (or failed), and the directory's mode keeps
+other users out."""
+import array
 import hashlib
 import json
 import logging
 import os
+import select
+import socket
 import stat
+import struct
 import tempfile
 import threading
 
 import zmq
+
+from ecx.errors import error, strerror
 
 logger = logging.getLogger("ecx.vllm")
 
@@ -47,13 +59,46 @@ def _directory():
 
 
 def endpoints(engine_id, dp_rank):
-    """(starts, news) ipc:// endpoints of one engine's data-parallel rank,
-    or None where there is no engine_id to name them by."""
+    """(starts ipc:// endpoint, news socket path) of one engine's
+    data-parallel rank, or None where there is no engine_id to name them
+    by."""
     if not engine_id:
         return None
     key = hashlib.sha256(f"{engine_id}/{dp_rank}".encode()).hexdigest()[:24]
     d = _directory()
-    return (f"ipc://{d}/{key}.go", f"ipc://{d}/{key}.ev")
+    return (f"ipc://{d}/{key}.go", f"{d}/{key}.nw")
+
+
+_MAGIC = b"ecx1"
+
+
+def news_tag(rank, pairs):
+    """A worker's tag of one pull's news: the magic, the JSON's length,
+    then {"rank", "ids": [[id, attempt], ...]} (libecx appends a status
+    per id)."""
+    j = json.dumps({"rank": rank, "ids": [list(p) for p in pairs]}).encode()
+    return _MAGIC + struct.pack("<I", len(j)) + j
+
+
+def parse_news(data):
+    """(rank, held, failed) of one news message: held (id, attempt) pairs,
+    failed (id, attempt, why) triples. Raises ValueError."""
+    if data[:4] != _MAGIC or len(data) < 8:
+        raise ValueError("no ecx news")
+    (n,) = struct.unpack("<I", data[4:8])
+    m = json.loads(data[8:8 + n])
+    ids = [(str(h), int(a)) for h, a in m["ids"]]
+    st = array.array("i")
+    st.frombytes(data[8 + n:])
+    if len(st) != len(ids):
+        raise ValueError(f"{len(ids)} ids, {len(st)} statuses")
+    held = [p for p, s in zip(ids, st) if s == 0]
+    failed = [(h, a, _why(s)) for (h, a), s in zip(ids, st) if s != 0]
+    return int(m["rank"]), held, failed
+
+
+def _why(status):
+    return str(error(status, strerror(status)))
 
 
 def engine_key(vllm_config):
@@ -92,14 +137,22 @@ class SchedulerChannel:
             self._pub.setsockopt(zmq.LINGER, 0)
             self._pub.setsockopt(zmq.SNDHWM, _HWM)
             self._pub.bind(eps[0])
-            self._pull = self._ctx.socket(zmq.PULL)
-            self._pull.setsockopt(zmq.LINGER, 0)
-            self._pull.setsockopt(zmq.RCVHWM, _HWM)
-            self._pull.bind(eps[1])
-        except zmq.ZMQError:
+            self._news = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except (zmq.ZMQError, OSError):
             self._ctx.destroy(linger=0)
             raise
-        self._paths = [e[len("ipc://"):] for e in eps]
+        try:
+            try:
+                os.unlink(eps[1])
+            except FileNotFoundError:
+                pass
+            self._news.bind(eps[1])
+            self._news.setblocking(False)
+        except OSError:
+            self._news.close()
+            self._ctx.destroy(linger=0)
+            raise
+        self._paths = [eps[0][len("ipc://"):], eps[1]]
 
     def send_starts(self, specs) -> None:
         """Tells every worker to start these pulls now (never blocks)."""
@@ -116,25 +169,23 @@ class SchedulerChannel:
         why). With timeout_s, waits that long for the first if none has
         come."""
         out = []
-        if timeout_s > 0 and not self._pull.poll(int(timeout_s * 1e3) or 1):
+        if timeout_s > 0 and not select.select([self._news], [], [],
+                                               timeout_s)[0]:
             return out
         while True:
             try:
-                raw = self._pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
+                raw = self._news.recv(1 << 17)
+            except (BlockingIOError, InterruptedError):
                 return out
             try:
-                m = json.loads(raw)
-                out.append((int(m["rank"]),
-                            [(str(h), int(a)) for h, a in m["held"]],
-                            [(str(h), int(a), str(w))
-                             for h, a, w in m["failed"]]))
+                out.append(parse_news(raw))
             except (ValueError, KeyError, TypeError) as e:
                 logger.warning("ECXConnector: dropping malformed worker "
                                "news: %s", e)
 
     def close(self) -> None:
         self._ctx.destroy(linger=0)
+        self._news.close()
         for p in self._paths:
             try:
                 os.unlink(p)
@@ -143,8 +194,10 @@ class SchedulerChannel:
 
 
 class WorkerChannel:
-    """A worker's end: connects both sockets and hands each start message
-    to on_starts from a thread of its own."""
+    """A worker's end: connects the starts socket and hands each start
+    message to on_starts from a thread of its own; its news socket is
+    connected at the first pull (the scheduler binds it after the workers
+    start) and given to libecx, which sends each pull's news itself."""
 
     def __init__(self, engine_id, dp_rank, rank, on_starts, spec_cls):
         eps = endpoints(engine_id, dp_rank)
@@ -162,11 +215,11 @@ class WorkerChannel:
         self._sub.setsockopt(zmq.RCVHWM, _HWM)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sub.connect(eps[0])
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.setsockopt(zmq.SNDHWM, _HWM)
-        self._push.connect(eps[1])
-        self._send_lock = threading.Lock()
+        self._news_path = eps[1]
+        self._news = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._news.setblocking(False)
+        self._connected = False
+        self._news_lock = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="ecx-starts")
@@ -194,22 +247,36 @@ class WorkerChannel:
             except Exception:  # noqa: BLE001 - the metadata starts them
                 logger.exception("ECXConnector: starting pulls failed")
 
-    def send_news(self, held, failed) -> None:
-        """Tells the scheduler what this rank now holds ((id, attempt)
-        pairs) and what failed ({(id, attempt): why}); never blocks."""
-        if not held and not failed:
+    def notify(self, pairs):
+        """(socket, tag) for a pull of these (id, attempt) pairs: libecx
+        sends the tag and the statuses on the socket when the pull ends;
+        (None, b"") while the scheduler's socket cannot be reached."""
+        with self._news_lock:
+            if not self._connected:
+                try:
+                    self._news.connect(self._news_path)
+                    self._connected = True
+                except OSError as e:
+                    logger.debug("ECXConnector: no news socket yet: %s", e)
+                    return None, b""
+        return self._news, news_tag(self._rank, pairs)
+
+    def send_failed(self, failed) -> None:
+        """Tells the scheduler of pulls that could not start ({(id,
+        attempt): ecx status}); never blocks."""
+        if not failed:
             return
-        msg = json.dumps({"rank": self._rank,
-                          "held": [list(p) for p in held],
-                          "failed": [[h, a, str(w)] for (h, a), w in
-                                     failed.items()]}).encode()
-        with self._send_lock:
-            try:
-                self._push.send(msg, zmq.NOBLOCK)
-            except zmq.ZMQError as e:
-                logger.debug("ECXConnector: news not sent: %s", e)
+        sock, tag = self.notify(list(failed))
+        if sock is None:
+            return
+        st = array.array("i", list(failed.values()))
+        try:
+            sock.send(tag + st.tobytes())
+        except OSError as e:
+            logger.debug("ECXConnector: news not sent: %s", e)
 
     def close(self) -> None:
         self._stop = True
         self._thread.join(2)
         self._ctx.destroy(linger=0)
+        self._news.close()  # libecx sends on duplicates of its own

@@ -83,7 +83,8 @@ _KEYS = {"remote_registry_url", "registry", "registry_http_port",
          "load_timeout_s", "async_load", "log_interval_s", "lease_ms",
          "lease_max_ms", "lease_share_pct", "pull_wait_ms",
          # push mode (pushflow/config.py)
-         "push", "push_token", "control_timeout_s", "push_wait_timeout_s"}
+         "push", "push_token", "control_timeout_s", "push_wait_timeout_s",
+         "push_fallback_ms"}
 
 
 class Config:

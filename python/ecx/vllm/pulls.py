@@ -1,12 +1,16 @@
 """A consumer worker's background pulls (today's flow). A pull starts from
 whichever reaches the worker first, the scheduler's start message (the
-step channel) or the step's metadata; it runs in a pool thread, which
-settles it the moment it ends and tells the scheduler (the step channel)
-what this rank now holds or failed. What it holds is also reported in
-every step's worker metadata."""
+step channel) or the step's metadata. libecx runs it in a thread of its
+own (ecx_consumer_load_notify: handshakes, the wait, failover, the
+integrity check) and, the moment it ends, sends the scheduler its news on
+the step channel's socket, so no thread of Python's has to run, or win the
+GIL, for the scheduler to learn an item landed. The worker settles a pull
+(what this rank now holds, or failed) when its step hooks poll it (never
+waiting), and reports it in every step's worker metadata too."""
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+
+from ecx.errors import CODES, EcxError
 
 logger = logging.getLogger("ecx.vllm")
 
@@ -20,19 +24,16 @@ class Pulls:
         self._stats = stats
         self._consumer = consumer      # () -> ecx.Consumer
         self._new_tensor = new_tensor  # (consumer, spec) -> tensor
-        # Re-entrant: a pull that has ended by the time its callback is
-        # added is settled in the thread that adds it.
         self._lock = threading.RLock()
         self.want: dict = {}
         self.held: dict = {}
-        self._inflight: list = []  # [future, specs], one pull per producer
+        self._inflight: list = []  # (ecx.Load, specs), one per producer
         self._failed_new: dict = {}
         # The highest attempt the metadata has started: a start message
         # of an attempt up to it was handled through the metadata already
         # (attempts only grow, and the metadata comes in order), and may
         # have been released since.
         self._meta_attempt = -1
-        self._pool = None
         self.channel = None  # the worker's end of the step channel, or None
 
     def from_channel(self, specs) -> None:
@@ -68,10 +69,7 @@ class Pulls:
         if not specs:
             return
         cons = self._consumer()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=4,
-                                            thread_name_prefix="ecx-pull")
-        # One pull per producer, each waited for in a pool thread (a first
+        # One pull per producer, each in a thread of libecx's (a first
         # pull from a producer waits for its handshake, up to timeout_ms
         # where it is gone, and a load whose producer is gone tries the
         # item's other holders): never in a step, never one producer
@@ -81,23 +79,27 @@ class Pulls:
             self.want[s.mm_hash] = s
             groups.setdefault(s.producer_zmq, []).append(s)
         for group in groups.values():
-            pairs = [(s.item(), self._new_tensor(cons, s)) for s in group]
+            pairs = [(s.mm_hash, s.attempt) for s in group]
+            sock, tag = self.channel.notify(pairs) if self.channel \
+                else (None, b"")
+            try:
+                load = cons.load_notify(
+                    [(s.item(), self._new_tensor(cons, s)) for s in group],
+                    sock, tag)
+            except Exception as e:  # noqa: BLE001 - reported, never raised
+                failed = {}
+                for s in group:
+                    self._fail(s, f"could not start the pull: {e}", failed)
+                logger.warning("ECXConnector: pull of %d items from %s "
+                               "could not start: %s", len(group),
+                               group[0].producer_zmq, e)
+                if self.channel is not None:
+                    code = e.code if isinstance(e, EcxError) else \
+                        CODES["EINTERNAL"]
+                    self.channel.send_failed({k: code for k in failed})
+                continue
             self._stats.add("pulls_started")
-            entry = [self._pool.submit(_pull, cons, pairs), group]
-            self._inflight.append(entry)
-            entry[0].add_done_callback(lambda _f, e=entry: self._ended(e))
-
-    def _ended(self, entry) -> None:
-        with self._lock:
-            if entry not in self._inflight:
-                return  # settled already
-            self._inflight.remove(entry)
-            held, failed = self._settle(entry[0], entry[1])
-            # The future's callback holds the entry: emptied, the future
-            # and its load's tensors go now, not at a garbage collection.
-            entry.clear()
-        if self.channel is not None:
-            self.channel.send_news(held, failed)
+            self._inflight.append((load, group))
 
     def _fail(self, s, why, failed) -> None:
         if self.want.get(s.mm_hash) is s:
@@ -106,42 +108,30 @@ class Pulls:
         self._failed_new[(s.mm_hash, s.attempt)] = str(why)
         self._stats.add("items_failed")
 
-    def _settle(self, pull, specs):
-        """(held, failed) of a pull that has ended: what it brought, for
-        the specs still wanted."""
-        held, failed = [], {}
-        try:
-            load = pull.result()
-        except Exception as e:  # noqa: BLE001 - reported, never raised
-            for s in specs:
-                if self.want.get(s.mm_hash) is s:
-                    self._fail(s, f"could not start the pull: {e}", failed)
-            logger.warning("ECXConnector: pull of %d items from %s could "
-                           "not start: %s", len(specs),
-                           specs[0].producer_zmq, e)
-            return held, failed
-        for s, t, e in zip(specs, load.tensors, load.errors):
+    def _settle(self, load, specs) -> None:
+        """What a pull that has ended brought, for the specs still
+        wanted."""
+        errors = load.wait()  # at once: it has ended
+        failed: dict = {}
+        for s, t, e in zip(specs, load.tensors, errors):
             if self.want.get(s.mm_hash) is not s:
                 continue  # released, or pulled again, meanwhile
             if e is None:
                 del self.want[s.mm_hash]
                 self.held[s.mm_hash] = (s.attempt, t)
-                held.append((s.mm_hash, s.attempt))
                 self._stats.add("items_loaded")
                 self._stats.add("bytes_loaded", s.nbytes)
             else:
                 self._fail(s, e, failed)
                 logger.warning("ECXConnector: pull of %s from %s failed: "
                                "%s", s.mm_hash, s.producer_zmq, e)
-        return held, failed
 
     def poll(self) -> None:
-        """Settles the pulls that have ended whose callbacks have not run
-        yet (never waits)."""
+        """Settles the pulls that have ended (never waits)."""
         with self._lock:
-            done = [e for e in self._inflight if e[0].done()]
-        for e in done:
-            self._ended(e)
+            for entry in [e for e in self._inflight if e[0].test()]:
+                self._inflight.remove(entry)
+                self._settle(*entry)
 
     def wait_for(self, h) -> None:
         """Waits for the pull that brings h (bounded: a handshake and a
@@ -151,13 +141,10 @@ class Pulls:
                           if any(s.mm_hash == h for s in e[1])), None)
             if entry is None:
                 return
-            fut = entry[0]
-        try:
-            fut.result(timeout=2 * self._cfg.timeout_ms / 1000 + 1)
-        except Exception:  # noqa: BLE001 - settled below
-            pass
-        if fut.done():
-            self._ended(entry)
+            self._inflight.remove(entry)
+        entry[0].wait()  # without the lock: starts go on meanwhile
+        with self._lock:
+            self._settle(*entry)
 
     def report(self):
         """(held pairs, failed since the last report), for the step's
@@ -168,18 +155,9 @@ class Pulls:
             return {(h, a) for h, (a, _) in self.held.items()}, failed
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)  # pulls end within timeouts
-            self._pool = None
         with self._lock:
+            for load, _ in self._inflight:
+                load.wait()  # each ends within its timeouts
             self._inflight = []
             self.held.clear()
             self.want.clear()
-
-
-def _pull(cons, pairs):
-    """Starts a load and waits for its end (in a pool thread; ctypes lets
-    the GIL go while libecx waits)."""
-    load = cons.load_start(pairs)
-    load.wait()
-    return load

@@ -194,11 +194,25 @@ class AsyncScheduler(Scheduler):
 
     def _admit(self, request, num_computed_tokens) -> _RequestState:
         rid = request.request_id
-        ids = self._remote_ids(request, num_computed_tokens)
-        remote = []
+        st = _RequestState([], self._cfg.load_timeout_s)
+        self._take_on(rid, st,
+                      self._remote_ids(request, num_computed_tokens))
+        st.ready = not st.items
+        self._reqs[rid] = st
+        self._stats.add("requests")
+        if st.items:
+            self._stats.add("requests_remote")
+        return st
+
+    def _take_on(self, rid, st, ids) -> list:
+        """Looks up (once, batched) those of ids not pulled already (or
+        failed before), starts a pull of each found, and adds every id
+        pulled to request rid's state st; returns them. An id nobody holds
+        is left out (the request encodes it here)."""
         ask = [h for h in ids if h not in self._items or
                self._items[h].state == _FAILED]
         found = dict(zip(ask, self._lookup(ask))) if ask else {}
+        out = []
         for h in ids:
             it = self._items.get(h)
             if h in found:
@@ -207,14 +221,30 @@ class AsyncScheduler(Scheduler):
                 if it is not None:  # failed before: a fresh pull
                     self._release(h)
                 it = self._start(found[h])
-            remote.append(h)
             it.requests.add(rid)
-        st = _RequestState(remote, self._cfg.load_timeout_s)
-        self._reqs[rid] = st
-        self._stats.add("requests")
-        if remote:
-            self._stats.add("requests_remote")
-        return st
+            if h not in st.items:
+                st.items.append(h)
+            out.append(h)
+        return out
+
+    def adopt(self, request_id, ids) -> list:
+        """Pulls ids for request request_id, whose other items are no
+        business of this flow (push mode's fallback: items whose pushes
+        did not come): looks up those not pulled already, starts a pull of
+        each found (told to the workers at once) and makes the request
+        wait for them in ensure_cache_available, within load_timeout_s
+        from the first call. Returns the ids it pulls (not those nobody
+        holds)."""
+        st = self._reqs.get(request_id)
+        if st is None:
+            st = self._reqs[request_id] = _RequestState(
+                [], self._cfg.load_timeout_s)
+        out = self._take_on(request_id, st, ids)
+        if out:
+            st.ready = False
+            self._send_starts()
+            self._stats.add("items_adopted", len(out))
+        return out
 
     def _readmit(self, rid, st) -> None:
         """Looks up again the items of a waiting request that were released

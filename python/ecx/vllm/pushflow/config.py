@@ -3,11 +3,14 @@
 ec_connector_extra_config (control_timeout_s, push_wait_timeout_s), with
 upstream's defaults and checks (PUSH.md section 8), and ecx's own: push
 ("auto": on for a consumer without a registry URL, which is how upstream
-configures one; true: on beside pulls; false: off) and push_token (None:
-upstream's unauthenticated wire)."""
+configures one; true: on beside pulls; false: off), push_token (None:
+upstream's unauthenticated wire) and push_fallback_ms (beside pulls: how
+long a request waits for a push before its item is looked up in the
+registry and pulled instead; 0: never)."""
 import math
 
 TTL_S = 300.0
+FALLBACK_MS = 100
 
 
 def _positive(extra, key, default):
@@ -56,6 +59,12 @@ class PushConfig:
         self.push_wait_timeout_s = _positive(extra, "push_wait_timeout_s",
                                              60)
         self.token = extra.get("push_token") or None
+        fb = extra.get("push_fallback_ms", FALLBACK_MS)
+        if isinstance(fb, bool) or not isinstance(fb, (int, float)) or \
+                not (fb >= 0 and math.isfinite(fb)):
+            raise ValueError(f"ECXConnector: push_fallback_ms is a number "
+                             f"of milliseconds >= 0, not {fb!r}")
+        self.fallback_s = float(fb) / 1e3
         self.ttl_s = TTL_S
 
     def check_ports(self, dp_rank, tp):

@@ -18,6 +18,11 @@ transfer unavailable at once.
 
 A request without ec_transfer_params goes to the pull flow where a
 registry is configured (pull: the pull scheduler), else is encoded here.
+Beside pulls, an item whose push has not come push_fallback_ms after its
+request first asked is looked up in the registry (again every
+push_fallback_ms while it waits) and, where a producer holds it, pulled
+instead: the request then waits for that pull (_fallback, which a failed
+push's event calls too).
 """
 import collections
 import json
@@ -84,6 +89,8 @@ class PushScheduler:
         self._takes = []
         self._freed = []
         self._unavailable = set()
+        self._fb = {}  # request id -> the ids it pulls instead (fallback)
+        self._fb_at = {}  # request id -> when it may look up again
         self._nshards = tp
         self._ctx = zmq.Context()
         self._sock = event_socket(self._ctx, pcfg.token)
@@ -201,15 +208,16 @@ class PushScheduler:
         rid = request.request_id
         params = request.ec_transfer_params
         mine = self._reqs.setdefault(rid, {})
+        pulled = self._fb.get(rid, ())
         now = self._clock()
-        ready = True
+        late = []
         for i, f in enumerate(getattr(request, "mm_features", None) or ()):
             h = f.identifier
             pos = getattr(f, "mm_position", None)
             if pos is not None and num_computed_tokens and \
                     pos.offset + pos.length <= num_computed_tokens:
                 continue
-            if h in self._local:
+            if h in self._local or h in pulled:
                 continue
             tid = mine.get(h) or transfer_id_of(params, i, h) or \
                 f"{rid}:{i}"
@@ -228,14 +236,57 @@ class PushScheduler:
                 rec.deadline = now + self._p.push_wait_timeout_s
             if rec.state in (AVAILABLE, TAKING):
                 continue
-            ready = False
             if now >= rec.deadline:
                 self._end(tid, UNAVAILABLE, cancel=True)
                 self._give_up(rid, f"{h} was not pushed within "
                               f"push_wait_timeout_s="
                               f"{self._p.push_wait_timeout_s:g}")
                 return False
+            late.append((h, rec.deadline - self._p.push_wait_timeout_s))
+        return self._wait_or_pull(request, num_computed_tokens, late, now)
+
+    def _wait_or_pull(self, request, num_computed_tokens, late, now):
+        """Whether request is ready, its items not pushed yet being late
+        ((id, first asked at) pairs): those waited for push_fallback_ms
+        are pulled instead where the registry finds them (looked up at
+        most once per push_fallback_ms per request), and the request is
+        ready once its pushes and its pulls are."""
+        rid = request.request_id
+        fb_s = self._p.fallback_s
+        due = [h for h, t0 in late if now - t0 >= fb_s]
+        if due and self._pull is not None and fb_s > 0 and \
+                now >= self._fb_at.get(rid, 0.0):
+            self._fb_at[rid] = now + fb_s
+            self._fallback(request, due)
+        pulled = self._fb.get(rid, ())
+        ready = not any(h not in pulled for h, _ in late)
+        if pulled:
+            ready = self._pull.ensure_cache_available(
+                request, num_computed_tokens) and ready
         return ready
+
+    def _fallback(self, request, mm_hashes):
+        """Pulls mm_hashes of push request request instead of waiting for
+        their pushes (one that has not come within push_fallback_ms, or
+        that failed): one registry lookup, a pull of each id a producer
+        holds; the request then waits for those pulls (and their
+        load_timeout_s) instead, and their transfers are cancelled when it
+        finishes. Returns the ids nobody holds, which are still waited for
+        as pushes (all of them without a pull flow)."""
+        if self._pull is None:
+            return list(mm_hashes)
+        rid = request.request_id
+        fb = self._fb.setdefault(rid, set())
+        want = [h for h in mm_hashes if h not in fb]
+        got = self._pull.adopt(rid, want) if want else []
+        fb.update(got)
+        if not fb:
+            del self._fb[rid]
+        if got:
+            self._stats.add("push_fallbacks", len(got))
+            logger.info("ECXConnector: request %s pulls %d items whose "
+                        "pushes did not come", rid, len(got))
+        return [h for h in mm_hashes if h not in fb]
 
     def has_cache_item(self, identifier):
         if identifier in self._local or identifier in self._ready_hash:
@@ -246,7 +297,7 @@ class PushScheduler:
     def update_state_after_alloc(self, request, index):
         h = request.mm_features[index].identifier
         tid = self._reqs.get(request.request_id, {}).get(h)
-        if tid is None:
+        if tid is None or h in self._fb.get(request.request_id, ()):
             if self._pull is not None:
                 self._pull.update_state_after_alloc(request, index)
             return
@@ -274,7 +325,9 @@ class PushScheduler:
 
     def update_state_after_free(self, request, index):
         h = request.mm_features[index].identifier
-        if h in self._reqs.get(request.request_id, {}):
+        if h in self._fb.get(request.request_id, ()):
+            self._pull.update_state_after_free(request, index)
+        elif h in self._reqs.get(request.request_id, {}):
             self._let_go(request.request_id, h)
         elif self._pull is not None:
             self._pull.update_state_after_free(request, index)
@@ -313,6 +366,9 @@ class PushScheduler:
     def request_finished(self, request):
         rid = request.request_id
         mine = self._reqs.pop(rid, None)
+        self._fb_at.pop(rid, None)
+        if self._fb.pop(rid, None):
+            self._pull.request_finished(request)
         if mine is None:
             if self._pull is not None:
                 return self._pull.request_finished(request)
