@@ -128,3 +128,58 @@ def test_fallback_pulls_at_once(registry, producers, prefill):  # noqa: F811
     gone = steps.mm_hash("fb-nobody")
     assert push._fallback(Request("x", [pc.push_item("x", 8)]),
                           [gone]) == [gone]
+
+
+def test_a_failed_push_is_pulled_at_once(registry, producers,  # noqa: F811
+                                         prefill):  # noqa: F811
+    """The writer abandons its reservation (upstream's failure path): the
+    shard's failure event makes the request pull the item now, not after
+    push_fallback_ms (60 s here) nor push_wait_timeout_s."""
+    reg = registry()
+    h = steps.mm_hash("fb-failed")
+    producers(reg.url, [h])
+    p = beside_pulls(prefill, reg.url, push_fallback_ms=60000)
+    enc = pc.UpstreamEncoder(control_timeout_s=5, writer=pc.mc_writer())
+    try:
+        it = held_item(h)
+        eng = p.engine
+        req = Request("failed", [it])
+        eng.add(req)
+        eng.step()
+        assert "failed" not in eng.scheduled
+        assert enc.reserve(p.base, [it]) == [it]
+        t0 = time.monotonic()
+        enc.abandon(p.base, [it])
+        assert pc.wait_scheduled(eng, "failed", 3 * SCALE) is not None
+        assert time.monotonic() - t0 < 1.0 * SCALE
+        assert not eng.unavailable
+        st = p.sched.stats()
+        assert st["push_items_failed_events"] == 1, st
+        assert st["push_fallbacks"] == 1, st
+        eng.finish(req)
+    finally:
+        enc.close()
+
+
+def test_a_failed_push_nobody_holds_fails_at_once(registry,  # noqa: F811
+                                                  prefill):  # noqa: F811
+    reg = registry()
+    p = beside_pulls(prefill, reg.url, push_fallback_ms=60000)
+    enc = pc.UpstreamEncoder(control_timeout_s=5, writer=pc.mc_writer())
+    try:
+        it = pc.push_item("lost", 64)
+        eng = p.engine
+        eng.add(Request("lost", [it]))
+        eng.step()
+        assert enc.reserve(p.base, [it]) == [it]
+        t0 = time.monotonic()
+        enc.abandon(p.base, [it])
+        deadline = t0 + 3 * SCALE
+        while "lost" not in eng.unavailable:
+            eng.step()
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        assert time.monotonic() - t0 < 1.0 * SCALE
+        assert "lost" not in eng.scheduled
+    finally:
+        enc.close()

@@ -14,7 +14,8 @@ over have them cancelled on every shard; ended records stay as tombstones
 for the TTL so that late events do nothing. A failure event (ecx: a
 shard's "ecx_failed", sent when the writer abandons a transfer or its
 bytes fail the writer's hash) makes the requests waiting for that
-transfer unavailable at once.
+transfer unavailable at once, or, beside pulls, pulls the item instead
+where a producer holds it.
 
 A request without ec_transfer_params goes to the pull flow where a
 registry is configured (pull: the pull scheduler), else is encoded here.
@@ -38,6 +39,13 @@ from .control import Control, event_socket
 logger = logging.getLogger("ecx.vllm")
 
 WAITING, AVAILABLE, TAKING, TAKEN = "waiting", "available", "taking", "taken"
+
+
+class _Named:
+    """A request known by its id alone (what _fallback reads of it)."""
+
+    def __init__(self, request_id):
+        self.request_id = request_id
 UNAVAILABLE, CANCELLED, EXPIRED = "unavailable", "cancelled", "expired"
 ENDED = (UNAVAILABLE, CANCELLED, EXPIRED)
 TOMBSTONES_MAX = 65536
@@ -162,10 +170,20 @@ class PushScheduler:
         self._end(tid, UNAVAILABLE)
         self._stats.add("push_items_failed_events")
         why = str(ev.get(FAILED_FIELD))[:200]
-        for rid, mine in self._reqs.items():
-            if tid in mine.values():
+        for rid, mine in list(self._reqs.items()):
+            lost = [h for h, t in mine.items() if t == tid]
+            if lost and self._pull_instead(rid, lost):
+                continue
+            if lost:
                 self._give_up(rid, f"transfer {tid} failed on shard "
                               f"{ev.get('shard')}: {why}")
+
+    def _pull_instead(self, rid, mm_hashes):
+        """Whether every one of mm_hashes (of request rid, whose pushes
+        failed or ended) is now pulled instead (no pull flow: never)."""
+        if self._pull is None or self._p.fallback_s <= 0:
+            return False
+        return not self._fallback(_Named(rid), mm_hashes)
 
     # ---- records ----
 
@@ -223,6 +241,9 @@ class PushScheduler:
                 f"{rid}:{i}"
             mine[h] = tid
             if tid in self._tombs:
+                if self._pull_instead(rid, [h]):
+                    pulled = self._fb.get(rid, ())
+                    continue
                 self._give_up(rid, f"transfer {tid} of {h} has ended")
                 return False
             rec = self._recs.get(tid)
