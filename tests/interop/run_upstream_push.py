@@ -9,7 +9,8 @@ control,memory,metadata,producer,reservation,scheduler,state,transfer,
 worker}.py, mooncake_ec_connector.py (the entry class) and utils.py
 (PlaceholderMetadataResolver, collect_ec_item_metadata), imported
 unmodified as vllm.distributed.ec_transfer.ec_connector.* (that folder is
-appended to the stub package's __path__). README.md: which commits.
+first on the stub package's __path__, so upstream's utils.py is the one
+both encoders' request_finished use). README.md: which commits.
 
 What stands in for vLLM (the minimum their imports and calls need):
 upstream_vllm.py, whose docstring names every stub. The driver reads two

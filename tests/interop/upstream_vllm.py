@@ -2,10 +2,11 @@
 Mooncake EC connector files (the minimum their imports and calls need),
 and the requests and config objects both connectors are given.
 
-install_stubs(source) appends source's
-vllm/distributed/ec_transfer/ec_connector/ to the stub package's __path__
-(so upstream's files import unmodified as
-vllm.distributed.ec_transfer.ec_connector.*) and supplies:
+install_stubs(source) puts source's
+vllm/distributed/ec_transfer/ec_connector/ first on the stub package's
+__path__ (so upstream's files import unmodified as
+vllm.distributed.ec_transfer.ec_connector.*, its utils.py in the place of
+the stub's, for both connectors) and supplies:
   tests/python/vllm_stub: ECConnectorBase, ECConnectorMetadata,
     ECConnectorWorkerMetadata, ECConnectorRole, ECTransferConfig,
     ECConnectorOutput;
