@@ -9,33 +9,18 @@ control,memory,metadata,producer,reservation,scheduler,state,transfer,
 worker}.py, mooncake_ec_connector.py (the entry class) and utils.py
 (PlaceholderMetadataResolver, collect_ec_item_metadata), imported
 unmodified as vllm.distributed.ec_transfer.ec_connector.* (that folder is
-appended to the stub package's __path__). README.md: which commits.
+first on the stub package's __path__, so upstream's utils.py is the one
+both encoders' request_finished use). README.md: which commits.
 
 What stands in for vLLM (the minimum their imports and calls need):
-  tests/python/vllm_stub: ECConnectorBase, ECConnectorMetadata,
-    ECConnectorWorkerMetadata, ECConnectorRole, ECTransferConfig,
-    ECConnectorOutput;
-  vllm.logger.init_logger = logging.getLogger; vllm.utils.network_utils:
-    get_ip() = 127.0.0.1, make_zmq_path (vLLM's rule: brackets for IPv6);
-  vllm.utils.collection_utils.is_list_of;
-  vllm.v1.outputs.ModelRunnerOutput (a name only: utils.py imports it);
-  vllm.v1.core.sched.output.SchedulerOutput (free_encoder_mm_hashes);
-  vllm.distributed.ec_transfer.ec_connector.cpu.common.
-    _get_encoder_cache_hidden_dim = model_config.get_inputs_embeds_size()
-    (vLLM's own for a model without deepstack);
-  vllm.distributed.parallel_state: get_tp_group/get_pp_group raise
-    AssertionError, as vLLM's do outside a distributed run (TP 1, PP 1);
-  vllm.multimodal.MULTIMODAL_REGISTRY: fields {image_grid_thw} for images;
-  the config object: ec_transfer_config, parallel_config (TP/PP/DP 1,
-    data_parallel_index 0), model_config (dtype bfloat16, hidden 2048);
-  torch 1.13 (Debian 12) lacks Tensor.nbytes and dtype.itemsize (2.1) and
-    torch.OutOfMemoryError: added (the last only reached on a failed
-    registration). ec_buffer_device is "cpu", so no CUDA path runs.
-The driver reads two things of upstream's internals, to time and to wait,
-never to change them: the producer worker's ProducerPushManager.complete
-and .fail are wrapped to stamp when each push ends, and the reservation
-future of a push is waited on before its encoder output is bound (as a
-forward pass longer than a reserve round trip would).
+upstream_vllm.py, whose docstring names every stub. The driver reads two
+things of each encoder's internals, to time and to wait, never to change
+them: the end of each push is stamped (upstream's producer worker's
+ProducerPushManager.complete and .fail wrapped; ecx's worker's
+EncoderPushes._end wrapped), and the reservation of a push (upstream's
+reservation future; ecx's reserve future) is waited on before its encoder
+output is bound (as a forward pass longer than a reserve round trip
+would).
 
 The proxy's part is a stand-in of disagg_epd_proxy.py's flow (PUSH.md
 section 6): a uuid4 hex transfer_id per item, {"consumer_zmq", "ec_items":
@@ -46,26 +31,28 @@ entry} to the consumer.
 Cases, each in a child process of its own, one request per item, N per
 size (64 KiB, 1 MiB, 7 MiB of bfloat16 [tokens, 2048]), then the three in
 one request (reserve_batch, complete_batch) N/10 times (at least 3), every
-byte checked in the consumer's encoder_cache:
-  upstream_to_ecx  upstream's encoder (ECMooncakeConnector, ec_producer:
-    ensure_cache_available, update_state_after_alloc, build_connector_meta,
-    start_save_caches, save_caches, build_connector_worker_meta,
-    request_finished) into an ecx prefill (ECXConnector ec_consumer with
-    ec_ip/ec_port, no registry);
-  ecx_to_upstream  ecx's encoder (ecx.Producer and ecx.vllm.push.pusher's
-    Pusher with specs_from_params/finished_map; the connector does not
-    push yet) into upstream's consumer (ECMooncakeConnector ec_consumer,
-    scheduler and worker, start_worker_services);
+byte checked in the consumer's encoder_cache. Both encoders are
+ec_producer connectors, scheduler and worker, stepped alike as vLLM's
+engine and model runner step them (ensure_cache_available,
+update_state_after_alloc, build_connector_meta, start_save_caches,
+save_caches, get_finished, build_connector_worker_meta,
+update_connector_output, then request_finished, whose map is the
+encoder's reply to the proxy; after the consumer has its items, steps
+with nothing scheduled while has_pending_push_work):
+  upstream_to_ecx  upstream's encoder (ECMooncakeConnector) into an ecx
+    prefill (ECXConnector ec_consumer with ec_ip/ec_port, no registry);
+  ecx_to_upstream  ecx's encoder (ECXConnector, an ecx.Producer with its
+    embedded registry behind the worker) into upstream's consumer
+    (ECMooncakeConnector ec_consumer, scheduler and worker,
+    start_worker_services);
   ecx_to_ecx, upstream_to_upstream  the baselines (two Mooncake engines in
     one process for the latter).
-push_ms: the encoder output bound (save_caches; Pusher.push) to the push
+push_ms: the encoder output bound (save_caches) to the push
 done (every write and complete acknowledged); sched_ms: from the same to
 the consumer's ensure_cache_available true, a step every 0.5 ms. Medians,
 printed as one JSON object. How to run, and --engine mcwire: README.md.
 """
 import argparse
-import ctypes
-import gc
 import hashlib
 import json
 import logging
@@ -76,131 +63,14 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 import uuid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-STUB = os.path.join(HERE, "..", "python", "vllm_stub")
-EC = "vllm.distributed.ec_transfer.ec_connector"
+from upstream_vllm import (HIDDEN, Request, SchedulerOutput, _module,
+                           install_stubs, vllm_config)
+
 SIZES = [64 << 10, 1 << 20, 7 << 20]
-HIDDEN = 2048
 CASES = ["upstream_to_ecx", "ecx_to_upstream", "ecx_to_ecx",
          "upstream_to_upstream"]
-
-
-def _module(name, **attrs):
-    mod = types.ModuleType(name)
-    mod.__dict__.update(attrs)
-    sys.modules[name] = mod
-    parent, _, leaf = name.rpartition(".")
-    if parent in sys.modules:
-        setattr(sys.modules[parent], leaf, mod)
-    return mod
-
-
-def install_stubs(source):
-    """vLLM's names that upstream's files import, and torch 1.13's gaps."""
-    import torch
-    sys.path.insert(0, STUB)
-    import vllm.distributed.ec_transfer.ec_connector as ecpkg
-    import vllm.v1.outputs as outputs
-    ecpkg.__path__.append(os.path.join(
-        source, "vllm", "distributed", "ec_transfer", "ec_connector"))
-    _module("vllm.logger", init_logger=logging.getLogger)
-    _module("vllm.utils", __path__=[])
-
-    def make_zmq_path(scheme, host, port=None):
-        path = f"{scheme}://[{host}]" if ":" in host else f"{scheme}://{host}"
-        return path if port is None else f"{path}:{port}"
-    _module("vllm.utils.network_utils", get_ip=lambda: "127.0.0.1",
-            make_zmq_path=make_zmq_path)
-    _module("vllm.utils.collection_utils", is_list_of=lambda v, t: (
-        isinstance(v, list) and all(isinstance(x, t) for x in v)))
-    outputs.ModelRunnerOutput = type("ModelRunnerOutput", (), {})
-    for name in ("vllm.v1.core", "vllm.v1.core.sched"):
-        _module(name, __path__=[])
-    _module("vllm.v1.core.sched.output", SchedulerOutput=SchedulerOutput)
-    _module(EC + ".cpu", __path__=[])
-    _module(EC + ".cpu.common", _get_encoder_cache_hidden_dim=lambda c: (
-        c.model_config.get_inputs_embeds_size()))
-
-    def no_group():
-        raise AssertionError("group is not initialized")
-    _module("vllm.distributed.parallel_state", get_tp_group=no_group,
-            get_pp_group=no_group)
-    info = types.SimpleNamespace(data_parser=types.SimpleNamespace(
-        placeholder_metadata_fields=lambda m: (
-            {"image_grid_thw"} if m == "image" else set())))
-    _module("vllm.multimodal", MULTIMODAL_REGISTRY=types.SimpleNamespace(
-        create_processor=lambda mc: types.SimpleNamespace(info=info)))
-    if not hasattr(torch.Tensor, "nbytes"):
-        torch.Tensor.nbytes = property(
-            lambda t: t.numel() * t.element_size())
-    if not hasattr(torch.bfloat16, "itemsize"):  # an immutable C type
-        gc.get_referents(torch.dtype.__dict__)[0]["itemsize"] = property(
-            lambda d: torch.empty((), dtype=d).element_size())
-        ctypes.pythonapi.PyType_Modified(ctypes.py_object(torch.dtype))
-    if not hasattr(torch, "OutOfMemoryError"):
-        torch.OutOfMemoryError = getattr(torch.cuda, "OutOfMemoryError",
-                                         MemoryError)
-
-
-class SchedulerOutput:
-    def __init__(self, freed=()):
-        self.free_encoder_mm_hashes = list(freed)
-
-
-class ModelConfig:
-    def __init__(self, dtype):
-        self.dtype = dtype
-        self.hf_config = None
-
-    def get_inputs_embeds_size(self):
-        return HIDDEN
-
-
-def vllm_config(connector, role, port, size, extra):
-    import torch
-    from vllm.config import ECTransferConfig
-    ec = ECTransferConfig(
-        ec_connector=connector, ec_role=role, ec_ip="127.0.0.1",
-        ec_port=port, ec_buffer_size=size, ec_buffer_device="cpu",
-        ec_connector_module_path="ecx.vllm" if connector == "ECXConnector"
-        else None, ec_connector_extra_config=dict(extra))
-    par = types.SimpleNamespace(
-        tensor_parallel_size=1, pipeline_parallel_size=1,
-        data_parallel_size=1, data_parallel_index=0, data_parallel_rank=0,
-        rank=0)
-    return types.SimpleNamespace(ec_transfer_config=ec, parallel_config=par,
-                                 model_config=ModelConfig(torch.bfloat16))
-
-
-class Feature:
-    def __init__(self, mm_hash, tokens, offset):
-        import torch
-        self.identifier = mm_hash
-        self.modality = "image"
-        self.mm_position = types.SimpleNamespace(offset=offset, length=tokens)
-        grid = torch.tensor([[1, tokens // 4 or 1, 4]])
-        self.data = types.SimpleNamespace(
-            get_data=lambda: {"image_grid_thw": grid})
-
-
-class Request:
-    """A request of items [(mm_hash, tensor)]: the encoder's (ec_items
-    with transfer_id, consumer_zmq) or the consumer's (ec_items with
-    mm_hash)."""
-
-    def __init__(self, rid, items, params):
-        self.request_id = rid
-        self.mm_features, off = [], 1
-        for mm_hash, t in items:
-            self.mm_features.append(Feature(mm_hash, t.shape[0], off))
-            off += t.shape[0] + 1
-        self.ec_transfer_params = params
-
-    def get_num_encoder_embeds(self, index):
-        return self.mm_features[index].mm_position.length
 
 
 def proxy_encoder_params(consumer_zmq, k):
@@ -284,61 +154,79 @@ class Prefill:
         self.sched.shutdown()
 
 
-class UpstreamEncoder:
-    """Upstream's encoder instance (scheduler and worker connectors), its
-    steps as vLLM's engine and model runner make them."""
+class Encoder:
+    """An encoder instance (scheduler and worker connectors of one
+    class, ec_producer), its steps as vLLM's engine and model runner make
+    them; a subclass stamps when each push ends (ended) and names the
+    reservation of a push (reserved)."""
 
-    def __init__(self, make_config):
+    def __init__(self, connector, make_config):
         from vllm.distributed.ec_transfer.ec_connector.base import (
             ECConnectorRole)
-        from vllm.distributed.ec_transfer.ec_connector.mooncake_ec_connector \
-            import ECMooncakeConnector
-        self.sched = ECMooncakeConnector(make_config(),
-                                         ECConnectorRole.SCHEDULER)
-        self.worker = ECMooncakeConnector(make_config(),
-                                          ECConnectorRole.WORKER)
-        self.ended = {}
-        self.mgr = mgr = self.worker._worker._producer_pushes
+        self.sched = connector(make_config(), ECConnectorRole.SCHEDULER)
+        self.worker = connector(make_config(), ECConnectorRole.WORKER)
+        self.ended = {}  # transfer_id -> (perf_counter, error or None)
+        self.cache = {}
+        self.finished = set()
 
-        def stamped(call):  # complete(records), fail(records, error)
-            def stamp(records, *error):
-                call(records, *error)
-                t = time.perf_counter()
-                for r in records:
-                    self.ended[r.spec.transfer_id] = (
-                        t, str(error[0]) if error else None)
-            return stamp
-        mgr.complete, mgr.fail = stamped(mgr.complete), stamped(mgr.fail)
+    def stamp(self, tid, error):
+        self.ended[tid] = (time.perf_counter(), error)
 
-    def encode(self, params, items, rid):
-        """One engine step encoding a request of items; returns (bound
-        at, pushes ended at, request_finished's map)."""
-        from vllm.v1.outputs import ECConnectorOutput
-        req = Request(rid, items, params)
-        tids = [e["transfer_id"] for e in params["ec_items"]]
-        assert not any(self.sched.has_cache_item(h) for h, _ in items)
-        assert self.sched.ensure_cache_available(req, 0)
-        for i in range(len(items)):
-            self.sched.update_state_after_alloc(req, i)
+    def step(self, req=None):
+        """One engine step: req (a request of items, all to encode)
+        scheduled, its metadata bound, the step's start of saves; returns
+        the encoder cache for the model runner to fill."""
+        if req is not None:
+            assert not any(self.sched.has_cache_item(f.identifier)
+                           for f in req.mm_features)
+            assert self.sched.ensure_cache_available(req, 0)
+            for i in range(len(req.mm_features)):
+                self.sched.update_state_after_alloc(req, i)
         meta = self.sched.build_connector_meta(SchedulerOutput())
         self.worker.bind_connector_metadata(pickle.loads(pickle.dumps(meta)))
-        cache = {}
-        self.worker.start_save_caches(encoder_cache=cache)
-        for tid in tids:
-            self.mgr._records[tid].reservation_future.result(timeout=10)
-        cache.update(items)  # the encoder's output
-        t0 = time.perf_counter()
-        for h, _ in items:
-            self.worker.save_caches(encoder_cache=cache, mm_hash=h)
-        self.worker.get_finished(set())
+        self.worker.start_save_caches(encoder_cache=self.cache)
+        return self.cache
+
+    def end_step(self):
+        from vllm.v1.outputs import ECConnectorOutput
+        self.worker.get_finished(self.finished)
+        self.finished = set()
         wm = pickle.loads(pickle.dumps(
             self.worker.build_connector_worker_meta()))
         self.worker.clear_connector_metadata()
         self.sched.update_connector_output(
             ECConnectorOutput(ec_connector_worker_meta=wm))
         assert not self.sched.take_unavailable_requests()
+
+    def encode(self, params, items, rid):
+        """One engine step encoding a request of items, then its
+        request_finished; returns (bound at, pushes ended at, the map)."""
+        req = Request(rid, items, params)
+        tids = [e["transfer_id"] for e in params["ec_items"]]
+        cache = self.step(req)
+        for tid in tids:
+            self.reserved(tid).result(timeout=10)
+        cache.update(items)  # the encoder's output
+        t0 = time.perf_counter()
+        for h, _ in items:
+            self.worker.save_caches(encoder_cache=cache, mm_hash=h)
+        self.end_step()
+        for h, _ in items:  # vLLM frees an encoder-only request's cache
+            cache.pop(h)
         _, reply = self.sched.request_finished(req)
+        self.finished.add(rid)
         return t0, max(self.ended_at(t) for t in tids), reply
+
+    def drain(self, timeout_s=20.0):
+        """Steps with nothing scheduled while has_pending_push_work, as
+        vLLM's engine keeps stepping for it."""
+        deadline = time.monotonic() + timeout_s
+        while self.sched.has_pending_push_work():
+            if time.monotonic() > deadline:
+                raise RuntimeError("has_pending_push_work stays true")
+            self.step()
+            self.end_step()
+            time.sleep(0.001)
 
     def ended_at(self, tid, timeout_s=20.0):
         deadline = time.monotonic() + timeout_s
@@ -356,38 +244,46 @@ class UpstreamEncoder:
         self.sched.shutdown()
 
 
-class EcxEncoder:
-    """ecx's encoder side: an ecx.Producer holding the items and
-    ecx.vllm.push.pusher's Pusher."""
+class UpstreamEncoder(Encoder):
+    """Upstream's ECMooncakeConnector: its ProducerPushManager's complete
+    and fail stamp; a push's reservation_future."""
 
-    def __init__(self):
-        import ecx
-        from ecx.vllm.push.pusher import Pusher
-        self.prod = ecx.Producer(capacity_bytes=64 << 20,
-                                 bind_host="127.0.0.1", registry_port=0,
-                                 mooncake=True)
-        self.pusher = Pusher(self.prod, control_timeout_s=5.0)
+    def __init__(self, make_config):
+        from vllm.distributed.ec_transfer.ec_connector.mooncake_ec_connector \
+            import ECMooncakeConnector
+        super().__init__(ECMooncakeConnector, make_config)
+        self.mgr = mgr = self.worker._worker._producer_pushes
 
-    def encode(self, params, items, rid):
-        from ecx.vllm.push.pusher import finished_map, specs_from_params
-        feats = []
-        for h, t in items:
-            self.prod.put(h, t)
-            feats.append((h, t.numel() * 2, list(t.shape), "bfloat16",
-                          {"image_grid_thw": [[1, t.shape[0] // 4 or 1, 4]]}))
-        consumer, specs = specs_from_params(params, feats)
-        assert self.pusher.reserve(consumer, specs) == specs, specs[0].error
-        t0 = time.perf_counter()
-        failed, t1 = self.pusher.push(consumer, specs), time.perf_counter()
-        if failed:
-            raise RuntimeError(failed[0].error)
-        for h, _ in items:
-            self.prod.remove(h)
-        return t0, t1, finished_map(specs)
+        def stamped(call):  # complete(records), fail(records, error)
+            def stamp(records, *error):
+                call(records, *error)
+                for r in records:
+                    self.stamp(r.spec.transfer_id,
+                               str(error[0]) if error else None)
+            return stamp
+        mgr.complete, mgr.fail = stamped(mgr.complete), stamped(mgr.fail)
 
-    def close(self):
-        self.pusher.close()
-        self.prod.close()
+    def reserved(self, tid):
+        return self.mgr._records[tid].reservation_future
+
+
+class EcxEncoder(Encoder):
+    """ECXConnector (an ecx.Producer with its embedded registry behind
+    the worker): its EncoderPushes' _end stamps; a push's reserve."""
+
+    def __init__(self, make_config):
+        from ecx.vllm import ECXConnector
+        super().__init__(ECXConnector, make_config)
+        self.pushes = p = self.worker._worker._pushes
+        end = p._end
+
+        def stamped(push, error):
+            end(push, error)
+            self.stamp(push.plan.transfer_id, error)
+        p._end = stamped
+
+    def reserved(self, tid):
+        return self.pushes._live[tid].reserved
 
 
 def one(case, enc, prefill, base, made, rid):
@@ -405,6 +301,7 @@ def one(case, enc, prefill, base, made, rid):
         if raw != data or g.shape != t.shape:
             raise RuntimeError(f"{case} {rid} {h[:8]}: bytes differ")
     prefill.finish(req)
+    enc.drain()
     return t1 - t0, t2 - t0, reply
 
 
@@ -432,7 +329,10 @@ def run_case(case, n):
         enc = UpstreamEncoder(lambda: vllm_config(
             "ECMooncakeConnector", "ec_producer", port + 1, 64 << 20, ups))
     else:
-        enc = EcxEncoder()
+        enc = EcxEncoder(lambda: vllm_config(
+            "ECXConnector", "ec_producer", port + 1, 64 << 20, {
+                "registry_http_port": 0, "bind_host": "127.0.0.1",
+                "capacity_bytes": 64 << 20, "control_timeout_s": 5}))
     rows = {}
     # One item a request, then the three sizes in one request
     # (reserve_batch, complete_batch), a tenth as often.
