@@ -435,7 +435,7 @@ def test_bytes_changed_after_put_fail_the_item(prefill):
     p = prefill(tp=2, push_wait_timeout_s=60)
     prod = ecx.Producer(capacity_bytes=8 << 20, bind_host="127.0.0.1",
                         registry_port=0, integrity=True)
-    pusher = Pusher(prod, control_timeout_s=2)
+    pusher = Pusher(prod, control_timeout_s=2, fetch=False)  # the wire's
     try:
         h = "flipped".ljust(64, "x")
         t, data = tensor_of(h, 512)
