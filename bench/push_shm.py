@@ -14,7 +14,12 @@ Producer and pushes with ecx.vllm.push.pusher (which the shard tells
           attach on one host);
   fetch   here: ecx_fetch sent for a reserved item until its ready event
           is heard (the op, the pull, the shard's settling, the event);
-  push    here: Pusher.push (reserve, ecx_fetch) until the ready event.
+  push    here: Pusher.push (reserve, ecx_fetch with the item's XXH3,
+          which this process makes and the shard checks) until the ready
+          event;
+  push-h  the same without the hash (Pusher(send_hash=False));
+  mc-h    the same push over Mooncake's TCP wire on loopback instead
+          (Pusher(fetch=False, send_hash=False): a write, a complete).
 Each item is cancelled after its event (freeing its range). Ratios are
 memcpy's time over the row's (1.0: as fast as memcpy).
 Run: PYTHONPATH=python ECX_LIBRARY=build/libecx.so /usr/bin/python3 bench/push_shm.py
@@ -95,10 +100,12 @@ def main():
     prod = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
                         registry_port=0)
     pusher = Pusher(prod, control_timeout_s=5.0)
+    bare = Pusher(prod, control_timeout_s=5.0, send_hash=False)
+    wire = Pusher(prod, control_timeout_s=5.0, send_hash=False, fetch=False)
     sub = EventSubscriber(pusher.shards(base))
     print(f"# {os.popen('uptime').read().strip()}")
-    print("size      memcpy_ms  load_ms  fetch_ms  push_ms  "
-          "memcpy/load  memcpy/fetch  memcpy/push")
+    print("size      memcpy_ms  load_ms  fetch_ms  push_ms  push-h_ms  "
+          "mc-h_ms  memcpy/load  memcpy/fetch  memcpy/push-h  memcpy/mc-h")
 
     def ready(tid, timeout_s=10.0):
         deadline = time.monotonic() + timeout_s
@@ -117,7 +124,7 @@ def main():
         mm = f"shm{n}".ljust(64, "x")
         data = os.urandom(n)
         prod.put(mm, torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        fetch, push = [], []
+        fetch, push, nohash, mc = [], [], [], []
         for k in range(N + 2):
             s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
             assert pusher.reserve(base, [s]) == [s], s.error
@@ -136,6 +143,16 @@ def main():
             assert pusher.push(base, [s]) == [], s.error
             push.append(ready(s.transfer_id) - t0)
             cancel(s)
+            s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
+            t0 = time.perf_counter()
+            assert bare.push(base, [s]) == [], s.error
+            nohash.append(ready(s.transfer_id) - t0)
+            cancel(s)
+            s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
+            t0 = time.perf_counter()
+            assert wire.push(base, [s]) == [], s.error
+            mc.append(ready(s.transfer_id) - t0)
+            cancel(s)
         child.stdin.write(json.dumps({"nbytes": n, "n": N, "mm": mm,
                                       "producer": prod.address,
                                       "xxh3": prod.item_xxh3(mm)}) + "\n")
@@ -143,12 +160,17 @@ def main():
         side = json.loads(child.stdout.readline())
         cp, ld = side["memcpy"], side["load"]
         fm, pm = statistics.median(fetch[2:]), statistics.median(push[2:])
+        hm = statistics.median(nohash[2:])
+        wm = statistics.median(mc[2:])
         print(f"{n >> 10:>6} KiB {cp * 1e3:9.3f} {ld * 1e3:8.3f} "
-              f"{fm * 1e3:9.3f} {pm * 1e3:8.3f} {cp / ld:11.2f}x "
-              f"{cp / fm:12.2f}x {cp / pm:11.2f}x")
+              f"{fm * 1e3:9.3f} {pm * 1e3:8.3f} {hm * 1e3:10.3f} "
+              f"{wm * 1e3:8.3f} {cp / ld:11.2f}x {cp / fm:12.2f}x "
+              f"{cp / hm:13.2f}x {cp / wm:11.2f}x")
     child.stdin.close()
     child.wait(30)
     sub.close()
+    bare.close()
+    wire.close()
     pusher.close()
     prod.close()
     print(f"# {os.popen('uptime').read().strip()}")

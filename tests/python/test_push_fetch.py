@@ -323,6 +323,10 @@ def test_bad_fetch_requests_change_nothing(prefill):
         assert wrong == {"items": [{"fetching": False}]}
         assert p.shards[0].table.state("g" * 32) == "WRITING"
         assert not p.shards[0].table.get("g" * 32).fetching
+        # a dtype ecx does not carry is written, not fetched
+        half = ctl.result("reserve", ecx_fetch=True,
+                          **item("k" * 32, "h" * 64, dtype="half"))
+        assert half["write"] is True and "ecx_fetch" not in half
     finally:
         ctl.close()
     # a shard over memory with no consumer neither offers nor fetches

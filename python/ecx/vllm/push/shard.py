@@ -30,6 +30,7 @@ import time
 import zmq
 
 from . import wire
+from ...dtypes import DTYPES
 from .fetch import Fetches
 from .table import TTL_S, Refused, ReservationTable
 from .wire import BadRequest, error, ok
@@ -346,17 +347,18 @@ class ControlShard:
     def _op_event_port(self, req):
         return self.event_port
 
-    def _advert(self, req, result):
-        """A reservation told "ecx_fetch": true where its peer asked and
-        this shard fetches (ecx)."""
-        if self._fetches is not None and req.get(wire.FETCH_FIELD) is True:
+    def _advert(self, req, spec, result):
+        """A reservation told "ecx_fetch": true where its peer asked, this
+        shard fetches and ecx carries its dtype (ecx)."""
+        if (self._fetches is not None and req.get(wire.FETCH_FIELD) is True
+                and spec.dtype in DTYPES):
             result[wire.FETCH_FIELD] = True
         return result
 
     def _op_reserve(self, req):
         spec = wire.reserve_spec(req, self.pool.size)
         self.table.reap()
-        return self._advert(req, self.table.reserve(spec))
+        return self._advert(req, spec, self.table.reserve(spec))
 
     def _op_reserve_batch(self, req):
         items = wire.batch_items(req)
@@ -364,8 +366,9 @@ class ControlShard:
         out = []
         for item in items:
             try:
-                out.append(ok(self._advert(req, self.table.reserve(
-                    wire.reserve_spec(item, self.pool.size)))))
+                spec = wire.reserve_spec(item, self.pool.size)
+                out.append(ok(self._advert(req, spec,
+                                           self.table.reserve(spec))))
             except (BadRequest, Refused) as e:
                 out.append(error(e))
         return {"items": out}
