@@ -317,6 +317,9 @@ def test_whole_flow_through_the_proxy(encoder, prefill, token):
     enc.drain()
     assert wait_scheduled(eng, "pd-1") is not None  # bytes checked there
     assert not eng.unavailable
+    for sh in p.shards():  # ecx into ecx: fetched over UCX, every window
+        assert len(sh.pool.landed) == 3  # closed with nothing from
+        assert set(sh.pool.landed.values()) == {0}  # Mooncake's wire
     eng.finish(preq)
 
 
