@@ -76,7 +76,8 @@ def main():
     cons = ecx.Consumer(url, recv_capacity=32 << 20)
     pool = ArenaPool(cons)
     shard = ControlShard(pool, ec_port=23000 + os.getpid() % 20000).start()
-    pusher = Pusher(prod, control_timeout_s=5.0)
+    # Mooncake's wire, not ecx's fetch (bench/push_shm.py)
+    pusher = Pusher(prod, control_timeout_s=5.0, fetch=False)
     print(f"# {os.popen('uptime').read().strip()}")
     print("size      write_ms  push_ms  tcp_ms  tcp/write  tcp/push"
           "  8x_seq_ms  8x_batch_ms")

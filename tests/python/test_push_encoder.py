@@ -317,6 +317,9 @@ def test_whole_flow_through_the_proxy(encoder, prefill, token):
     enc.drain()
     assert wait_scheduled(eng, "pd-1") is not None  # bytes checked there
     assert not eng.unavailable
+    for sh in p.shards():  # ecx into ecx: fetched over UCX, every window
+        assert len(sh.pool.landed) == 3  # closed with nothing from
+        assert set(sh.pool.landed.values()) == {0}  # Mooncake's wire
     eng.finish(preq)
 
 
@@ -437,7 +440,7 @@ def test_bytes_changed_after_put_fail_the_item(prefill):
     p = prefill(tp=2, push_wait_timeout_s=60)
     prod = ecx.Producer(capacity_bytes=8 << 20, bind_host="127.0.0.1",
                         registry_port=0, integrity=True)
-    pusher = Pusher(prod, control_timeout_s=2)
+    pusher = Pusher(prod, control_timeout_s=2, fetch=False)  # the wire's
     try:
         h = "flipped".ljust(64, "x")
         t, data = tensor_of(h, 512)

@@ -130,12 +130,12 @@ def test_token(registry, producer, pusher):
     pre = EcxPrefill(registry().url, tp=1, token="s3cret")
     try:
         spec, data = hold(producer, 7, 64, "tok")
-        bare = pusher(control_timeout_s=1.0)
+        bare = pusher(control_timeout_s=1.0, fetch=False)
         assert bare.push(pre.base, [spec]) == [spec]  # refused: no token
         assert pre.pools[0].landed == {}
         spec2 = PushSpec(uuid_hex("tok2", 7), spec.mm_hash, spec.nbytes,
                          spec.shape, spec.dtype)
-        enc = pusher(token="s3cret")
+        enc = pusher(token="s3cret", fetch=False)  # over Mooncake's wire
         assert enc.push(pre.base, [spec2]) == [], spec2.error
         addr, n, _, _ = pre.shards[0].take(spec2.transfer_id, spec.mm_hash)
         assert pre.shards[0].pool.read(addr, n) == data

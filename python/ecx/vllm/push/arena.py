@@ -20,6 +20,7 @@ class ArenaPool(ReceivePool):
 
     def __init__(self, consumer, clock=time.monotonic, size=None):
         self._c = consumer
+        self.consumer = consumer  # ecx_fetch's loads land in its arena
         base, cap = consumer.arena()
         if not base or not cap:
             raise ValueError("ArenaPool needs a consumer with a receive "

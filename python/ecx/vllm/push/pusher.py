@@ -20,7 +20,14 @@ ecx's own (upstream's consumer ignores both): each complete_batch entry
 carries the item's XXH3 as "ecx_xxh3" (16 hex digits; the hash made at
 put where the Producer has integrity on, else made from its bytes just
 before the write), which an ecx consumer checks the landed bytes against;
-and a token as "ecx_token".
+and a token as "ecx_token". And ecx's fetch: every reserve asks
+"ecx_fetch": true; a shard that answers "ecx_fetch": true in a writable
+reservation (an ecx consumer over its receive arena) is sent, instead of
+a write and a complete, one ecx_fetch naming this Producer's address:
+the shard pulls the items over UCX (cross-memory attach on one host) and
+completes them itself when they land (a failure reaches the consumer as a
+failure event). Upstream's consumer never answers the field, so it is
+written over Mooncake's wire as before.
 
 specs_from_params turns a request's ec_transfer_params into PushSpecs,
 finished_map builds the map that request_finished returns to upstream's
@@ -33,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
-from .wire import HASH_FIELD, TOKEN_FIELD
+from .wire import FETCH_FIELD, HASH_FIELD, TOKEN_FIELD
 
 TTL_S = 300.0
 
@@ -171,12 +178,14 @@ class Pusher:
     write_timeout_s: the bound of one batch of writes (default
     control_timeout_s); token: ecx's control token, sent as "ecx_token"
     (None for none, as upstream); send_hash: whether completes carry
-    "ecx_xxh3". Thread-safe."""
+    "ecx_xxh3"; fetch: whether shards that offer ecx's fetch are sent
+    ecx_fetch instead of writes. Thread-safe."""
 
     def __init__(self, producer, control_timeout_s=30.0, token=None,
                  write_timeout_s=None, clock=time.monotonic, threads=8,
-                 send_hash=True):
+                 send_hash=True, fetch=True):
         self.producer = producer
+        self.fetch = fetch
         self.send_hash = send_hash
         self.ctl = _Control(control_timeout_s, token)
         self.write_timeout_s = write_timeout_s or control_timeout_s
@@ -206,15 +215,17 @@ class Pusher:
     # ---- reserve and cancel ----
 
     def _reserve_on(self, addr, specs):
+        ask = {FETCH_FIELD: True} if self.fetch else {}
         if len(specs) == 1:
             try:
                 return [(True, self.ctl.call(
-                    addr, dict(op="reserve", **specs[0].request())))]
+                    addr, dict(op="reserve", **specs[0].request(), **ask)))]
             except ControlError as e:
                 return [(False, str(e))]
         try:
-            got = self.ctl.call(addr, {"op": "reserve_batch", "items":
-                                       [s.request() for s in specs]})
+            got = self.ctl.call(addr, dict(
+                {"op": "reserve_batch",
+                 "items": [s.request() for s in specs]}, **ask))
             got = got["items"]
             if len(got) != len(specs):
                 raise ControlError(f"reserve_batch on {addr}: {len(got)} "
@@ -309,6 +320,7 @@ class Pusher:
             for spec in live:
                 self._refresh(consumer_zmq, spec)
             writes = {}  # shard -> [(spec, reservation)]
+            fetches = {}  # shard -> [(spec, reservation)], ecx's fetch
             for spec in live:
                 for a, r in spec.shards.items():
                     if (r.get("cached") or r.get("cancelled")
@@ -319,9 +331,12 @@ class Pusher:
                             f"{a} reserved {r.get('nbytes')} bytes for "
                             f"{spec.transfer_id}, the item has "
                             f"{spec.nbytes}")
-                    writes.setdefault(a, []).append((spec, r))
+                    fetch = self.fetch and r.get(FETCH_FIELD) is True
+                    (fetches if fetch else writes).setdefault(
+                        a, []).append((spec, r))
             if self.send_hash:
-                for spec in {id(s): s for e in writes.values()
+                for spec in {id(s): s for e in (*writes.values(),
+                                                *fetches.values())
                              for s, _ in e}.values():
                     if spec.xxh3 is None:
                         spec.xxh3 = self.producer.item_xxh3(spec.mm_hash)
@@ -334,22 +349,29 @@ class Pusher:
                 raise ControlError(
                     f"{len(bad)} of {len(batch)} writes failed: "
                     f"{getattr(self.producer, 'last_push_error', '')}")
-            futs = {a: self.pool.submit(self.ctl.call, a, {
-                "op": "complete_batch",
-                "items": [_complete_item(s, r) for s, r in entries]})
-                for a, entries in writes.items()}
+            futs = [(a, "completed", len(entries),
+                     self.pool.submit(self.ctl.call, a, {
+                         "op": "complete_batch",
+                         "items": [_complete_item(s, r) for s, r in entries]}))
+                    for a, entries in writes.items()]
+            futs += [(a, "fetching", len(entries),
+                      self.pool.submit(self.ctl.call, a, {
+                          "op": "ecx_fetch",
+                          "ecx_producer": self.producer.address,
+                          "items": [_complete_item(s, r)
+                                    for s, r in entries]}))
+                     for a, entries in fetches.items()]
             errors = []
-            for a, f in futs.items():
+            for a, key, n, f in futs:
                 try:
                     done = f.result()["items"]
                 except (ControlError, KeyError, TypeError) as e:
                     errors.append(str(e))
                     continue
-                if len(done) != len(writes[a]) or not all(
-                        isinstance(d, dict) and d.get("completed") is True
+                if len(done) != n or not all(
+                        isinstance(d, dict) and d.get(key) is True
                         for d in done):
-                    errors.append(f"complete_batch on {a}: not every "
-                                  f"entry completed")
+                    errors.append(f"{a}: not every entry {key}")
             if errors:
                 raise ControlError("; ".join(errors))
         except Exception as e:  # every failure ends in abandon

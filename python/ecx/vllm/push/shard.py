@@ -13,6 +13,12 @@ PLAIN server whose password is the token, checked by this shard's own ZAP
 handler: a peer without it never completes the handshake, so it is never
 one of the PUSH socket's peers and can neither receive nor take away an
 event.
+
+ecx's fetch (fetch.py): over a pool with a consumer (ArenaPool), a reserve
+that asks with "ecx_fetch": true is told "ecx_fetch": true, and the op
+ecx_fetch has the shard pull the named writers' bytes from an ecx producer
+into their ranges, settling each reservation as complete would (or failing
+it, with a failure event) when its load ends.
 """
 import collections
 import hmac
@@ -24,6 +30,8 @@ import time
 import zmq
 
 from . import wire
+from ...dtypes import DTYPES
+from .fetch import Fetches
 from .table import TTL_S, Refused, ReservationTable
 from .wire import BadRequest, error, ok
 
@@ -48,13 +56,14 @@ class ControlShard:
     token: None or "" for none (upstream's behaviour), else the secret
     every op and the event subscription need. clock: seconds (TTLs,
     tombstones, the reaper), time.monotonic unless given. on_reclaimed:
-    called with each mm_hash evicted from the pool. start() binds and
-    starts the thread; stop() ends it."""
+    called with each mm_hash evicted from the pool. fetch: whether ecx's
+    fetch is served (None: where the pool has a consumer). start() binds
+    and starts the thread; stop() ends it."""
 
     def __init__(self, pool, ec_ip="127.0.0.1", ec_port=14579, dp_rank=0,
                  tp_size=1, tp_rank=0, token=None, clock=time.monotonic,
                  ttl=TTL_S, control_timeout_s=30.0, on_reclaimed=None,
-                 event_backlog=EVENT_BACKLOG, poll_ms=POLL_MS):
+                 event_backlog=EVENT_BACKLOG, poll_ms=POLL_MS, fetch=None):
         if not 0 <= tp_rank < tp_size or dp_rank < 0:
             raise ValueError(f"tp_rank {tp_rank} of tp_size {tp_size}, "
                              f"dp_rank {dp_rank}")
@@ -93,6 +102,10 @@ class ControlShard:
         self._stop = threading.Event()
         self._wait_s = self.control_timeout_s
         self._last_reap = clock()
+        consumer = getattr(pool, "consumer", None)
+        self._fetches = (Fetches(consumer, self._wake)
+                         if consumer is not None
+                         and fetch is not False else None)
         self._ops = {"peers": self._op_peers,
                      "event_port": self._op_event_port,
                      "reserve": self._op_reserve,
@@ -100,7 +113,8 @@ class ControlShard:
                      "complete": self._op_complete,
                      "complete_batch": self._op_complete_batch,
                      "cancel": self._op_cancel,
-                     "status": self._op_status}
+                     "status": self._op_status,
+                     "ecx_fetch": self._op_fetch}
 
     # ---- life ----
 
@@ -228,6 +242,8 @@ class ControlShard:
                 ready = dict(poller.poll(wait))
                 if self._wake_r in ready:
                     self._drain_wake()
+                if self._fetches is not None:
+                    self._settle(self._fetches.landed())
                 if zap is not None and zap in ready:
                     self._zap(zap)
                 if rep in ready:
@@ -236,6 +252,9 @@ class ControlShard:
         except Exception:  # the thread must not die silently
             logger.exception("push control shard %s stopped", self.endpoint)
         finally:
+            if self._fetches is not None:
+                self._settle(self._fetches.close())
+                self._fetches = None
             for s in (ev, rep, zap):
                 if s is not None:
                     s.close(0)
@@ -328,10 +347,18 @@ class ControlShard:
     def _op_event_port(self, req):
         return self.event_port
 
+    def _advert(self, req, spec, result):
+        """A reservation told "ecx_fetch": true where its peer asked, this
+        shard fetches and ecx carries its dtype (ecx)."""
+        if (self._fetches is not None and req.get(wire.FETCH_FIELD) is True
+                and spec.dtype in DTYPES):
+            result[wire.FETCH_FIELD] = True
+        return result
+
     def _op_reserve(self, req):
         spec = wire.reserve_spec(req, self.pool.size)
         self.table.reap()
-        return self.table.reserve(spec)
+        return self._advert(req, spec, self.table.reserve(spec))
 
     def _op_reserve_batch(self, req):
         items = wire.batch_items(req)
@@ -339,8 +366,9 @@ class ControlShard:
         out = []
         for item in items:
             try:
-                out.append(ok(self.table.reserve(
-                    wire.reserve_spec(item, self.pool.size))))
+                spec = wire.reserve_spec(item, self.pool.size)
+                out.append(ok(self._advert(req, spec,
+                                           self.table.reserve(spec))))
             except (BadRequest, Refused) as e:
                 out.append(error(e))
         return {"items": out}
@@ -354,10 +382,11 @@ class ControlShard:
                 for i in wire.batch_items(req)]
         return {"items": [self._complete(a, h) for a, h in args]}
 
-    def _complete(self, args, want):
-        """complete, with the landed bytes checked against an ecx writer's
-        hash (want) where it sent one: a mismatch ends the reservation
-        CANCELLED and queues a failure event."""
+    def _complete(self, args, want, fetched=None):
+        """complete (or the end of fetched's fetch that landed), with the
+        landed bytes checked against an ecx writer's hash (want) where it
+        sent one: a mismatch ends the reservation CANCELLED and queues a
+        failure event."""
         got = []
 
         def verify(addr, nbytes):
@@ -366,8 +395,10 @@ class ControlShard:
 
         with self.table.lock:
             followers = self._followers(args[0])
-            done, ready = self.table.complete(
-                *args, verify=None if want is None else verify)
+            check = None if want is None else verify
+            done, ready = (self.table.complete(*args, verify=check)
+                           if fetched is None else
+                           self.table.fetch_done(fetched, True, check))
         if got and got[0] != want:
             logger.warning("push control shard %s: transfer %s landed "
                            "with xxh3 %016x, its writer sent %016x: "
@@ -401,6 +432,54 @@ class ControlShard:
             self._queue_event({"transfer_id": tid,
                                "mm_hash": r.mm_hash if r is not None else "",
                                "ready": False, wire.FAILED_FIELD: why})
+
+    def _op_fetch(self, req):
+        """ecx_fetch (ecx): every entry checked first; each names a writer
+        in WRITING that no fetch runs for ("fetching": true, its load
+        started) or not ("fetching": false, nothing done)."""
+        if self._fetches is None:
+            raise BadRequest("this EC consumer does not fetch")
+        producer, epoch = wire.fetch_source(req)
+        args = [(wire.complete_args(i), wire.complete_hash(i))
+                for i in wire.batch_items(req)]
+        go = []
+        with self.table.lock:
+            for (tid, rid), want in args:
+                r = self.table.fetchable(tid, rid)
+                if r is not None:
+                    go.append((r, want))
+        picked = {id(r) for r, _ in go}
+        try:
+            if go:
+                self._fetches.start(producer, epoch, go)
+        except Exception as e:
+            with self.table.lock:
+                for r, _ in go:
+                    r.fetching = False
+            raise BadRequest(f"ecx_fetch from {producer[:256]}: {e}")
+        live = [self.table.get(tid) for (tid, _), _ in args]
+        return {"items": [{"fetching": r is not None and id(r) in picked}
+                          for r in live]}
+
+    def _settle(self, ended):
+        """The reservations of ended fetch loads: each completed where its
+        bytes landed (and match the writer's hash), else ended CANCELLED
+        with a failure event."""
+        for entries, errors, producer in ended:
+            for (r, want), err in zip(entries, errors):
+                if err is None:
+                    self._complete((r.transfer_id, r.reservation_id), want,
+                                   fetched=r)
+                    continue
+                with self.table.lock:
+                    followers = self._followers(r.transfer_id)
+                    _, live = self.table.fetch_done(r, False)
+                if live:
+                    logger.warning("push control shard %s: fetch of %s "
+                                   "failed: %s", self.endpoint,
+                                   r.transfer_id[:64], err)
+                    self._queue_failed([r.transfer_id] + followers,
+                                       f"ecx_fetch from {producer}: {err}")
 
     def _op_status(self, req):
         return self.table.status(wire.field(req, "transfer_id", "str"))

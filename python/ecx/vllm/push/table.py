@@ -39,7 +39,7 @@ class Reservation:
     __slots__ = ("transfer_id", "mm_hash", "nbytes", "shape", "dtype",
                  "reservation_id", "state", "expires_at", "dst_session",
                  "dst_ptr", "buf", "writer", "followers", "resident",
-                 "open", "ended_at")
+                 "open", "ended_at", "fetching")
 
     def __init__(self, spec, state, now, ttl):
         self.transfer_id = spec.transfer_id
@@ -58,6 +58,7 @@ class Reservation:
         self.resident = None    # the Resident it holds a lease on
         self.open = False       # between open_write and close_write
         self.ended_at = None
+        self.fetching = False   # an ecx_fetch load writes its buffer
 
     def status(self):
         return {"mm_hash": self.mm_hash, "ready": self.state == READY,
@@ -205,7 +206,7 @@ class ReservationTable:
                 return False, False
             if r.state == READY:
                 return True, False
-            if r.writer is not None or r.buf is None:
+            if r.writer is not None or r.buf is None or r.fetching:
                 return False, False  # a follower writes nothing
             now = self.clock()
             self._close(r)
@@ -270,6 +271,34 @@ class ReservationTable:
                 return False
             self._end(r, CANCELLED, now)
             return True
+
+    def fetchable(self, transfer_id, reservation_id):
+        """The writer (WRITING, owning its buffer, no fetch running) that
+        an ecx_fetch entry names, now marked fetching; None otherwise."""
+        with self.lock:
+            r = self._active.get(transfer_id)
+            if (r is None or r.reservation_id != reservation_id
+                    or r.state != WRITING or r.writer is not None
+                    or r.buf is None or r.fetching):
+                return None
+            r.fetching = True
+            return r
+
+    def fetch_done(self, r, landed, verify=None):
+        """The end of r's fetch: (completed, became_ready) as complete
+        where it landed (verify as complete's), else r ends CANCELLED.
+        A record that ended while its fetch ran only frees its buffer
+        now. The second value is, where it did not land, whether r was
+        still live (so its failure is to be told)."""
+        with self.lock:
+            r.fetching = False
+            if self._active.get(r.transfer_id) is not r:
+                self._release(r)
+                return False, False
+            if landed:
+                return self.complete(r.transfer_id, r.reservation_id, verify)
+            self._end(r, CANCELLED, self.clock())
+            return False, True
 
     def status(self, transfer_id):
         with self.lock:
@@ -417,7 +446,7 @@ class ReservationTable:
         self._bury(r, now)
 
     def _release(self, r):
-        if r.buf is not None:
+        if r.buf is not None and not r.fetching:  # else fetch_done frees it
             self.pool.free(r.buf)
             r.buf = None
         if r.resident is not None:

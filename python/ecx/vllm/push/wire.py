@@ -26,6 +26,8 @@ MAX_DIMS = 8
 TOKEN_FIELD = "ecx_token"
 HASH_FIELD = "ecx_xxh3"     # a complete item's hash of the bytes (ecx)
 FAILED_FIELD = "ecx_failed"  # a failure event's reason (ecx)
+FETCH_FIELD = "ecx_fetch"    # the fetch advert, asked and told (ecx)
+MAX_ADDR = 255               # characters of a producer's address
 
 
 class BadRequest(ValueError):
@@ -154,6 +156,17 @@ def complete_hash(item):
     if len(v) != 16 or any(c not in "0123456789abcdefABCDEF" for c in v):
         raise BadRequest(f"field {HASH_FIELD!r} must be 16 hex digits")
     return int(v, 16)
+
+
+def fetch_source(req):
+    """(producer address, epoch) of an ecx_fetch request: "ecx_producer"
+    (the producer_zmq, 1..255 characters) and "ecx_epoch" (an integer in
+    0..2**64-1, 0 when absent: any)."""
+    producer = _ident(req, "ecx_producer", MAX_ADDR)
+    epoch = field(req, "ecx_epoch", "int", 0, required=False)
+    if not 0 <= epoch < 1 << 64:
+        raise BadRequest("field 'ecx_epoch' must be in 0..2**64-1")
+    return producer, epoch
 
 
 def cancel_args(req):
