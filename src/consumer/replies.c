@@ -63,7 +63,7 @@ static void copy_out(void *dst, const void *src, size_t n)
 
 /* Data messages taken, by every consumer of this process (atomic): what
  * tests read to tell which way a pull's data came. */
-uint64_t cons_data_messages, cons_reply_messages;
+uint64_t cons_data_messages, cons_reply_messages, cons_lead_messages;
 uint64_t cons_landed_messages, cons_hashed_early;
 
 static pull *pull_find(ecx_consumer *c, uint64_t req)
@@ -377,12 +377,29 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 	if (header_len < sizeof(h))
 		return refuse;
 	memcpy(&h, header, sizeof(h));
-	/* A longer header carries the pull's reply (its last data). */
-	bool folded = header_len > sizeof(h);
+	/* A longer header carries the pull's reply (its last data): in it,
+	 * after the data header, or, in the lead form, at the front of the
+	 * body, before the items' bytes. */
+	const char *reply = NULL;
+	size_t reply_len = 0;
+	ecx_am_lead_hdr lh;
+	if (header_len == sizeof(lh) &&
+	    (memcpy(&lh, header, sizeof(lh)), lh.magic == ECX_AM_LEAD_MAGIC)) {
+		if (rndv || lh.lead > len || lh.reply_len > lh.lead)
+			return refuse;
+		__atomic_add_fetch(&cons_lead_messages, 1, __ATOMIC_RELAXED);
+		reply = data;
+		reply_len = lh.reply_len;
+		data = (char *)data + lh.lead;
+		len -= lh.lead;
+	} else if (header_len > sizeof(h)) {
+		reply = (const char *)header + sizeof(h);
+		reply_len = header_len - sizeof(h);
+	}
+	bool folded = reply != NULL;
 	ecx_pull_resp r;
 	char why[200];
-	int rc = folded ? ecx_pull_resp_decode((const char *)header + sizeof(h),
-	                                       header_len - sizeof(h), &r, why,
+	int rc = folded ? ecx_pull_resp_decode(reply, reply_len, &r, why,
 	                                       sizeof(why))
 	                : 0;
 	pthread_mutex_lock(&c->lock);

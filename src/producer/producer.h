@@ -192,6 +192,10 @@ typedef struct job {
 	 * that has its answer sees it counted); pre_* is what was counted. */
 	bool folded;
 	char *fold_hdr;
+	/* Where the reply is at the front of the body (a pull with lead):
+	 * the body's two parts, the lead and the items' bytes (inside
+	 * fold_hdr's allocation). */
+	ucp_dt_iov_t *fold_iov;
 	uint64_t pre_served, pre_failed, pre_bytes;
 } job;
 

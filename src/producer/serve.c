@@ -131,26 +131,67 @@ static bool run_is_last(const job *j, size_t k)
 	return true;
 }
 
+/* Bytes UCX 1.13 frames before an eager active message's body over TCP
+ * (its TCP header, 5, and its active-message header, 8): a lead that
+ * ends 64 bytes into the message puts the items' bytes, from the
+ * page-aligned arena, 64-byte aligned in the kernel's socket buffer too.
+ * Another UCX may frame differently: then only the speed changes. */
+#define UCX_EAGER_PREFIX 13
+
+/* A folded reply at the front of an eager data message's body (lead):
+ * its header, the body's two parts, and the lead's bytes, which UCX may
+ * read until the send completes (j->fold_hdr; freed with j). */
+typedef struct fold_lead {
+	ecx_am_lead_hdr h;
+	ucp_dt_iov_t iov[2];
+	char lead[];
+} fold_lead;
+
 /* Puts job j's reply after data header h in one header for the data
- * message that carries the pull's last bytes (a pull with fold), and
- * counts the pull in the stats as that reply says: j->fold_hdr and its
- * length, or 0 when it cannot (no memory, or a header larger than UCX
- * takes: the reply then goes apart). */
-static size_t job_fold(ecx_producer *p, job *j, const ecx_am_data_hdr *h)
+ * message that carries the pull's last bytes (a pull with fold), or,
+ * where lead (an eager send for a pull with lead), at the front of its
+ * body, len bytes from src after it (j->fold_iov); and counts the pull in
+ * the stats as that reply says: j->fold_hdr and its length, or 0 when it
+ * cannot (no memory, or a header larger than UCX takes: the reply then
+ * goes apart). */
+static size_t job_fold(ecx_producer *p, job *j, const ecx_am_data_hdr *h,
+                       bool lead, void *src, uint64_t len)
 {
 	if (p->am_hdr_max == 0)
 		p->am_hdr_max = ecx_ucx_max_am_header(ecx_ucx_worker(p->ucx));
 	ecx_pull_resp r = prod_job_resp(j, 0, NULL);
 	char *body = ecx_pull_resp_encode(&r);
 	size_t blen = body != NULL ? strlen(body) : 0;
-	size_t len = sizeof(*h) + blen;
-	if (body == NULL || len > p->am_hdr_max ||
-	    (j->fold_hdr = malloc(len)) == NULL) {
+	size_t hlen = sizeof(*h) + blen;
+	/* The lead: the JSON, then spaces up to a multiple of 64 bytes
+	 * into the message. */
+	size_t llen =
+	    ((UCX_EAGER_PREFIX + blen + 63) & ~(size_t)63) - UCX_EAGER_PREFIX;
+	lead = lead && llen <= UINT16_MAX &&
+	       sizeof(ecx_am_lead_hdr) <= p->am_hdr_max;
+	if (lead)
+		hlen = sizeof(ecx_am_lead_hdr);
+	if (body == NULL || hlen > p->am_hdr_max ||
+	    (j->fold_hdr = malloc(lead ? sizeof(fold_lead) + llen : hlen)) ==
+	        NULL) {
 		free(body);
 		return 0;
 	}
-	memcpy(j->fold_hdr, h, sizeof(*h));
-	memcpy(j->fold_hdr + sizeof(*h), body, blen);
+	if (lead) {
+		fold_lead *f = (fold_lead *)(void *)j->fold_hdr;
+		f->h = (ecx_am_lead_hdr){.d = *h,
+		                         .magic = ECX_AM_LEAD_MAGIC,
+		                         .lead = (uint16_t)llen,
+		                         .reply_len = (uint16_t)blen};
+		memcpy(f->lead, body, blen);
+		memset(f->lead + blen, ' ', llen - blen);
+		f->iov[0] = (ucp_dt_iov_t){.buffer = f->lead, .length = llen};
+		f->iov[1] = (ucp_dt_iov_t){.buffer = src, .length = len};
+		j->fold_iov = f->iov;
+	} else {
+		memcpy(j->fold_hdr, h, sizeof(*h));
+		memcpy(j->fold_hdr + sizeof(*h), body, blen);
+	}
 	free(body);
 	prod_job_tally(j, &j->pre_served, &j->pre_failed, &j->pre_bytes);
 	pthread_mutex_lock(&p->lock);
@@ -160,15 +201,16 @@ static size_t job_fold(ecx_producer *p, job *j, const ecx_am_data_hdr *h)
 	p->st.bytes_served += j->pre_bytes;
 	pthread_mutex_unlock(&p->lock);
 	j->folded = true;
-	return len;
+	return hlen;
 }
 
 /* Sends items i..k-1 of job j's pull (len bytes from src, neighbours in
  * both memories) as one ECX_AM_DATA message; returns what ucp_am_send_nbx
  * returned, after counting a send in flight as one of j's completions.
  * The pull's last bytes, for a pull with fold, carry its reply (job_fold)
- * and go eagerly up to FOLD_EAGER_MAX: the load is then one message each
- * way, as a socket's request and answer are. */
+ * and go eagerly up to FOLD_EAGER_MAX (the reply at the front of the
+ * body, for a pull with lead): the load is then one message each way, as
+ * a socket's request and answer are. */
 static ucs_status_ptr_t data_send(ecx_producer *p, job *j, size_t i, size_t k,
                                   void *src, uint64_t len)
 {
@@ -181,13 +223,14 @@ static ucs_status_ptr_t data_send(ecx_producer *p, job *j, size_t i, size_t k,
 	const void *hdr = &s->h;
 	size_t hlen = sizeof(s->h);
 	uint32_t flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;
+	bool eager = len <= FOLD_EAGER_MAX;
 	size_t flen = j->pr.fold && j->nsends == 1 && run_is_last(j, k)
-	                  ? job_fold(p, j, &s->h)
+	                  ? job_fold(p, j, &s->h, eager && j->pr.lead, src, len)
 	                  : 0;
 	if (flen > 0) {
 		hdr = j->fold_hdr;
 		hlen = flen;
-		if (len <= FOLD_EAGER_MAX)
+		if (eager)
 			flags = UCP_AM_SEND_FLAG_EAGER;
 	}
 	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -196,8 +239,16 @@ static ucs_status_ptr_t data_send(ecx_producer *p, job *j, size_t i, size_t k,
 	                          .cb.send = prod_send_done,
 	                          .user_data = s,
 	                          .flags = flags};
+	const void *buf = src;
+	size_t count = len;
+	if (flen > 0 && j->fold_iov != NULL) {
+		rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+		rp.datatype = ucp_dt_make_iov();
+		buf = j->fold_iov;
+		count = 2;
+	}
 	ucs_status_ptr_t req =
-	    ucp_am_send_nbx(j->c->ep, ECX_AM_DATA, hdr, hlen, src, len, &rp);
+	    ucp_am_send_nbx(j->c->ep, ECX_AM_DATA, hdr, hlen, buf, count, &rp);
 	if (req != NULL && !UCS_PTR_IS_ERR(req))
 		__atomic_add_fetch(&j->pending, 1, __ATOMIC_ACQ_REL);
 	return req;
