@@ -357,8 +357,8 @@ void prod_serve_shutdown(ecx_producer *p);
  * The pull's last bytes, for a pull with fold, carry its reply
  * and go eagerly up to FOLD_EAGER_MAX (the reply at the front of the
  * body, for a pull with lead): the load is then one message each way, as
- * a socket's request and answer are. For a pull with lead, a message sent
- * by rendezvous has RNDV_LEAD bytes of padding before the items'. */
+ * a socket's request and answer are. For a pull with lead, its only
+ * message, sent by rendezvous, has padding before the items' bytes. */
 ucs_status_ptr_t prod_data_send(ecx_producer *p, job *j, size_t i, size_t k,
                                 void *src, uint64_t len);
 

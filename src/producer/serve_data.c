@@ -3,7 +3,8 @@
  * with data_am; serve.c posts them): one ECX_AM_DATA message per run of
  * neighbouring items, the reply folded into the pull's only one (in its
  * header, or at the front of its body for a pull with lead), and, for a
- * pull with lead, a rendezvous body with padding before the items' bytes.
+ * pull with lead, the only message of a pull, sent by rendezvous, with
+ * padding before the items' bytes.
  */
 #include "producer/producer.h"
 
@@ -37,7 +38,8 @@ static bool run_is_last(const job *j, size_t k)
  * page-aligned arena, 64-byte aligned in the kernel's socket buffer too.
  * Another UCX may frame differently: then only the speed changes. */
 #define UCX_EAGER_PREFIX 13
-/* The lead of a data message sent by rendezvous (a pull with lead):
+/* The lead of a pull's only data message sent by rendezvous (a pull with
+ * lead):
  * bytes of padding before the items' that UCX 1.13 over TCP writes after
  * its 21 bytes of headers (5 + 16), so that the first piece of the items'
  * bytes starts 64 bytes into the kernel's socket buffer (the rest follow
@@ -134,8 +136,11 @@ ucs_status_ptr_t prod_data_send(ecx_producer *p, job *j, size_t i, size_t k,
 	size_t hlen = sizeof(s->h);
 	uint32_t flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;
 	bool fold = j->pr.fold && j->nsends == 1 && run_is_last(j, k);
-	int lead = !j->pr.lead                     ? LEAD_NONE
-	           : fold && len <= FOLD_EAGER_MAX ? LEAD_EAGER
+	/* Padding only for a pull's only message: with several in flight
+	 * the kernel's socket pages are not fresh at each, and the padded
+	 * receive (UCX's for a body in two parts) moved batches less. */
+	int lead = !j->pr.lead || !fold            ? LEAD_NONE
+	           : len <= FOLD_EAGER_MAX         ? LEAD_EAGER
 	           : flags & UCP_AM_SEND_FLAG_RNDV ? LEAD_RNDV
 	                                           : LEAD_NONE;
 	size_t flen = fold ? job_fold(p, j, &s->h, lead, src, len) : 0;

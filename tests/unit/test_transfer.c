@@ -1141,7 +1141,8 @@ static void lead_load(ecx_consumer *c, const char *id, size_t nbytes, char *dst,
  * alignment (the consumer copies out of UCX's segment downwards at some
  * distances: destinations at every offset 0..127 from a page, every byte
  * checked); one of 1 MiB (rendezvous) gets padding there, received apart,
- * and the reply after the lead header. A consumer that does not ask for
+ * and the reply after the lead header; a pull of two messages, neither.
+ * A consumer that does not ask for
  * lead, as an older one (ECX_TEST_NO_LEAD), gets the reply in the data
  * header, still one message each way, and no padding. */
 static void test_tcp_lead(void **state)
@@ -1151,6 +1152,7 @@ static void test_tcp_lead(void **state)
 	producer_start(&p, "tcp", NULL);
 	producer_put(&p, "l64", "uint8", "65536", "ok");
 	producer_put(&p, "l1m", "uint8", "1048576", "ok");
+	producer_put(&p, "l1n", "uint8", "1048576", "ok");
 	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
 	char *buf = aligned_alloc(4096, (1u << 20) + 8192);
 	assert_non_null(buf);
@@ -1166,6 +1168,14 @@ static void test_tcp_lead(void **state)
 	assert_int_equal(d, 8);
 	assert_int_equal(r, 0);
 	assert_int_equal(l, 8);
+	/* A pull of two messages: neither padded, the reply apart. */
+	uint64_t l0 = lead_messages();
+	const char *two[] = {"l1m", "l1n"};
+	const int ok2[] = {0, 0};
+	fold_load(c, two, 2, ok2, &d, &r);
+	assert_int_equal(d, 2);
+	assert_int_equal(r, 1);
+	assert_int_equal(lead_messages() - l0, 0);
 	ecx_consumer_destroy(c);
 	setenv("ECX_TEST_NO_LEAD", "1", 1);
 	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
@@ -1180,7 +1190,7 @@ static void test_tcp_lead(void **state)
 	assert_int_equal(d, 1);
 	assert_int_equal(r, 0);
 	assert_int_equal(l, 0);
-	assert_int_equal(producer_stat(&p, "served"), 128 + 8 + 1 + 1);
+	assert_int_equal(producer_stat(&p, "served"), 128 + 8 + 2 + 1 + 1);
 	ecx_consumer_destroy(c);
 	free(buf);
 	producer_stop(&p);
