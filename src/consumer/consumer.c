@@ -43,6 +43,7 @@ int cons_create(const ecx_consumer_params *pp, ecx_consumer **out, char *why,
 	    HAS(TIMEOUT) && pp->timeout_ms > 0 ? pp->timeout_ms : 5000;
 	c->integrity = HAS(INTEGRITY) && pp->integrity;
 	c->test_hash_legacy = getenv("ECX_TEST_HASH_XXH64") != NULL;
+	c->test_no_lead = getenv("ECX_TEST_NO_LEAD") != NULL;
 	int rc = ECX_ENOMEM;
 	const char *data = getenv("ECX_TCP_DATA");
 	c->tcp_data_am =

@@ -228,6 +228,10 @@ struct ecx_consumer {
 	 * no hash kind and no landed notices, as one older than XXH3 did
 	 * (its producers answer with xxh64). */
 	bool test_hash_legacy;
+	/* Tests only: ECX_TEST_NO_LEAD, pulls with fold but not lead, as a
+	 * consumer older than lead sent (its producers put the reply in the
+	 * data message's header). */
+	bool test_no_lead;
 	/* Over TCP, ask for the data as active messages received in place
 	 * (replies.c) rather than puts: ECX_TCP_DATA=am (the default) or
 	 * put. */
@@ -291,9 +295,10 @@ pull *cons_pull_take(ecx_consumer *c, uint64_t req);
 void cons_pull_fail(pull *p, int err);
 /* Marks every item of p (with p->dstat allocated) as not come yet. */
 void cons_pull_data_init(pull *p);
-/* ECX_AM_DATA messages taken in this process, and ECX_AM_REPLY messages
- * (atomic; for tests). */
-extern uint64_t cons_data_messages, cons_reply_messages;
+/* ECX_AM_DATA messages taken in this process, ECX_AM_REPLY messages, and
+ * data messages with the reply at the front of their body (atomic; for
+ * tests). */
+extern uint64_t cons_data_messages, cons_reply_messages, cons_lead_messages;
 /* ECX_AM_LANDED notices taken, and items hashed by a waiting caller
  * before their load's end, in this process (atomic; for tests). */
 extern uint64_t cons_landed_messages, cons_hashed_early;

@@ -181,6 +181,8 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	r.data_am = p->dstat != NULL;
 	/* The reply inside the data, where the data is one message. */
 	r.fold = r.data_am;
+	/* And at the front of its bytes, where it goes eagerly. */
+	r.lead = r.fold && !c->test_no_lead;
 	/* XXH3, and notices of what landed so it is hashed as it lands; no
 	 * hashes at all for a consumer that does not check. */
 	r.hash = !c->integrity         ? ECX_HASH_NONE

@@ -35,9 +35,35 @@
 #define DATA_NONE INT_MIN
 #define DATA_LANDING (INT_MIN + 1)
 
+/* Copies n bytes from src to dst (not overlapping) as memcpy does, but
+ * from the end down where dst lies a little past src modulo 4 KiB: there a
+ * forward copy (glibc's memcpy takes `rep movsb` from 2 KiB to 512 KiB)
+ * loads each line soon after storing to an address with the same low 12
+ * bits, and waits on each of those false dependencies (many times slower
+ * on the AMD EPYC of docs/deploy.md); a copy downwards stores behind its
+ * loads. An eager message's bytes sit a few bytes past the start of a
+ * segment of UCX's, so its items' page-aligned destinations often lie just
+ * there. */
+static void copy_out(void *dst, const void *src, size_t n)
+{
+	uintptr_t dist = ((uintptr_t)dst - (uintptr_t)src) & 4095;
+	if (dist == 0 || dist >= 64 || n < 4096) {
+		memcpy(dst, src, n);
+		return;
+	}
+	char *d = (char *)dst + n;
+	const char *s = (const char *)src + n;
+	for (; n >= 64; n -= 64) {
+		d -= 64;
+		s -= 64;
+		memcpy(d, s, 64);
+	}
+	memcpy(dst, src, n);
+}
+
 /* Data messages taken, by every consumer of this process (atomic): what
  * tests read to tell which way a pull's data came. */
-uint64_t cons_data_messages, cons_reply_messages;
+uint64_t cons_data_messages, cons_reply_messages, cons_lead_messages;
 uint64_t cons_landed_messages, cons_hashed_early;
 
 static pull *pull_find(ecx_consumer *c, uint64_t req)
@@ -283,12 +309,20 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 
 /* ---- data as active messages ---- */
 
+/* The most padding a data message sent by rendezvous may have before its
+ * items' bytes (a producer sends 43). */
+#define LEAD_PAD_MAX 64
+
 /* A receive of items first..first+count-1 of pull req in flight. */
 typedef struct data_recv {
 	ecx_consumer *c;
 	uint64_t req;
 	uint32_t first, count;
-	size_t len;
+	size_t len; /* with the padding */
+	/* A body with a lead (padding, then the items' bytes): its two
+	 * parts, which UCX may write until the receive completes. */
+	ucp_dt_iov_t iov[2];
+	char pad[LEAD_PAD_MAX];
 } data_recv;
 
 static void data_recv_done(void *request, ucs_status_t st, size_t length,
@@ -351,12 +385,40 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 	if (header_len < sizeof(h))
 		return refuse;
 	memcpy(&h, header, sizeof(h));
-	/* A longer header carries the pull's reply (its last data). */
-	bool folded = header_len > sizeof(h);
+	/* A longer header carries the pull's reply (its last data): in it,
+	 * after the data header, or, in the lead form, at the front of the
+	 * body, before the items' bytes. */
+	const char *reply = NULL;
+	size_t reply_len = 0, pad = 0;
+	ecx_am_lead_hdr lh;
+	if (header_len >= sizeof(lh) &&
+	    (memcpy(&lh, header, sizeof(lh)), lh.magic == ECX_AM_LEAD_MAGIC)) {
+		/* Eager: the reply at the front of the body. By rendezvous:
+		 * padding there, received apart, and the reply (if any)
+		 * after the lead header. */
+		if (lh.lead >= len || lh.reply_len > lh.lead ||
+		    (rndv ? lh.reply_len != 0 || lh.lead > LEAD_PAD_MAX
+		          : header_len != sizeof(lh)))
+			return refuse;
+		__atomic_add_fetch(&cons_lead_messages, 1, __ATOMIC_RELAXED);
+		if (!rndv) {
+			reply = data;
+			reply_len = lh.reply_len;
+			data = (char *)data + lh.lead;
+		} else if (header_len > sizeof(lh)) {
+			reply = (const char *)header + sizeof(lh);
+			reply_len = header_len - sizeof(lh);
+		}
+		pad = lh.lead;
+		len -= lh.lead;
+	} else if (header_len > sizeof(h)) {
+		reply = (const char *)header + sizeof(h);
+		reply_len = header_len - sizeof(h);
+	}
+	bool folded = reply != NULL;
 	ecx_pull_resp r;
 	char why[200];
-	int rc = folded ? ecx_pull_resp_decode((const char *)header + sizeof(h),
-	                                       header_len - sizeof(h), &r, why,
+	int rc = folded ? ecx_pull_resp_decode(reply, reply_len, &r, why,
 	                                       sizeof(why))
 	                : 0;
 	pthread_mutex_lock(&c->lock);
@@ -377,7 +439,7 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 		__atomic_add_fetch(&cons_data_messages, 1, __ATOMIC_RELAXED);
 		/* Copied under the lock: a load that times out meanwhile
 		 * waits for it, and then refuses the rest. */
-		memcpy(dst, data, len);
+		copy_out(dst, data, len);
 		for (uint32_t k = 0; k < h.count; k++)
 			p->dstat[h.first + k] = 0;
 		items_landed(p, h.first, h.count);
@@ -391,7 +453,11 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 			                 .req = h.req,
 			                 .first = h.first,
 			                 .count = h.count,
-			                 .len = len};
+			                 .len = pad + len};
+			d->iov[0] =
+			    (ucp_dt_iov_t){.buffer = d->pad, .length = pad};
+			d->iov[1] =
+			    (ucp_dt_iov_t){.buffer = dst, .length = len};
 			/* A repeat is refused. */
 			for (uint32_t k = 0; k < h.count; k++)
 				p->dstat[h.first + k] = DATA_LANDING;
@@ -416,10 +482,15 @@ ucs_status_t cons_am_data(void *arg, const void *header, size_t header_len,
 		                              UCP_OP_ATTR_FIELD_USER_DATA,
 		                          .cb.recv_am = data_recv_done,
 		                          .user_data = d};
+		if (pad > 0) {
+			rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+			rp.datatype = ucp_dt_make_iov();
+		}
 		ucs_status_ptr_t q =
-		    ucp_am_recv_data_nbx(w, data, dst, len, &rp);
+		    pad > 0 ? ucp_am_recv_data_nbx(w, data, d->iov, 2, &rp)
+		            : ucp_am_recv_data_nbx(w, data, dst, len, &rp);
 		if (q == NULL) {
-			data_recv_done(NULL, UCS_OK, len, d);
+			data_recv_done(NULL, UCS_OK, pad + len, d);
 		} else if (UCS_PTR_IS_ERR(q)) {
 			/* The producer's send fails with it too: both sides
 			 * agree. */

@@ -124,6 +124,11 @@ typedef struct job_send {
 	ecx_am_data_hdr h; /* UCX may read it until the send completes */
 	int status;        /* the send's, for its items */
 	uint64_t upto;     /* a piece's landed notice: its body (else 0) */
+	/* A data send by rendezvous for a pull with lead: its header and
+	 * its body's two parts (padding, the items' bytes), which UCX may
+	 * read until the send completes. */
+	ecx_am_lead_hdr lh;
+	ucp_dt_iov_t iov[2];
 } job_send;
 
 /* Why a reference pull was refused (the /metrics reason label). */
@@ -194,6 +199,10 @@ typedef struct job {
 	 * that has its answer sees it counted); pre_* is what was counted. */
 	bool folded;
 	char *fold_hdr;
+	/* Where the reply is at the front of the body (a pull with lead):
+	 * the body's two parts, the lead and the items' bytes (inside
+	 * fold_hdr's allocation). */
+	ucp_dt_iov_t *fold_iov;
 	uint64_t pre_served, pre_failed, pre_bytes;
 } job;
 
@@ -364,6 +373,18 @@ void prod_progress(void *arg);
 /* Fails what is in flight, closes every endpoint, frees every job and
  * connection. Called once, by destroy, before the worker goes. */
 void prod_serve_shutdown(ecx_producer *p);
+
+/* serve_data.c */
+/* Sends items i..k-1 of job j's pull (len bytes from src, neighbours in
+ * both memories) as one ECX_AM_DATA message; returns what ucp_am_send_nbx
+ * returned, after counting a send in flight as one of j's completions.
+ * The pull's last bytes, for a pull with fold, carry its reply
+ * and go eagerly up to FOLD_EAGER_MAX (the reply at the front of the
+ * body, for a pull with lead): the load is then one message each way, as
+ * a socket's request and answer are. For a pull with lead, its only
+ * message, sent by rendezvous, has padding before the items' bytes. */
+ucs_status_ptr_t prod_data_send(ecx_producer *p, job *j, size_t i, size_t k,
+                                void *src, uint64_t len);
 
 /* Gives up the unfinished jobs of closed connection c (unpins, counts
  * failed, frees each at its last callback). Called with p->lock, on the

@@ -5,7 +5,7 @@
  * pull over TCP that asks for it, one data send per run and no keys), and
  * answered once with a status per item when the flush (or every send) has
  * completed, or, for a pull over TCP whose bytes are one data send and that
- * asks for it, inside that send (job_fold); a job's reply, counts, pins and
+ * asks for it, inside that send (serve_data.c); a job's reply, counts, pins and
  * release are in jobs.c. Connections made by hellos are
  * closed when they fail, when the consumer says goodbye, or when they have been
  * idle for p->idle_ms (a consumer that died over shared memory shows no
@@ -25,11 +25,6 @@
  * much (run_continues): no more than one large item, so a pull that
  * expires still stops within about one item's write. */
 #define PUT_RUN_MAX ((uint64_t)8 << 20)
-/* Data sends (a pull with data_am) of at least this much are forced to
- * rendezvous, so the consumer receives them in place; UCX chooses for
- * smaller ones (eager, mostly). Eager 2 MiB messages were slower across
- * the veth (docs/deploy.md). */
-#define AM_RNDV_MIN ((uint64_t)64 << 10)
 /* Neighbouring items go in one data send of at most this much (an item
  * larger than it goes alone): across the veth one 2 MiB message was much
  * slower than four of 512 KiB in flight at once (docs/deploy.md, "How
@@ -41,10 +36,6 @@
  * hashes each as it lands, while it is still in the CPU's caches, rather
  * than all after one long put. */
 #define LANDED_RUN_MAX ((uint64_t)1 << 20)
-/* A pull's only data message, when it carries the reply, goes eagerly up
- * to this much (no rendezvous handshake), else as any other. */
-#define FOLD_EAGER_MAX ((uint64_t)64 << 10)
-
 /* ---- pulls ---- */
 
 ucs_status_t prod_am_pull(void *arg, const void *header, size_t header_len,
@@ -117,90 +108,6 @@ static bool run_continues(const job *j, size_t i, size_t k, uint64_t len)
 	return b != NULL && b->desc.nbytes > 0 && j->status[k] == 0 &&
 	       len + b->desc.nbytes <= max && pb->region == pa->region &&
 	       b->off == a->off + len && pb->addr == pa->addr + len;
-}
-
-/* Whether items i..k-1 of job j carry all the bytes its pull still has to
- * send: no item after them has any (those before are sent or failed), so
- * every status its reply gives is final once they are posted. */
-static bool run_is_last(const job *j, size_t k)
-{
-	for (size_t m = k; m < j->pr.nitems; m++)
-		if (j->items[m] != NULL && j->items[m]->desc.nbytes > 0 &&
-		    j->status[m] == 0)
-			return false;
-	return true;
-}
-
-/* Puts job j's reply after data header h in one header for the data
- * message that carries the pull's last bytes (a pull with fold), and
- * counts the pull in the stats as that reply says: j->fold_hdr and its
- * length, or 0 when it cannot (no memory, or a header larger than UCX
- * takes: the reply then goes apart). */
-static size_t job_fold(ecx_producer *p, job *j, const ecx_am_data_hdr *h)
-{
-	if (p->am_hdr_max == 0)
-		p->am_hdr_max = ecx_ucx_max_am_header(ecx_ucx_worker(p->ucx));
-	ecx_pull_resp r = prod_job_resp(j, 0, NULL);
-	char *body = ecx_pull_resp_encode(&r);
-	size_t blen = body != NULL ? strlen(body) : 0;
-	size_t len = sizeof(*h) + blen;
-	if (body == NULL || len > p->am_hdr_max ||
-	    (j->fold_hdr = malloc(len)) == NULL) {
-		free(body);
-		return 0;
-	}
-	memcpy(j->fold_hdr, h, sizeof(*h));
-	memcpy(j->fold_hdr + sizeof(*h), body, blen);
-	free(body);
-	prod_job_tally(j, &j->pre_served, &j->pre_failed, &j->pre_bytes);
-	pthread_mutex_lock(&p->lock);
-	p->st.pulls++;
-	p->st.items_served += j->pre_served;
-	p->st.items_failed += j->pre_failed;
-	p->st.bytes_served += j->pre_bytes;
-	pthread_mutex_unlock(&p->lock);
-	j->folded = true;
-	return len;
-}
-
-/* Sends items i..k-1 of job j's pull (len bytes from src, neighbours in
- * both memories) as one ECX_AM_DATA message; returns what ucp_am_send_nbx
- * returned, after counting a send in flight as one of j's completions.
- * The pull's last bytes, for a pull with fold, carry its reply (job_fold)
- * and go eagerly up to FOLD_EAGER_MAX: the load is then one message each
- * way, as a socket's request and answer are. */
-static ucs_status_ptr_t data_send(ecx_producer *p, job *j, size_t i, size_t k,
-                                  void *src, uint64_t len)
-{
-	job_send *s = &j->sends[j->nsends++];
-	s->j = j;
-	s->h = (ecx_am_data_hdr){.conn = j->conn_id,
-	                         .req = j->req,
-	                         .first = (uint32_t)i,
-	                         .count = (uint32_t)(k - i)};
-	const void *hdr = &s->h;
-	size_t hlen = sizeof(s->h);
-	uint32_t flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;
-	size_t flen = j->pr.fold && j->nsends == 1 && run_is_last(j, k)
-	                  ? job_fold(p, j, &s->h)
-	                  : 0;
-	if (flen > 0) {
-		hdr = j->fold_hdr;
-		hlen = flen;
-		if (len <= FOLD_EAGER_MAX)
-			flags = UCP_AM_SEND_FLAG_EAGER;
-	}
-	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-	                                          UCP_OP_ATTR_FIELD_USER_DATA |
-	                                          UCP_OP_ATTR_FIELD_FLAGS,
-	                          .cb.send = prod_send_done,
-	                          .user_data = s,
-	                          .flags = flags};
-	ucs_status_ptr_t req =
-	    ucp_am_send_nbx(j->c->ep, ECX_AM_DATA, hdr, hlen, src, len, &rp);
-	if (req != NULL && !UCS_PTR_IS_ERR(req))
-		__atomic_add_fetch(&j->pending, 1, __ATOMIC_ACQ_REL);
-	return req;
 }
 
 /* Releases job j, taking the lock. */
@@ -384,7 +291,7 @@ static ucs_status_ptr_t run_put(job *j, size_t i, size_t k, void *src,
 }
 
 /* Posts job j's writes: each run of items that follow each other in both
- * memories (run_continues) as one put (run_put) or data send (data_send).
+ * memories (run_continues) as one put (run_put) or data send (prod_data_send).
  * An item that cannot go gets its status: no remote key, the pull expired
  * meanwhile, or its post failed. */
 static void job_post(ecx_producer *p, job *j)
@@ -421,9 +328,9 @@ static void job_post(ecx_producer *p, job *j)
 		       run_continues(j, i, k, len))
 			len += j->items[k++]->desc.nbytes;
 		void *src = (char *)p->base + it->off;
-		ucs_status_ptr_t req = j->pr.data_am
-		                           ? data_send(p, j, i, k, src, len)
-		                           : run_put(j, i, k, src, len, re);
+		ucs_status_ptr_t req =
+		    j->pr.data_am ? prod_data_send(p, j, i, k, src, len)
+		                  : run_put(j, i, k, src, len, re);
 		for (; i < k; i++)
 			if (UCS_PTR_IS_ERR(req))
 				j->status[i] = ecx_ucx_err(UCS_PTR_STATUS(req));

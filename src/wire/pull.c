@@ -95,6 +95,8 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 		cJSON_AddBoolToObject(o, "landed", true);
 	if (r->fold)
 		cJSON_AddStringToObject(o, "reply", "data");
+	if (r->fold && r->lead)
+		cJSON_AddBoolToObject(o, "lead", true);
 	if (r->token[0] != '\0')
 		cJSON_AddStringToObject(o, "token", r->token);
 	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
@@ -188,6 +190,8 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 	const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "reply");
 	r.fold = r.data_am && cJSON_IsString(f) && f->valuestring != NULL &&
 	         strcmp(f->valuestring, "data") == 0;
+	r.lead =
+	    r.fold && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "lead"));
 	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
 	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,
 	                           whylen)) != 0)

@@ -196,6 +196,10 @@ typedef struct ecx_pull_req {
 	 * the pull's bytes go in one. Producers that do not know it answer
 	 * with ECX_AM_REPLY as before. */
 	bool fold;
+	/* Sent as "lead": true (with fold): the reply may come at the front
+	 * of an eager data message's body (ecx_am_lead_hdr). Producers that
+	 * do not know it put the reply in the header as for fold alone. */
+	bool lead;
 	char token[ECX_TOKEN_MAX];
 	size_t nregions;
 	ecx_region *regions;
@@ -257,7 +261,9 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
  * For a pull with fold whose bytes all go in one data message, that
  * message's header is ecx_am_data_hdr followed by the reply's JSON (no
  * terminating NUL), and no ECX_AM_REPLY follows it unless the send
- * fails. */
+ * fails; for a pull with lead that message, when eager, may instead have
+ * the header ecx_am_lead_hdr and the reply at the front of its body
+ * (below). */
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
 #define ECX_AM_DATA 19
@@ -277,6 +283,22 @@ typedef struct ecx_am_data_hdr {
 	uint64_t conn, req;    /* as ecx_am_hdr */
 	uint32_t first, count; /* the pull's items these bytes are */
 } ecx_am_data_hdr;
+
+/* The header of a data message with the reply at the front of its body
+ * (a pull with lead, sent eagerly): the body is lead bytes (the reply's
+ * JSON, reply_len bytes, then spaces) and then the items' bytes. The
+ * producer pads so that the items' bytes start at a multiple of 64 bytes
+ * into the message as UCX frames it, where the kernel's copy into the
+ * socket and the consumer's copy out of UCX's segment run at full speed
+ * (docs/deploy.md). 32 bytes, where a data header with a reply is the 24
+ * bytes and JSON, whose last byte is never that of the magic. */
+#define ECX_AM_LEAD_MAGIC 0x4c584345u /* "ECXL" in memory order */
+typedef struct ecx_am_lead_hdr {
+	ecx_am_data_hdr d;
+	uint32_t magic; /* ECX_AM_LEAD_MAGIC */
+	uint16_t lead;  /* bytes before the items' */
+	uint16_t reply_len;
+} ecx_am_lead_hdr;
 
 /* Largest ZeroMQ message the producer accepts. */
 #define ECX_ZMQ_MAX_MSG (64 * 1024)

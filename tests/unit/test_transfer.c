@@ -1105,6 +1105,97 @@ static void test_tcp_fold(void **state)
 	producer_stop(&p);
 }
 
+/* libecx's count of data messages with the reply at the front of their
+ * body (replies.c). */
+extern uint64_t cons_lead_messages;
+
+static uint64_t lead_messages(void)
+{
+	return __atomic_load_n(&cons_lead_messages, __ATOMIC_RELAXED);
+}
+
+/* One load of id (nbytes) into dst, every byte checked; the data, reply
+ * and lead messages it took, added to d, r and l. */
+static void lead_load(ecx_consumer *c, const char *id, size_t nbytes, char *dst,
+                      uint64_t *d, uint64_t *r, uint64_t *l)
+{
+	ecx_item it;
+	memset(&it, 0, sizeof(it));
+	it.id = id;
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	assert_int_equal(it.status, 0);
+	assert_int_equal(it.desc.nbytes, nbytes);
+	it.dst = dst;
+	memset(dst, 0x5a, nbytes);
+	uint64_t d0 = data_messages(), r0 = reply_messages();
+	uint64_t l0 = lead_messages();
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	*d += data_messages() - d0;
+	*r += reply_messages() - r0;
+	*l += lead_messages() - l0;
+	assert_true(tu_check(id, dst, nbytes));
+}
+
+/* A pull of one 64 KiB item over TCP ("lead": true) gets its reply at
+ * the front of the data message's body, whatever the destination's
+ * alignment (the consumer copies out of UCX's segment downwards at some
+ * distances: destinations at every offset 0..127 from a page, every byte
+ * checked); one of 1 MiB (rendezvous) gets padding there, received apart,
+ * and the reply after the lead header; a pull of two messages, neither.
+ * A consumer that does not ask for
+ * lead, as an older one (ECX_TEST_NO_LEAD), gets the reply in the data
+ * header, still one message each way, and no padding. */
+static void test_tcp_lead(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	producer_put(&p, "l64", "uint8", "65536", "ok");
+	producer_put(&p, "l1m", "uint8", "1048576", "ok");
+	producer_put(&p, "l1n", "uint8", "1048576", "ok");
+	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	char *buf = aligned_alloc(4096, (1u << 20) + 8192);
+	assert_non_null(buf);
+	uint64_t d = 0, r = 0, l = 0;
+	for (int off = 0; off < 128; off++)
+		lead_load(c, "l64", 65536, buf + off, &d, &r, &l);
+	assert_int_equal(d, 128);
+	assert_int_equal(r, 0);
+	assert_int_equal(l, 128);
+	d = r = l = 0;
+	for (int off = 0; off < 128; off += 16)
+		lead_load(c, "l1m", 1u << 20, buf + off, &d, &r, &l);
+	assert_int_equal(d, 8);
+	assert_int_equal(r, 0);
+	assert_int_equal(l, 8);
+	/* A pull of two messages: neither padded, the reply apart. */
+	uint64_t l0 = lead_messages();
+	const char *two[] = {"l1m", "l1n"};
+	const int ok2[] = {0, 0};
+	fold_load(c, two, 2, ok2, &d, &r);
+	assert_int_equal(d, 2);
+	assert_int_equal(r, 1);
+	assert_int_equal(lead_messages() - l0, 0);
+	ecx_consumer_destroy(c);
+	setenv("ECX_TEST_NO_LEAD", "1", 1);
+	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	unsetenv("ECX_TEST_NO_LEAD");
+	d = r = l = 0;
+	lead_load(c, "l64", 65536, buf + 16, &d, &r, &l);
+	assert_int_equal(d, 1);
+	assert_int_equal(r, 0);
+	assert_int_equal(l, 0);
+	d = r = l = 0;
+	lead_load(c, "l1m", 1u << 20, buf + 16, &d, &r, &l);
+	assert_int_equal(d, 1);
+	assert_int_equal(r, 0);
+	assert_int_equal(l, 0);
+	assert_int_equal(producer_stat(&p, "served"), 128 + 8 + 2 + 1 + 1);
+	ecx_consumer_destroy(c);
+	free(buf);
+	producer_stop(&p);
+}
+
 static void test_slow_producer_arena(void **state)
 {
 	slow_producer(transport_of(state), true);
@@ -1878,6 +1969,7 @@ static const struct CMUnitTest tcp_only[] = {
     cmocka_unit_test(test_tcp_data_ways),
     cmocka_unit_test(test_tcp_data_runs),
     cmocka_unit_test(test_tcp_fold),
+    cmocka_unit_test(test_tcp_lead),
 };
 static const struct CMUnitTest shm_only[] = {
     cmocka_unit_test(test_producer_gone_shm_mid_load),

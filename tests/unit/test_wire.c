@@ -654,6 +654,30 @@ static void test_pull_roundtrip(void **state)
 	assert_int_equal(b.hash, ECX_HASH_DEFAULT);
 	assert_false(b.landed); /* only true is true */
 	ecx_pull_req_free(&b);
+	/* "lead" goes with "reply": "data" only, and reads back only with it
+	 * and as true; an older pull (without it) reads as no lead. */
+	r.data_am = r.fold = r.lead = true;
+	s = ecx_pull_req_encode(&r);
+	assert_non_null(strstr(s, "\"lead\":true"));
+	assert_int_equal(ecx_pull_req_decode(s, strlen(s), &b, why, 160), 0);
+	assert_true(b.fold && b.lead);
+	ecx_pull_req_free(&b);
+	free(s);
+	r.fold = false;
+	s = ecx_pull_req_encode(&r);
+	assert_null(strstr(s, "\"lead\""));
+	free(s);
+	r.data_am = r.lead = false;
+	const char *nofold = "{\"op\":\"pullv\",\"req\":1,\"data\":\"am\","
+	                     "\"lead\":true,\"regions\":[],\"items\":[]}";
+	assert_int_equal(
+	    ecx_pull_req_decode(nofold, strlen(nofold), &b, why, 160), 0);
+	assert_false(b.lead); /* no fold: no lead */
+	ecx_pull_req_free(&b);
+	assert_int_equal(
+	    ecx_pull_req_decode(older, strlen(older), &b, why, 160), 0);
+	assert_false(b.lead);
+	ecx_pull_req_free(&b);
 	r.hash = ECX_HASH_DEFAULT;
 	r.landed = false;
 	s = ecx_pull_req_encode(&r);
