@@ -648,12 +648,14 @@ ECX_API int ecx_load_test(ecx_load *l);
 ECX_API int ecx_load_wait(ecx_load *l);
 
 /* ecx_consumer_load_notify starts loading the n items and returns at once
- * with the load in *out, never waiting for a handshake: where every
+ * with the load in *out, without waiting for a handshake: where every
  * producer is connected its pulls go from this call, as
  * ecx_consumer_load_start's; else a thread of the library's makes the
- * connections and sends them. That thread then sleeps while the progress
- * thread and callers' ecx_load_test progress the load (it takes no core
- * while the bytes move) and ends it as ecx_load_wait does (failover and
+ * connections and sends them (where a connection fails between the check
+ * and the send, this call makes the handshake itself, within timeout_ms).
+ * That thread then polls every 20 us, not driving the transfer, while the
+ * progress thread and callers' ecx_load_test progress the load, and ends
+ * it as ecx_load_wait does (failover and
  * integrity check included, within the same bounds), unless a caller's
  * ecx_load_test found every item loaded with nothing left to check and
  * ended it first. Whichever ends it then, where fd is a socket (-1: none),

@@ -115,7 +115,7 @@ static void bg_end(struct cons_bgload *b, ecx_load *l)
 {
 	int rc = cons_load_wait(l);
 	if (rc != 0)
-		snprintf(b->why, sizeof(b->why), "%s", ecx_last_error());
+		snprintf(b->why, sizeof(b->why), "%s", core_last_error());
 	b->rc = rc;
 	/* Ended before it is said, so a caller that hears of the end finds
 	 * it ended (the thread still runs: the wait joins it). */
@@ -142,7 +142,7 @@ static void *bg_main(void *arg)
 			for (size_t i = 0; i < b->n; i++)
 				b->items[i].status = rc;
 			snprintf(b->why, sizeof(b->why), "%s",
-			         ecx_last_error());
+			         core_last_error());
 			b->rc = rc;
 			__atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
 			if (b->fd >= 0)

@@ -261,9 +261,9 @@ void ecx_pull_resp_free(ecx_pull_resp *r);
  * For a pull with fold whose bytes all go in one data message, that
  * message's header is ecx_am_data_hdr followed by the reply's JSON (no
  * terminating NUL), and no ECX_AM_REPLY follows it unless the send
- * fails; for a pull with lead that message, when eager, may instead have
- * the header ecx_am_lead_hdr and the reply at the front of its body
- * (below). */
+ * fails; for a pull with lead that message may instead have the header
+ * ecx_am_lead_hdr (below): eager, with the reply at the front of its
+ * body; by rendezvous, with padding before the items' bytes. */
 #define ECX_AM_PULL 17
 #define ECX_AM_REPLY 18
 #define ECX_AM_DATA 19
@@ -290,8 +290,11 @@ typedef struct ecx_am_data_hdr {
  * producer pads so that the items' bytes start at a multiple of 64 bytes
  * into the message as UCX frames it, where the kernel's copy into the
  * socket and the consumer's copy out of UCX's segment run at full speed
- * (docs/deploy.md). 32 bytes, where a data header with a reply is the 24
- * bytes and JSON, whose last byte is never that of the magic. */
+ * (docs/deploy.md). Sent by rendezvous (a pull's only data message up to
+ * 2 MiB) it has reply_len 0, the reply's JSON (if any) after it in the
+ * header, and a body of lead bytes of padding before the items' bytes.
+ * 32 bytes; a data header with a reply is 24 bytes and JSON, which
+ * starts with '{', never with the magic's first byte. */
 #define ECX_AM_LEAD_MAGIC 0x4c584345u /* "ECXL" in memory order */
 typedef struct ecx_am_lead_hdr {
 	ecx_am_data_hdr d;

@@ -282,6 +282,7 @@ class ReservationTable:
                     or r.buf is None or r.fetching):
                 return None
             r.fetching = True
+            self._close(r)  # the pull fills it: no Mooncake write lands
             return r
 
     def fetch_done(self, r, landed, verify=None):

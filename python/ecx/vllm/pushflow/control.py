@@ -26,8 +26,11 @@ def replace_port(addr, port):
 
 class Control:
     """base: tcp://ec_ip:port of the replica's rank 0. on_shards(list of
-    (shard port, event endpoint)) is called once from this thread when
-    discovery has succeeded; cancel(transfer_ids) queues cancels."""
+    (shard port, event endpoint), number of shards) is called from this
+    thread for the shards whose event ports it has learnt: once peers has
+    answered, a shard that does not answer event_port (stopped, slow) is
+    asked again between cancels, so the live shards' events are heard
+    meanwhile; cancel(transfer_ids) queues cancels."""
 
     def __init__(self, base, timeout_s, token, on_shards):
         self.base = base
@@ -38,7 +41,8 @@ class Control:
         self._socks = {}
         self._q = queue.Queue()
         self._stop = threading.Event()
-        self.shards = None  # [shard address]
+        self.shards = None  # [shard address], once peers has answered
+        self._unknown = {}  # shard address -> port: event port not known
         self.pending = 0  # cancels queued or being sent
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -73,14 +77,22 @@ class Control:
         return reply.get("result")
 
     def _discover(self):
-        ports = self._call(self.base, {"op": "peers"})["ports"]
-        addrs = [replace_port(self.base, p) for p in ports]
+        if self.shards is None:
+            ports = self._call(self.base, {"op": "peers"})["ports"]
+            addrs = [replace_port(self.base, p) for p in ports]
+            self._unknown = dict(zip(addrs, ports))
+            self.shards = addrs
         found = []
-        for a, p in zip(addrs, ports):
-            ev = int(self._call(a, {"op": "event_port"}))
+        for a, p in list(self._unknown.items()):
+            try:
+                ev = int(self._call(a, {"op": "event_port"}))
+            except Exception as e:  # noqa: BLE001 - asked again later
+                logger.debug("ECXConnector: event_port of %s: %s", a, e)
+                continue
+            del self._unknown[a]
             found.append((int(p), replace_port(a, ev)))
-        self.shards = addrs
-        self._on_shards(found)
+        if found:
+            self._on_shards(found, len(self.shards))
 
     def _run(self):
         while not self._stop.is_set() and self.shards is None:
@@ -91,8 +103,10 @@ class Control:
                              self.base, e)
                 self._stop.wait(RETRY_S)
         while not self._stop.is_set():
+            if self._unknown:
+                self._discover()
             try:
-                ids = self._q.get(timeout=0.1)
+                ids = self._q.get(timeout=RETRY_S if self._unknown else 0.1)
             except queue.Empty:
                 continue
             for tid in ids:

@@ -28,6 +28,7 @@ push's event calls too).
 import collections
 import json
 import logging
+import queue
 import time
 
 import zmq
@@ -102,20 +103,19 @@ class PushScheduler:
         self._nshards = tp
         self._ctx = zmq.Context()
         self._sock = event_socket(self._ctx, pcfg.token)
-        self._found = None
+        self._found = queue.SimpleQueue()  # (endpoints, shards) found
         self.control = Control(pcfg.base_addr(dp_rank, tp),
                                pcfg.control_timeout_s, pcfg.token,
                                self._shards_found)
 
     # ---- events ----
 
-    def _shards_found(self, found):
-        self._found = found  # read (and connected) by the scheduler thread
+    def _shards_found(self, found, nshards):
+        self._found.put((found, nshards))  # connected by the scheduler
 
     def _drain(self):
-        if self._found is not None:
-            found, self._found = self._found, None
-            self._nshards = len(found)
+        while not self._found.empty():
+            found, self._nshards = self._found.get()
             for _, endpoint in found:
                 self._sock.connect(endpoint)
         sock = self._sock
