@@ -34,27 +34,36 @@ class FakeClock:
         self.t += s
 
 
+def start_pool_shards(pools, dp=0, ip="127.0.0.1", **kw):
+    """A shard per pool (rank r over pools[r]) of DP replica dp, on
+    consecutive free ports; retried on a port taken."""
+    tp = len(pools)
+    for _ in range(50):
+        ec_port = random.randint(20000, 60000 - tp * (dp + 1))
+        shards = []
+        try:
+            for r, pool in enumerate(pools):
+                shards.append(ControlShard(
+                    pool, ec_ip=ip, ec_port=ec_port, dp_rank=dp, tp_size=tp,
+                    tp_rank=r, **kw).start())
+            return shards
+        except RuntimeError:
+            for s in shards:
+                s.stop(0)
+    raise RuntimeError("no free ports for the shards")
+
+
 def start_shards(tp=1, dp=0, pool_size=1 << 20, sizes=None, clock=None,
                  ip="127.0.0.1", **kw):
     """tp shards of DP replica dp on consecutive free ports; pool i of
     sizes[i] bytes (pool_size each unless given)."""
     clock = clock or FakeClock()
-    for _ in range(50):
-        ec_port = random.randint(20000, 60000 - tp * (dp + 1))
-        shards = []
-        try:
-            for r in range(tp):
-                size = sizes[r] if sizes else pool_size
-                pool = BufferPool(bytearray(size + 256), SESSION, clock,
-                                  size=size)
-                shards.append(ControlShard(
-                    pool, ec_ip=ip, ec_port=ec_port, dp_rank=dp, tp_size=tp,
-                    tp_rank=r, clock=clock, **kw).start())
-            return shards, clock
-        except RuntimeError:
-            for s in shards:
-                s.stop(0)
-    raise RuntimeError("no free ports for the shards")
+    pools = []
+    for r in range(tp):
+        size = sizes[r] if sizes else pool_size
+        pools.append(BufferPool(bytearray(size + 256), SESSION, clock,
+                                size=size))
+    return start_pool_shards(pools, dp=dp, ip=ip, clock=clock, **kw), clock
 
 
 class Ctl:

@@ -14,9 +14,10 @@ import pytest
 
 import ecx
 import pushkit  # noqa: F401  (the vllm stub and tests/interop on sys.path)
-from ecx.vllm.push import ArenaPool, ControlShard
+from ecx.vllm.push import ArenaPool
 from ecx.vllm.push.pusher import PushSpec, Pusher
-from pushkit import Ctl, item, pull, recv_events, start_shards
+from pushkit import (Ctl, item, pull, recv_events, start_pool_shards,
+                     start_shards)
 from upstream_encoder import EventSubscriber, Item, UpstreamEncoder
 
 HIDDEN = 512
@@ -35,17 +36,7 @@ class Prefill:
                                        timeout_ms=timeout_ms, token=token)
                           for _ in range(tp)]
         self.pools = [ArenaPool(c) for c in self.consumers]
-        for _ in range(50):
-            port, self.shards = random.randint(20000, 60000 - tp), []
-            try:
-                for r, pool in enumerate(self.pools):
-                    self.shards.append(ControlShard(
-                        pool, ec_port=port, tp_size=tp, tp_rank=r,
-                        token=token).start())
-                break
-            except RuntimeError:
-                for s in self.shards:
-                    s.stop(0)
+        self.shards = start_pool_shards(self.pools, token=token)
         self.base = self.shards[0].endpoint
 
     def close(self):

@@ -11,9 +11,10 @@ import pytest
 
 import ecx
 import pushkit  # noqa: F401  (the vllm stub and tests/interop on sys.path)
-from ecx.vllm.push import ArenaPool, ControlShard
+from ecx.vllm.push import ArenaPool
 from ecx.vllm.push.pusher import (PushSpec, Pusher, finished_map,
                                   specs_from_params)
+from pushkit import start_pool_shards
 from upstream_consumer import Shard
 from upstream_encoder import EventSubscriber
 
@@ -86,17 +87,7 @@ class EcxPrefill:
         self.consumers = [ecx.Consumer(url, recv_capacity=16 << 20)
                           for _ in range(tp)]
         self.pools = [ArenaPool(c) for c in self.consumers]
-        for _ in range(50):
-            port, self.shards = free_port(tp), []
-            try:
-                for r, pool in enumerate(self.pools):
-                    self.shards.append(ControlShard(
-                        pool, ec_port=port, tp_size=tp, tp_rank=r,
-                        token=token).start())
-                break
-            except RuntimeError:
-                for s in self.shards:
-                    s.stop(0)
+        self.shards = start_pool_shards(self.pools, token=token)
         self.base = self.shards[0].endpoint
 
     def close(self):
