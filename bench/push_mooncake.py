@@ -1,20 +1,33 @@
-"""Pushes over Mooncake's TCP wire on loopback against raw TCP, same run.
+"""Pushes over Mooncake's TCP wire against raw TCP, same run.
 
-For each size (64 KiB, 1 MiB, 7 MiB): an ecx Producer holds the item; an
-ecx Consumer's receive arena behind a ControlShard (ArenaPool) gives a
-reservation; rows:
+For each size (64 KiB, 1 MiB, 7 MiB): an ecx Producer in this process holds
+the item; an ecx Consumer's receive arena behind a ControlShard
+(ArenaPool), in a process of its own (the consumer side, as a prefill is),
+gives a reservation; rows:
   write  Producer.push into the open reservation (one acknowledged
          Mooncake WRITE from the C writer into the C receiver), median of N;
   push   the whole push through ecx.vllm.push.pusher (reserve, write,
          complete_batch) of a fresh transfer_id each time, median of N;
   8x     eight writes of the item one after another (Producer.push) and
          as one Producer.push_batch (up to four in flight);
-  tcp    raw TCP on loopback: n bytes sent, received in full into a
-         preallocated buffer, one byte back (Python sockets), median of N.
+  tcp    raw TCP to the same consumer process: n bytes sent, received in
+         full into a preallocated buffer, one byte back (Python sockets),
+         median of N.
 Ratios are tcp_time / ecx_time (1.0: as fast as raw TCP).
-Run: PYTHONPATH=python ECX_LIBRARY=build/libecx.so /usr/bin/python3 bench/push_mooncake.py
+
+On loopback:
+  PYTHONPATH=python ECX_LIBRARY=build/libecx.so /usr/bin/python3 bench/push_mooncake.py
+Across two hosts (bench/two_hosts.sh runs it so with PUSH=1: the consumer
+side in namespace B, this process in A):
+  bench/push_mooncake.py --consumer-wrap 'CMD' --consumer-host ADDR \
+      --producer-host ADDR
+where CMD (split on spaces) starts the consumer side where it should run.
 """
+import argparse
+import json
 import os
+import struct
+import subprocess
 import socket
 import statistics
 import sys
@@ -35,26 +48,57 @@ SIZES = [64 << 10, 1 << 20, 7 << 20]
 N = int(os.environ.get("N", "40"))
 
 
-def tcp_rtt(n, reps):
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(1)
-    buf = bytearray(n)
-    view = memoryview(buf)
-
-    def serve():
-        c, _ = ls.accept()
+def tcp_sink(ls):
+    """The raw TCP baseline's receiving end (in the consumer side): per
+    connection a header (n, reps), then reps times n bytes received in full
+    into one buffer and a byte back."""
+    while True:
+        try:
+            c, _ = ls.accept()
+        except OSError:
+            return
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        n, reps = struct.unpack("<QQ", c.recv(16, socket.MSG_WAITALL))
+        view = memoryview(bytearray(n))
         for _ in range(reps):
             got = 0
             while got < n:
                 got += c.recv_into(view[got:], n - got)
             c.sendall(b"k")
         c.close()
-    t = threading.Thread(target=serve)
-    t.start()
-    s = socket.create_connection(ls.getsockname())
+
+
+def consumer_side(host):
+    """Runs a ControlShard over a Consumer's receive arena and the raw TCP
+    sink, both on host; prints their addresses as one JSON line; serves
+    until stdin closes."""
+    import random
+    cons = ecx.Consumer(None, recv_capacity=32 << 20, mooncake_host=host)
+    pool = ArenaPool(cons)
+    for _ in range(50):
+        try:
+            shard = ControlShard(pool, ec_ip=host,
+                                 ec_port=random.randint(20000, 60000))
+            shard.start()
+            break
+        except RuntimeError:
+            pass
+    ls = socket.socket()
+    ls.bind((host, 0))
+    ls.listen(1)
+    threading.Thread(target=tcp_sink, args=(ls,), daemon=True).start()
+    print(json.dumps({"endpoint": shard.endpoint,
+                      "tcp": [host, ls.getsockname()[1]]}), flush=True)
+    sys.stdin.read()
+    ls.close()
+    shard.stop(0)
+    cons.close()
+
+
+def tcp_rtt(addr, n, reps):
+    s = socket.create_connection(tuple(addr))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(struct.pack("<QQ", n, reps))
     data = os.urandom(n)
     out = []
     for _ in range(reps):
@@ -63,22 +107,35 @@ def tcp_rtt(n, reps):
         s.recv(1)
         out.append(time.perf_counter() - t0)
     s.close()
-    t.join()
-    ls.close()
     return statistics.median(out)
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--consumer-wrap", default="",
+                    help="command (split on spaces) that starts the "
+                    "consumer side where it runs (default: none)")
+    ap.add_argument("--consumer-host", default="127.0.0.1")
+    ap.add_argument("--producer-host", default="127.0.0.1")
+    ap.add_argument("--consumer-side", action="store_true",
+                    help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.consumer_side:
+        return consumer_side(a.consumer_host)
     import torch
-    prod = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
+    child = subprocess.Popen(
+        a.consumer_wrap.split() + [sys.executable, os.path.abspath(__file__),
+                                   "--consumer-side", "--consumer-host",
+                                   a.consumer_host],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    side = json.loads(child.stdout.readline())
+    endpoint = side["endpoint"]
+    prod = ecx.Producer(capacity_bytes=64 << 20, bind_host=a.producer_host,
                         registry_port=0, mooncake=True)
-    url = f"http://127.0.0.1:{prod.registry_port}"
-    cons = ecx.Consumer(url, recv_capacity=32 << 20)
-    pool = ArenaPool(cons)
-    shard = ControlShard(pool, ec_port=23000 + os.getpid() % 20000).start()
     # Mooncake's wire, not ecx's fetch (bench/push_shm.py)
     pusher = Pusher(prod, control_timeout_s=5.0, fetch=False)
-    print(f"# {os.popen('uptime').read().strip()}")
+    print(f"# {os.popen('uptime').read().strip()}; producer "
+          f"{a.producer_host}, consumer {a.consumer_host}")
     print("size      write_ms  push_ms  tcp_ms  tcp/write  tcp/push"
           "  8x_seq_ms  8x_batch_ms")
     for n in SIZES:
@@ -86,7 +143,7 @@ def main():
         prod.put(mm, torch.frombuffer(bytearray(os.urandom(n)),
                                       dtype=torch.uint8))
         spec = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
-        assert pusher.reserve(shard.endpoint, [spec]) == [spec]
+        assert pusher.reserve(endpoint, [spec]) == [spec]
         r = next(iter(spec.shards.values()))
         w = []
         for _ in range(N):
@@ -103,24 +160,24 @@ def main():
             t0 = time.perf_counter()
             assert prod.push_batch(eight) == [0] * 8
             par.append(time.perf_counter() - t0)
-        pusher.abandon(shard.endpoint, [spec])
+        pusher.abandon(endpoint, [spec])
         p = []
         for _ in range(N):
             s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
             t0 = time.perf_counter()
-            assert pusher.push(shard.endpoint, [s]) == [], s.error
+            assert pusher.push(endpoint, [s]) == [], s.error
             p.append(time.perf_counter() - t0)
-            pusher.abandon(shard.endpoint, [s])
-        tcp = tcp_rtt(n, N)
+            pusher.abandon(endpoint, [s])
+        tcp = tcp_rtt(side["tcp"], n, N)
         wm, pm = statistics.median(w), statistics.median(p)
         print(f"{n >> 10:>6} KiB {wm * 1e3:8.3f} {pm * 1e3:8.3f} "
               f"{tcp * 1e3:7.3f} {tcp / wm:9.2f}x {tcp / pm:8.2f}x "
               f"{statistics.median(seq) * 1e3:10.3f} "
-              f"{statistics.median(par) * 1e3:12.3f}")
+              f"{statistics.median(par) * 1e3:12.3f}", flush=True)
     pusher.close()
-    shard.stop(0)
-    cons.close()
     prod.close()
+    child.stdin.close()
+    child.wait(30)
 
 
 if __name__ == "__main__":

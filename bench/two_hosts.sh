@@ -17,7 +17,9 @@
 # /usr/bin/python3.
 #
 # VIA (default tcp) is the rows' --via: VIA=tcp,mooncake adds the rows over
-# Mooncake's wire (the reference's pull) beside them, same run.
+# Mooncake's wire (the reference's pull) beside them, same run. PUSH=1 adds
+# pushes over Mooncake's wire (bench/push_mooncake.py) after them, PUSH=only
+# runs those alone.
 #
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
@@ -114,6 +116,29 @@ perftest_client() {
 			last = $0 } END { print t, sz, last }' \
 			>>"$work/perftest$5.txt"
 }
+# PUSH=1 (or only): pushes over Mooncake's wire across the same pair,
+# bench/push_mooncake.py RUNS times, its consumer side in B, its producer
+# and raw TCP sender in A (PUSH=only: nothing else).
+push_runs() {
+	lib=${ECX_LIBRARY:-$(dirname "$ECX")/../libecx.so}
+	here=$(dirname "$(readlink -f "$0")")
+	for r in $(seq "$RUNS"); do
+		echo "## push run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+		bg_wait timeout -k 5 300 env ECX_LIBRARY="$(readlink -f "$lib")" \
+			PYTHONPATH="$here/../python" "$work/in_ns" "$A" "$PY" \
+			"$here/push_mooncake.py" --consumer-wrap "$work/in_ns $B" \
+			--consumer-host 192.0.2.2 --producer-host 192.0.2.1 || {
+			echo "two_hosts.sh: push run $r failed" >&2
+			exit 1
+		}
+	done
+}
+if [ "${PUSH:-0}" = only ]; then
+	echo "# pushes across two hosts: namespaces joined by a veth," \
+		"$(nproc) cores, $RUNS runs"
+	push_runs
+	exit 0
+fi
 echo "# two hosts: namespaces joined by a veth, $(nproc) cores, $RUNS runs," \
 	"load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$RUNS"); do
@@ -244,3 +269,6 @@ for key in sorted(k for k in rows if k[0] == "7MiB" and k[2] == "warm"):
                   " ".join("%.2f" % x for x in q)))
 PY
 echo "$line (the streams are Python threads: the sending and receiving are system calls that run in parallel)"
+if [ "${PUSH:-0}" = 1 ]; then
+	push_runs
+fi

@@ -198,6 +198,26 @@ class Pusher:
         self.pool.shutdown()
         self.ctl.close()
 
+    def _run_all(self, calls):
+        """Runs calls ([(fn, arg, ...)]) at once, all but the last on the
+        pool and the last in this thread (one shard's op then costs no
+        hand-over between threads: about 0.1 ms each way on two busy
+        cores); returns, in order, what each returned or raised."""
+        futs = [self.pool.submit(*c) for c in calls[:-1]]
+        last = []
+        if calls:
+            try:
+                last.append(calls[-1][0](*calls[-1][1:]))
+            except Exception as e:
+                last.append(e)
+        out = []
+        for f in futs:
+            try:
+                out.append(f.result())
+            except Exception as e:
+                out.append(e)
+        return out + last
+
     # ---- discovery ----
 
     def shards(self, consumer_zmq):
@@ -246,9 +266,11 @@ class Pusher:
             for s in specs:
                 s.error = f"no shards at {consumer_zmq}: {e}"
             return []
-        futs = {a: self.pool.submit(self._reserve_on, a, specs)
-                for a in addrs}
-        answers = {a: f.result() for a, f in futs.items()}
+        got = self._run_all([(self._reserve_on, a, specs) for a in addrs])
+        for g in got:
+            if isinstance(g, Exception):
+                raise g
+        answers = dict(zip(addrs, got))
         good = []
         for k, spec in enumerate(specs):
             for a in addrs:
@@ -282,11 +304,12 @@ class Pusher:
         for spec in specs:
             for a in addrs or list(spec.shards):
                 rid = (spec.shards.get(a) or {}).get("reservation_id", "")
-                jobs.append(self.pool.submit(self._cancel, a, {
+                jobs.append((self._cancel, a, {
                     "op": "cancel", "transfer_id": spec.transfer_id,
                     "reservation_id": rid or "", "abandon": True}))
-        for j in jobs:
-            j.result()
+        for g in self._run_all(jobs):
+            if isinstance(g, Exception):
+                raise g
 
     def _refresh(self, consumer_zmq, spec):
         now = self.clock()
@@ -349,23 +372,26 @@ class Pusher:
                 raise ControlError(
                     f"{len(bad)} of {len(batch)} writes failed: "
                     f"{getattr(self.producer, 'last_push_error', '')}")
-            futs = [(a, "completed", len(entries),
-                     self.pool.submit(self.ctl.call, a, {
-                         "op": "complete_batch",
-                         "items": [_complete_item(s, r) for s, r in entries]}))
-                    for a, entries in writes.items()]
-            futs += [(a, "fetching", len(entries),
-                      self.pool.submit(self.ctl.call, a, {
-                          "op": "ecx_fetch",
-                          "ecx_producer": self.producer.address,
-                          "items": [_complete_item(s, r)
-                                    for s, r in entries]}))
-                     for a, entries in fetches.items()]
+            ops = [(a, "completed", len(entries), {
+                "op": "complete_batch",
+                "items": [_complete_item(s, r) for s, r in entries]})
+                for a, entries in writes.items()]
+            ops += [(a, "fetching", len(entries), {
+                "op": "ecx_fetch", "ecx_producer": self.producer.address,
+                "items": [_complete_item(s, r) for s, r in entries]})
+                for a, entries in fetches.items()]
+            got = self._run_all([(self.ctl.call, a, req)
+                                 for a, _, _, req in ops])
             errors = []
-            for a, key, n, f in futs:
+            for (a, key, n, _), g in zip(ops, got):
+                if isinstance(g, (ControlError, KeyError, TypeError)):
+                    errors.append(str(g))
+                    continue
+                if isinstance(g, Exception):
+                    raise g
                 try:
-                    done = f.result()["items"]
-                except (ControlError, KeyError, TypeError) as e:
+                    done = g["items"]
+                except (KeyError, TypeError) as e:
                     errors.append(str(e))
                     continue
                 if len(done) != n or not all(
