@@ -653,9 +653,9 @@ ECX_API int ecx_load_wait(ecx_load *l);
  * ecx_consumer_load_start's; else a thread of the library's makes the
  * connections and sends them (where a connection fails between the check
  * and the send, this call makes the handshake itself, within timeout_ms).
- * That thread then polls every 20 us, not driving the transfer, while the
- * progress thread and callers' ecx_load_test progress the load, and ends
- * it as ecx_load_wait does (failover and
+ * That thread then waits for the load as ecx_load_wait does, driving the
+ * transfer itself (polling the worker, yielding its core between polls,
+ * sleeping between them after 2 ms), and ends it so (failover and
  * integrity check included, within the same bounds), unless a caller's
  * ecx_load_test found every item loaded with nothing left to check and
  * ended it first. Whichever ends it then, where fd is a socket (-1: none),
