@@ -42,16 +42,55 @@ static void pconn_fail_locked(ecx_consumer *c, pconn *pc, int err,
 	}
 }
 
+bool cons_pconn_idle(const pconn *pc, uint64_t now_ms)
+{
+	return pc->idle_ms != 0 && now_ms > pc->used_ms &&
+	       now_ms - pc->used_ms > pc->idle_ms / 2;
+}
+
+/* Why an error UCX reports on pc's endpoint is no failure, or NULL when
+ * it is one. UCX reports the peer closing its end as an error too (over
+ * TCP "Endpoint timeout": the producer closed the socket), and the
+ * producer closes its end after a goodbye and when the connection idles
+ * (prod_conns_reap). Neither is a failure where no load uses the
+ * connection: it is ecx's own doing, or a connection no load sends on any
+ * more (cons_pconn_idle), the next load makes a new one. A pull in flight
+ * on it, or about to go, makes it a failure whatever the cause: that load
+ * fails. Called with c->lock. */
+static const char *pconn_error_expected(const ecx_consumer *c, const pconn *pc,
+                                        uint64_t now_ms)
+{
+	if (pc->users > 0)
+		return NULL;
+	for (const pull *q = c->inflight; q != NULL; q = q->next)
+		if (q->pc == pc && !q->zombie)
+			return NULL;
+	if (pc->bye_sent)
+		return "after its goodbye";
+	if (pc->failed)
+		return "given up before";
+	if (cons_pconn_idle(pc, now_ms))
+		return "idle";
+	return NULL;
+}
+
 static void pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
 	(void)ep;
 	pconn *pc = arg;
 	ecx_consumer *c = pc->c;
-	ecx_warn(MOD, "connection to producer %s failed: %s", pc->address,
-	         ucs_status_string(st));
 	pthread_mutex_lock(&c->lock);
+	const char *expected = pconn_error_expected(c, pc, ecx_now_ms());
 	pconn_fail_locked(c, pc, ECX_ECLOSED, NULL);
 	pthread_mutex_unlock(&c->lock);
+	if (expected != NULL)
+		ecx_debug(MOD,
+		          "connection to producer %s closed (%s, no load on "
+		          "it): %s",
+		          pc->address, expected, ucs_status_string(st));
+	else
+		ecx_warn(MOD, "connection to producer %s failed: %s",
+		         pc->address, ucs_status_string(st));
 }
 
 /* ---- producers that exit (shared memory) ---- */
@@ -252,8 +291,7 @@ static pconn *pconn_find(ecx_consumer *c, want *w, uint64_t now_ms,
 		 * closing it, and a pull on a closed connection is lost. */
 		bool restarted = w->epoch != 0 && pc->epoch != w->epoch &&
 		                 pc->stale_epoch != w->epoch;
-		bool idle = pc->idle_ms != 0 && now_ms > pc->used_ms &&
-		            now_ms - pc->used_ms > pc->idle_ms / 2;
+		bool idle = cons_pconn_idle(pc, now_ms);
 		if (pc->failed || restarted || idle) {
 			bool zombies_only = false;
 			/* One with a goodbye in flight is its caller's to
@@ -271,6 +309,7 @@ static pconn *pconn_find(ecx_consumer *c, want *w, uint64_t now_ms,
 			if (zombies_only && !pc->byeing && bye != NULL &&
 			    *nbye < bye_cap) {
 				pc->byeing = true;
+				pc->bye_sent = true;
 				bye[(*nbye)++] = pc;
 			}
 			pp = &pc->next;
@@ -634,6 +673,7 @@ void cons_pconns_bye(ecx_consumer *c)
 		    pconn_gone_locked(c, pc))
 			continue;
 		pc->byeing = true;
+		pc->bye_sent = true;
 		pcs[k] = pc;
 		msgs[k] = ecx_zreq_encode_bye(pc->id, pc->epoch, c->token);
 		k++;

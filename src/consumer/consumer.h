@@ -80,6 +80,9 @@ typedef struct pconn {
 	bool has_clock;  /* false for a producer that sent no clock */
 	bool connecting; /* a placeholder: its hello is in flight */
 	bool byeing;     /* a goodbye for it is in flight */
+	/* A goodbye for it was sent: the producer closes its end, so an
+	 * error on ep is no failure from then on (pconn_on_error). */
+	bool bye_sent;
 	/* The producer closes a connection idle for idle_ms (0: never said);
 	 * one idle for half that is replaced before it is used. */
 	uint64_t idle_ms, used_ms;
@@ -109,6 +112,12 @@ typedef struct dead_peer {
 	long pid;
 	bool bye; /* it said goodbye (ECX_AM_BYE), rather than exited */
 } dead_peer;
+
+/* Whether pc has been idle at now_ms for more than half the producer's
+ * bound (idle_ms, from its hello): the producer may be closing it, so no
+ * load sends on it any more (a pull on a closed connection is lost); it
+ * is replaced. Called with c->lock. */
+bool cons_pconn_idle(const pconn *pc, uint64_t now_ms);
 
 /* Checks every watched connection (at most once a millisecond, unless
  * force): one whose producer has exited is failed, its pulls in flight

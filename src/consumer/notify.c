@@ -178,9 +178,7 @@ static bool bg_connected(ecx_consumer *c, const ecx_item *items, size_t n)
 			bool restarted = x->epoch != 0 &&
 			                 pc->epoch != x->epoch &&
 			                 pc->stale_epoch != x->epoch;
-			bool idle = pc->idle_ms != 0 && now_ms > pc->used_ms &&
-			            now_ms - pc->used_ms > pc->idle_ms / 2;
-			ok = !restarted && !idle;
+			ok = !restarted && !cons_pconn_idle(pc, now_ms);
 		}
 	}
 	pthread_mutex_unlock(&c->lock);

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "common/fixture.h"
+#include "core/core.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -69,6 +70,67 @@ static ecx_consumer *consumer_checking(const char *url, const char *transport)
 	if (ecx_consumer_create(&cp, &c, why, sizeof(why)) != 0)
 		fail_msg("consumer: %s", why);
 	return c;
+}
+
+/* ---- what this process logs ---- */
+
+/* ecx logs to stderr (core/log.c): while a test reads it, stderr is a
+ * temporary file (log_begin), and log_end puts it back. */
+typedef struct logcap {
+	FILE *f;
+	int saved;      /* the real stderr */
+	bool level_set; /* warnings were off: turned on for the capture */
+} logcap;
+
+/* Sends this process's stderr to a file until log_end; warnings are
+ * logged meanwhile, whatever ECX_LOG says. */
+static void log_begin(logcap *lc)
+{
+	fflush(stderr);
+	lc->f = tmpfile();
+	assert_non_null(lc->f);
+	lc->saved = dup(STDERR_FILENO);
+	assert_true(lc->saved >= 0);
+	assert_true(dup2(fileno(lc->f), STDERR_FILENO) >= 0);
+	lc->level_set = !ecx_log_enabled(ECX_LOG_WARN);
+	if (lc->level_set)
+		ecx_log_set_level(ECX_LOG_WARN);
+}
+
+/* Puts stderr back and copies there what was logged meanwhile (a failing
+ * test shows it); returns the warnings and errors this process logged, one
+ * a line (malloc'd, "" for none). Peers log under their own pids. */
+static char *log_end(logcap *lc)
+{
+	fflush(stderr);
+	if (lc->level_set)
+		ecx_log_set_level(ECX_LOG_ERROR);
+	dup2(lc->saved, STDERR_FILENO);
+	close(lc->saved);
+	char warn[64], err[64];
+	snprintf(warn, sizeof(warn), "ecx[%ld] warn ", (long)getpid());
+	snprintf(err, sizeof(err), "ecx[%ld] error ", (long)getpid());
+	size_t cap = 4096, len = 0;
+	char *out = malloc(cap);
+	assert_non_null(out);
+	out[0] = '\0';
+	char line[1200];
+	rewind(lc->f);
+	while (fgets(line, sizeof(line), lc->f) != NULL) {
+		fputs(line, stderr);
+		if (strstr(line, warn) == NULL && strstr(line, err) == NULL)
+			continue;
+		size_t n = strlen(line);
+		if (len + n + 1 > cap) {
+			cap = 2 * (len + n + 1);
+			out = realloc(out, cap);
+			assert_non_null(out);
+		}
+		memcpy(out + len, line, n + 1);
+		len += n;
+	}
+	fclose(lc->f);
+	return out;
 }
 
 /* Loads ids (looked up first) into fresh malloc'd memory; each item's
@@ -484,7 +546,9 @@ static void test_stalled_consumer(void **state)
 	producer_stop(&p);
 }
 
-/* A producer killed mid-pull: the load fails within its timeout. */
+/* A producer killed mid-pull: the load fails within its timeout, and
+ * over TCP (where UCX reports the peer's end) the failed connection is
+ * warned about. */
 static void producer_killed(const char *transport)
 {
 	producer p;
@@ -497,12 +561,23 @@ static void producer_killed(const char *transport)
 	assert_int_equal(ecx_consumer_load(c, &it, 1), 0); /* connected */
 	tu_stop(p.ch.pid); /* mid-pull from here on */
 	ecx_load *l;
+	logcap lc;
+	log_begin(&lc);
 	uint64_t t0 = now_ms();
-	assert_int_equal(ecx_consumer_load_start(c, &it, 1, &l), 0);
+	int started = ecx_consumer_load_start(c, &it, 1, &l);
 	usleep(100000);
 	kill(p.ch.pid, SIGKILL);
-	int rc = ecx_load_wait(l);
+	int rc = started == 0 ? ecx_load_wait(l) : started;
 	uint64_t took = now_ms() - t0;
+	char *warned = log_end(&lc);
+	assert_int_equal(started, 0);
+	if (strcmp(transport, "tcp") == 0 &&
+	    (strstr(warned, "warn consumer: connection to producer") == NULL ||
+	     strstr(warned, " failed: ") == NULL))
+		fail_msg("a producer killed mid-pull was not warned about "
+		         "(warnings: \"%s\")",
+		         warned);
+	free(warned);
 	if (rc != ECX_ECLOSED && rc != ECX_ETIMEDOUT)
 		fail_msg("load of a killed producer ended with %s",
 		         ecx_err_name(rc));
@@ -1785,21 +1860,81 @@ static void test_idle_reconnect(void **state)
 	it.dst = buf;
 	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
 	assert_int_equal(producer_stat(&p, "conns"), 1);
+	/* The producer's close is no failure: nothing is warned about, from
+	 * the close to the goodbye at destroy. */
+	logcap lc;
+	log_begin(&lc);
 	uint64_t t0 = now_ms();
 	while (producer_stat(&p, "conns") != 0 && now_ms() - t0 < 3000)
 		usleep(20000);
-	assert_int_equal(producer_stat(&p, "conns"), 0);
+	long long conns_idle = producer_stat(&p, "conns");
+	usleep(100000); /* the consumer's end sees the close meanwhile */
 	memset(buf, 0, 65536);
-	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
-	assert_true(tu_check("i", buf, 65536));
+	int rc = ecx_consumer_load(c, &it, 1);
 	ecx_consumer_stats s;
 	ecx_consumer_stats_get(c, &s);
-	assert_int_equal(s.connections, 2);
-	assert_int_equal(s.failed, 0);
 	/* And a goodbye at destroy closes the new one at once. */
 	ecx_consumer_destroy(c);
+	char *warned = log_end(&lc);
+	if (warned[0] != '\0')
+		fail_msg("an idle connection closed by its producer was "
+		         "warned about:\n%s",
+		         warned);
+	free(warned);
+	assert_int_equal(conns_idle, 0);
+	assert_int_equal(rc, 0);
+	assert_true(tu_check("i", buf, 65536));
+	assert_int_equal(s.connections, 2);
+	assert_int_equal(s.failed, 0);
 	assert_int_equal(producer_stat(&p, "conns"), 0);
 	free(buf);
+	producer_stop(&p);
+}
+
+/* A consumer loading from a live producer for a second, then destroyed,
+ * warns about nothing: its goodbye has the producer close its end of the
+ * connection, and the error UCX reports on the consumer's endpoint for
+ * that (over TCP, "Endpoint timeout": the peer closed the socket) is no
+ * failure. Each destroy over TCP warned "connection to producer ...
+ * failed" before. */
+static void test_live_producer_quiet(void **state)
+{
+	const char *transport = transport_of(state);
+	producer p;
+	producer_start(&p, transport, NULL);
+	producer_put(&p, "q", "bfloat16", "32x1024", "ok");
+	logcap lc;
+	log_begin(&lc);
+	ecx_consumer *c = consumer(p.url, transport, tu_ms(2000), NULL);
+	ecx_item it = {.id = "q"};
+	int rc = ecx_consumer_lookup(c, &it, 1) != 0 ? -1 : it.status;
+	char *buf = rc == 0 ? malloc(it.desc.nbytes) : NULL;
+	it.dst = buf;
+	long loads = 0;
+	bool good = true;
+	uint64_t t0 = now_ms();
+	while (rc == 0 && buf != NULL && now_ms() - t0 < 1000) {
+		memset(buf, 0, it.desc.nbytes);
+		rc = ecx_consumer_load(c, &it, 1);
+		good = good && tu_check("q", buf, it.desc.nbytes);
+		loads++;
+	}
+	ecx_consumer_stats s;
+	ecx_consumer_stats_get(c, &s);
+	ecx_consumer_destroy(c);
+	char *warned = log_end(&lc);
+	if (warned[0] != '\0')
+		fail_msg(
+		    "a consumer of a live producer warned (%ld loads):\n%s",
+		    loads, warned);
+	free(warned);
+	free(buf);
+	assert_int_equal(rc, 0);
+	assert_true(good);
+	assert_true(loads > 10);
+	assert_int_equal(s.connections, 1);
+	assert_int_equal(s.failed, 0);
+	assert_int_equal(producer_stat(&p, "conns"), 0);
 	producer_stop(&p);
 }
 
@@ -1954,6 +2089,7 @@ static const struct CMUnitTest every_transport[] = {
     cmocka_unit_test(test_integrity),
     cmocka_unit_test(test_integrity_kinds),
     cmocka_unit_test(test_idle_reconnect),
+    cmocka_unit_test(test_live_producer_quiet),
     cmocka_unit_test(test_runs),
     cmocka_unit_test(test_timeout_dead_producers),
 };
