@@ -386,13 +386,13 @@ def test_producer_holds_a_fetched_item_until_the_pull(prefill):
         spec, data = hold(prod, 0, 192)
         assert enc.push(p.base, [spec]) == []  # accepted: fetching
         assert spec.shards[p.base]["ecx_fetch"] is True
-        assert prod.stats()["leases"] == 1
         fill_arena(prod, 1, 25)
         assert prod.stats()["evictions"] >= 20
-        prod.item_xxh3(spec.mm_hash)  # still held
+        leases = prod.stats()["leases"]
         gate.set()
         [e] = recv_events(ev, 1, timeout_s=5.0)
         assert e["ready"] is True and e["transfer_id"] == spec.transfer_id
+        assert leases == 1  # what held it
         addr, n, _, _ = p.shards[0].take(spec.transfer_id, spec.mm_hash)
         assert p.pools[0].read(addr, n) == data
         assert set(p.pools[0].landed.values()) == {0}  # fetched, not written
