@@ -5,6 +5,8 @@
  * its expiry, the item's removal. Leased items take at most lease_cap bytes
  * of the arena (counted once per item however many leases it has), so a
  * put always has the rest; a lease beyond it is refused, never queued.
+ * The producer's own process leases too (ecx_producer_lease): an ecx
+ * encoder holds an item it sent in a push-mode ecx_fetch for the pull.
  */
 #include "producer/producer.h"
 

@@ -10,7 +10,9 @@ receive arena. The loads run on a few threads of their own (each blocked
 in libecx, the interpreter's lock released), so the shard answers at
 once, handshakes with a new producer included; each ended load is queued
 and the shard's loop woken (wake), which then settles its reservations
-(landed()).
+(landed()). Each item's pull names the lease its encoder holds it by
+("ecx_lease"), which the producer ends once the pull holds the item; a
+failed load ends the leases it did not use.
 """
 import collections
 import ctypes

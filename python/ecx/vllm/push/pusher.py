@@ -26,8 +26,13 @@ reservation (an ecx consumer over its receive arena) is sent, instead of
 a write and a complete, one ecx_fetch naming this Producer's address:
 the shard pulls the items over UCX (cross-memory attach on one host) and
 completes them itself when they land (a failure reaches the consumer as a
-failure event). Upstream's consumer never answers the field, so it is
-written over Mooncake's wire as before.
+failure event). The push ends here at the shard's acceptance, so each
+fetched item is first held for the shard's pull (Producer.lease, its
+number sent as the entry's "ecx_lease"; the pull ends it, else its
+expiry): later puts cannot evict it before the pull reads it; an item
+the producer will not lease is written instead. Upstream's consumer
+never answers the field, so it is written over Mooncake's wire as
+before.
 
 specs_from_params turns a request's ec_transfer_params into PushSpecs,
 finished_map builds the map that request_finished returns to upstream's
