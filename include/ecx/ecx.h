@@ -470,6 +470,27 @@ ECX_API int ecx_producer_push_batch(ecx_producer *p, ecx_push_item *items,
 ECX_API int ecx_producer_item_xxh3(ecx_producer *p, const char *id,
                                    uint64_t *out);
 
+/* ecx_producer_lease takes a lease on the held item id for a pull that
+ * another process will make (docs/protocol.md "a hit will load"), as a
+ * lookup's lease is taken at the producer: while it holds, the item is not
+ * evicted; it ends at the first of the pull that names it (the number
+ * travels in ecx_item.lease, or a push-mode "ecx_lease"),
+ * ecx_producer_lease_end, its expiry after ms (0: the producer's
+ * lease_max_ms, which also cuts a longer ms) or the item's removal. Under
+ * the same bounds as a lookup's: leased items take at most lease_share_pct
+ * of the arena, at most 65536 leases are held; a lease beyond them is
+ * refused, never waited for. Sets *lease (1 to 2^53 - 1) on success.
+ * Errors: ECX_EINVAL, ECX_ENOTFOUND (not held, or not committed yet),
+ * ECX_ENOSPC (the lease share is taken), ECX_EBUSY (65536 leases held),
+ * ECX_ENOMEM. */
+ECX_API int ecx_producer_lease(ecx_producer *p, const char *id, int ms,
+                               uint64_t *lease);
+
+/* ecx_producer_lease_end ends lease (one ecx_producer_lease or a lookup
+ * took) now. Returns 1 when it was still held, 0 when it had ended
+ * already (or lease is 0), or ECX_EINVAL / ECX_EFORK. */
+ECX_API int ecx_producer_lease_end(ecx_producer *p, uint64_t lease);
+
 ECX_API const char *ecx_producer_last_error(void);
 
 /* ecx_producer_destroy stops serving, unpublishes every item, says goodbye

@@ -196,6 +196,8 @@ _proto("ecx_producer_destroy", None, P)
 _proto("ecx_producer_push", _int, P, _str, _str, _u64, _u64, _u64)
 _proto("ecx_producer_push_batch", _int, P, ctypes.c_void_p, _size_t, _u64)
 _proto("ecx_producer_item_xxh3", _int, P, _str, _ptr(_u64))
+_proto("ecx_producer_lease", _int, P, _str, _int, _ptr(_u64))
+_proto("ecx_producer_lease_end", _int, P, _u64)
 _proto("ecx_xxh3", _u64, ctypes.c_void_p, _size_t)
 _proto("ecx_consumer_create", _int, _ptr(ecx_consumer_params), _ptr(P),
        _str, _size_t)

@@ -230,6 +230,29 @@ class Producer:
             raise error(rc)
         return out.value
 
+    def lease(self, id, ms=0):
+        """Takes a lease on the held item id (an int, 1 to 2**53-1) for a
+        pull another process will make: until that pull names it (an
+        Item's lease, or a push-mode "ecx_lease"), lease_end(), its
+        expiry after ms (0: the producer's lease_max_ms, which also cuts a
+        longer ms) or the item's removal, eviction cannot take the item.
+        Raises NotFound (not held), or EcxError ENOSPC (the lease share of
+        the arena is taken) or EBUSY (65536 leases held): a lease is
+        refused, never waited for."""
+        out = ctypes.c_uint64()
+        rc = C.ecx_producer_lease(self._handle(), b(id), int(ms),
+                                  ctypes.byref(out))
+        if rc != 0:
+            raise error(rc)
+        return out.value
+
+    def lease_end(self, lease):
+        """Ends lease now; True when it was still held."""
+        rc = C.ecx_producer_lease_end(self._handle(), int(lease))
+        if rc < 0:
+            raise error(rc)
+        return rc == 1
+
     def stats(self):
         s = C.ecx_producer_stats()
         C.ecx_producer_stats_get(self._handle(), ctypes.byref(s))

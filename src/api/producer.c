@@ -155,3 +155,22 @@ const char *ecx_producer_last_error(void)
 {
 	return core_last_error();
 }
+
+int ecx_producer_lease(ecx_producer *p, const char *id, int ms, uint64_t *lease)
+{
+	if (p != NULL && ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
+	if (p == NULL || id == NULL || lease == NULL || ms < 0)
+		return ecx_set_error(ECX_EINVAL, "lease: missing argument");
+	*lease = 0;
+	return prod_lease_own(p, id, ms, lease);
+}
+
+int ecx_producer_lease_end(ecx_producer *p, uint64_t lease)
+{
+	if (p != NULL && ecx_forked(p->pid, "producer"))
+		return ECX_EFORK;
+	if (p == NULL)
+		return ecx_set_error(ECX_EINVAL, "lease end: missing argument");
+	return lease == 0 ? 0 : prod_lease_end_own(p, lease) ? 1 : 0;
+}

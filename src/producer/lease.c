@@ -5,6 +5,8 @@
  * its expiry, the item's removal. Leased items take at most lease_cap bytes
  * of the arena (counted once per item however many leases it has), so a
  * put always has the rest; a lease beyond it is refused, never queued.
+ * The producer's own process leases too (ecx_producer_lease): an ecx
+ * encoder holds an item it sent in a push-mode ecx_fetch for the pull.
  */
 #include "producer/producer.h"
 
@@ -212,6 +214,42 @@ char *prod_lease_answer(ecx_producer *p, const ecx_zreq *r)
 	free(nums);
 	free(errs);
 	return out;
+}
+
+int prod_lease_own(ecx_producer *p, const char *id, int ms, uint64_t *num)
+{
+	uint64_t t = ms == 0 || (uint64_t)ms > p->lease_max_ms ? p->lease_max_ms
+	                                                       : (uint64_t)ms;
+	pthread_mutex_lock(&p->lock);
+	prod_leases_expire(p);
+	int rc = lease_take(p, id, t, num);
+	if (rc == 0)
+		p->st.leases_granted++;
+	else if (rc != ECX_ENOTFOUND)
+		p->st.leases_refused++;
+	pthread_mutex_unlock(&p->lock);
+	if (rc == 0)
+		return 0;
+	return ecx_set_error(rc, "lease of %s: %s", id,
+	                     rc == ECX_ENOTFOUND ? "not held"
+	                     : rc == ECX_ENOSPC  ? "the lease share of the "
+	                                           "arena is taken"
+	                     : rc == ECX_EBUSY   ? "too many leases are held"
+	                                         : "no memory");
+}
+
+bool prod_lease_end_own(ecx_producer *p, uint64_t num)
+{
+	pthread_mutex_lock(&p->lock);
+	lease *l = lease_find(p, num);
+	bool held = l != NULL;
+	if (held) {
+		lease_end(p, l);
+		p->st.leases_released++;
+	}
+	prod_leases_expire(p);
+	pthread_mutex_unlock(&p->lock);
+	return held;
 }
 
 char *prod_release_answer(ecx_producer *p, const ecx_zreq *r)

@@ -340,6 +340,12 @@ void prod_leases_drop_item(ecx_producer *p, item *it);
 void prod_leases_clear(ecx_producer *p);
 /* lease.c: the rendezvous's "lease" and "release" answers. Take the lock. */
 char *prod_lease_answer(ecx_producer *p, const ecx_zreq *r);
+/* lease.c: ecx_producer_lease and ecx_producer_lease_end (arguments
+ * checked): a lease this process takes on its own item, as the "lease"
+ * answer grants one, and its end. Take the lock; lease_own sets the last
+ * error. */
+int prod_lease_own(ecx_producer *p, const char *id, int ms, uint64_t *num);
+bool prod_lease_end_own(ecx_producer *p, uint64_t num);
 /* lease.c: the embedded registry's leases in lookups (an
  * ecx_registry_lease_fn; arg is the producer). Takes the lock. */
 void prod_lease_lookup(void *arg, ecx_lookup_item *items, size_t n,

@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -15,9 +16,10 @@ import pytest
 import ecx
 import pushkit  # noqa: F401  (the vllm stub and tests/interop on sys.path)
 from ecx.vllm.push import ArenaPool
+from ecx.vllm.push.fetch import THREADS
 from ecx.vllm.push.pusher import PushSpec, Pusher
-from pushkit import (Ctl, item, pull, recv_events, start_pool_shards,
-                     start_shards)
+from pushkit import (Ctl, FakeClock, item, pull, recv_events,
+                     start_pool_shards, start_shards)
 from upstream_encoder import EventSubscriber, Item, UpstreamEncoder
 
 HIDDEN = 512
@@ -31,12 +33,13 @@ def payload(seed, n):
 class Prefill:
     """tp ecx shards over ArenaPools of consumers with no registry."""
 
-    def __init__(self, tp=1, token=None, timeout_ms=2000):
+    def __init__(self, tp=1, token=None, timeout_ms=2000, clock=None):
         self.consumers = [ecx.Consumer(None, recv_capacity=24 << 20,
                                        timeout_ms=timeout_ms, token=token)
                           for _ in range(tp)]
-        self.pools = [ArenaPool(c) for c in self.consumers]
-        self.shards = start_pool_shards(self.pools, token=token)
+        kw = {} if clock is None else {"clock": clock}
+        self.pools = [ArenaPool(c, **kw) for c in self.consumers]
+        self.shards = start_pool_shards(self.pools, token=token, **kw)
         self.base = self.shards[0].endpoint
 
     def close(self):
@@ -82,6 +85,8 @@ def test_ecx_encoder_fetches_into_two_ranks(prefill):
         for s in specs:
             assert all(r.get("ecx_fetch") is True for r in s.shards.values())
         assert sub.wait_ready([s.transfer_id for s in specs])
+        st = prod.stats()  # each rank's pull ended its own hold
+        assert (st["leases"], st["leases_used"]) == (0, 2 * len(specs))
         for shard, pool in zip(p.shards, p.pools):
             for spec, data in held:
                 addr, n, _, _ = shard.take(spec.transfer_id, spec.mm_hash)
@@ -350,3 +355,199 @@ def test_fetch_answer_lists_entries_in_order(prefill, child):
             lambda: p.shards[0].table.state("j" * 32) == "READY")
     finally:
         ctl.close()
+
+
+def hold_fetch_threads(shard):
+    """Occupies every fetch thread of shard until the returned Event is
+    set: a load the shard starts meanwhile waits in its queue, so its pull
+    reaches the producer only then."""
+    gate = threading.Event()
+    for _ in range(THREADS):
+        shard._fetches._pool.submit(gate.wait, 30.0)
+    return gate
+
+
+def fill_arena(producer, first, n, tokens=192):
+    """n more items of tokens KiB put after the others (later ids)."""
+    for k in range(first, first + n):
+        hold(producer, k, tokens)
+
+
+def test_producer_holds_a_fetched_item_until_the_pull(prefill):
+    """Between the shard's acceptance and its pull, later puts fill the
+    producer's 1 MiB arena five times over: the item sent in ecx_fetch is
+    held (a lease), so the push lands; the pull ends the hold, and the
+    item is evictable again."""
+    p = prefill()
+    prod = ecx.Producer(capacity_bytes=1 << 20, bind_host="127.0.0.1",
+                        registry_port=0)
+    enc = Pusher(prod, control_timeout_s=2.0)
+    ev = pull(p.shards[0].event_endpoint)
+    gate = hold_fetch_threads(p.shards[0])
+    try:
+        spec, data = hold(prod, 0, 192)
+        assert enc.push(p.base, [spec]) == []  # accepted: fetching
+        assert spec.shards[p.base]["ecx_fetch"] is True
+        fill_arena(prod, 1, 25)
+        assert prod.stats()["evictions"] >= 20
+        leases = prod.stats()["leases"]
+        gate.set()
+        [e] = recv_events(ev, 1, timeout_s=5.0)
+        assert e["ready"] is True and e["transfer_id"] == spec.transfer_id
+        assert leases == 1  # what held it
+        addr, n, _, _ = p.shards[0].take(spec.transfer_id, spec.mm_hash)
+        assert p.pools[0].read(addr, n) == data
+        assert set(p.pools[0].landed.values()) == {0}  # fetched, not written
+        st = prod.stats()
+        assert (st["leases"], st["leases_used"]) == (0, 1)
+        fill_arena(prod, 30, 10)  # the pull ended the hold
+        with pytest.raises(ecx.NotFound):
+            prod.item_xxh3(spec.mm_hash)
+    finally:
+        gate.set()
+        ev.close(0)
+        enc.close()
+        prod.close()
+
+
+def test_hold_of_a_fetched_item_ends_at_its_ttl(prefill):
+    """A shard that does not pull within the hold's TTL (the producer's
+    lease_max_ms, 300 ms here) no longer pins the item: it is evicted, and
+    the late pull fails with one failure event, its memory freed."""
+    p = prefill()
+    prod = ecx.Producer(capacity_bytes=1 << 20, bind_host="127.0.0.1",
+                        registry_port=0, lease_max_ms=300)
+    enc = Pusher(prod, control_timeout_s=2.0)
+    ev = pull(p.shards[0].event_endpoint)
+    gate = hold_fetch_threads(p.shards[0])
+    try:
+        spec, data = hold(prod, 0, 192)
+        assert enc.push(p.base, [spec]) == []
+        assert prod.stats()["leases_granted"] == 1
+        time.sleep(0.5)
+        st = prod.stats()
+        assert (st["leases"], st["leases_expired"]) == (0, 1)
+        fill_arena(prod, 1, 10)
+        with pytest.raises(ecx.NotFound):
+            prod.item_xxh3(spec.mm_hash)
+        gate.set()
+        [e] = recv_events(ev, 1, timeout_s=5.0)
+        assert e["ready"] is False and prod.address in e["ecx_failed"]
+        assert p.shards[0].table.state(spec.transfer_id) == "CANCELLED"
+        assert pushkit.wait_for(lambda: p.pools[0].used_bytes() == 0)
+        assert recv_events(ev, 1, timeout_s=0.3) == []
+    finally:
+        gate.set()
+        ev.close(0)
+        enc.close()
+        prod.close()
+
+
+def test_fetch_without_a_hold_is_written_instead(prefill):
+    """A producer that grants no lease (lease_share_pct 0) cannot hold the
+    item for a pull: the encoder writes it over Mooncake's wire at once."""
+    p = prefill()
+    prod = ecx.Producer(capacity_bytes=1 << 20, bind_host="127.0.0.1",
+                        registry_port=0, lease_share_pct=0)
+    enc = Pusher(prod, control_timeout_s=2.0)
+    ev = pull(p.shards[0].event_endpoint)
+    try:
+        spec, data = hold(prod, 0, 64)
+        assert enc.push(p.base, [spec]) == []
+        [e] = recv_events(ev, 1)
+        assert e["ready"] is True
+        rid = spec.shards[p.base]["reservation_id"]
+        assert p.pools[0].landed[rid] == len(data)  # over Mooncake's wire
+        addr, n, _, _ = p.shards[0].take(spec.transfer_id, spec.mm_hash)
+        assert p.pools[0].read(addr, n) == data
+    finally:
+        ev.close(0)
+        enc.close()
+        prod.close()
+
+
+def test_bad_lease_field_is_refused(prefill):
+    p = prefill()
+    ctl = Ctl(p.base)
+    try:
+        r = reserve_fetchable(ctl, "q" * 32, 4)
+        good = {"transfer_id": "q" * 32,
+                "reservation_id": r["reservation_id"]}
+        for bad in ("7", -1, 1 << 53, True):
+            reply = ctl.call("ecx_fetch", ecx_producer="tcp://127.0.0.1:1",
+                             items=[dict(good, ecx_lease=bad)])
+            assert reply["ok"] is False and "ecx_lease" in reply["error"]
+        assert not p.shards[0].table.get("q" * 32).fetching
+    finally:
+        ctl.close()
+
+
+def test_reservation_expiring_while_its_fetch_runs_is_told_once(prefill):
+    """The reaper expires a writer whose fetch is held back: a failure
+    event at once (it can no longer become ready), EXPIRE_PENDING with its
+    range kept while the load may write; the load lands: EXPIRED, the
+    range freed, no ready event and no second failure event."""
+    clock = FakeClock()
+    p = prefill(clock=clock)
+    prod = ecx.Producer(capacity_bytes=4 << 20, bind_host="127.0.0.1",
+                        registry_port=0)
+    ctl = Ctl(p.base)
+    ev = pull(p.shards[0].event_endpoint)
+    gate = hold_fetch_threads(p.shards[0])
+    try:
+        for k, fail in ((0, False), (1, True)):
+            spec, _ = hold(prod, k, 16)
+            r = ctl.result("reserve", ecx_fetch=True, **spec.request())
+            assert r["ecx_fetch"] is True
+            got = ctl.result("ecx_fetch", ecx_producer=prod.address, items=[{
+                "transfer_id": spec.transfer_id,
+                "reservation_id": r["reservation_id"],
+                "ecx_xxh3": f"{prod.item_xxh3(spec.mm_hash):016x}"}])
+            assert got == {"items": [{"fetching": True}]}
+            clock.advance(301)
+            [e] = recv_events(ev, 1)
+            assert e["ready"] is False and e["transfer_id"] == spec.transfer_id
+            assert "expired" in e["ecx_failed"]
+            table = p.shards[0].table
+            assert table.state(spec.transfer_id) == "EXPIRE_PENDING"
+            assert p.pools[0].used_bytes() > 0  # the load may still write
+            if fail:  # the load then fails: still told once
+                prod.remove(spec.mm_hash)
+            gate.set()
+            assert pushkit.wait_for(lambda: p.pools[0].used_bytes() == 0)
+            assert table.state(spec.transfer_id) == (
+                "CANCELLED" if fail else "EXPIRED")
+            assert recv_events(ev, 1, timeout_s=0.3) == []
+            gate = hold_fetch_threads(p.shards[0])
+    finally:
+        gate.set()
+        ev.close(0)
+        ctl.close()
+        prod.close()
+
+
+def test_duplicate_fetch_entries_are_answered_each_on_its_own(
+        prefill, child):
+    pr, addr, h, data = child(16)
+    for tid, second in (("s" * 32, "0" * 32), ("t" * 32, None)):
+        p = prefill()  # a fresh shard: no resident copy of the item yet
+        ctl = Ctl(p.base)
+        ev = pull(p.shards[0].event_endpoint)
+        try:
+            r = reserve_fetchable(ctl, tid, 16)
+            good = {"transfer_id": tid,
+                    "reservation_id": r["reservation_id"]}
+            dup = dict(good, reservation_id=second or r["reservation_id"])
+            got = ctl.result("ecx_fetch", ecx_producer=addr,
+                             items=[good, dup])
+            # the second names another reservation, or one already fetching
+            assert got == {"items": [{"fetching": True},
+                                     {"fetching": False}]}
+            [e] = recv_events(ev, 1)
+            assert e["ready"] is True and e["transfer_id"] == tid
+            a, n, _, _ = p.shards[0].take(tid, "kid".ljust(64, "k"))
+            assert p.pools[0].read(a, n) == data
+            assert recv_events(ev, 1, timeout_s=0.3) == []
+        finally:
+            ev.close(0)
+            ctl.close()

@@ -391,6 +391,93 @@ static void test_lease_wire(void **state)
 	free(m);
 }
 
+static void own_put(ecx_producer *p, const char *id, uint64_t n)
+{
+	ecx_tensor_desc d;
+	uint64_t shape[1] = {n};
+	assert_int_equal(ecx_tensor_set(&d, ECX_DTYPE_UINT8, 1, shape), 0);
+	void *buf = malloc(n);
+	tu_fill(id, buf, n);
+	assert_int_equal(ecx_producer_put(p, id, &d, buf), 0);
+	free(buf);
+}
+
+static bool own_held(ecx_producer *p, const char *id)
+{
+	uint64_t h = 0;
+	return ecx_producer_item_xxh3(p, id, &h) == 0;
+}
+
+/* A lease the producer's own process takes (ecx_producer_lease, what an
+ * ecx encoder holds a fetched item with): the item outlives the puts that
+ * evict the others; lease_end gives it back to eviction; a lease past its
+ * expiry (the producer's lease_max_ms cuts a longer one) ends by itself;
+ * the share and ENOTFOUND refuse, never wait. */
+static void test_lease_own(void **state)
+{
+	(void)state;
+	ecx_producer_params pp = {.field_mask =
+	                              ECX_PRODUCER_PARAM_CAPACITY |
+	                              ECX_PRODUCER_PARAM_BIND_HOST |
+	                              ECX_PRODUCER_PARAM_REGISTRY_PORT |
+	                              ECX_PRODUCER_PARAM_LEASE_MAX_MS,
+	                          .capacity_bytes = 4 * MiB,
+	                          .bind_host = "127.0.0.1",
+	                          .registry_port = 0,
+	                          .lease_max_ms = 300};
+	ecx_producer *p = NULL;
+	char why[256] = "";
+	if (ecx_producer_create(&pp, &p, why, sizeof(why)) != 0)
+		fail_msg("producer: %s", why);
+	own_put(p, "o1", MiB);
+	own_put(p, "o2", MiB);
+	uint64_t l1 = 0, l2 = 0, lx = 7;
+	assert_int_equal(ecx_producer_lease(p, "o1", 60000, &l1), 0);
+	assert_true(l1 != 0 && l1 < (1ull << 53));
+	assert_int_equal(ecx_producer_lease(p, "none", 0, &lx), ECX_ENOTFOUND);
+	assert_int_equal(lx, 0);
+	/* The share (50 % of 4 MiB) holds two 1 MiB items, counted once. */
+	assert_int_equal(ecx_producer_lease(p, "o1", 0, &lx), 0);
+	assert_int_equal(ecx_producer_lease(p, "o2", 0, &l2), 0);
+	own_put(p, "o3", MiB);
+	uint64_t l3 = 0;
+	assert_int_equal(ecx_producer_lease(p, "o3", 0, &l3), ECX_ENOSPC);
+	ecx_producer_stats st;
+	ecx_producer_stats_get(p, &st);
+	assert_int_equal(st.leases, 3);
+	assert_int_equal(st.leased_bytes, 2 * MiB);
+	assert_int_equal(st.leases_refused, 1);
+	/* o1 and o2 are the least recently put: eviction passes them by. */
+	own_put(p, "o4", MiB);
+	own_put(p, "o5", MiB);
+	own_put(p, "o6", MiB);
+	assert_true(own_held(p, "o1") && own_held(p, "o2"));
+	assert_false(own_held(p, "o3"));
+	/* lease_end: 1 while held, 0 after; o1 stays leased by lx. */
+	assert_int_equal(ecx_producer_lease_end(p, l1), 1);
+	assert_int_equal(ecx_producer_lease_end(p, l1), 0);
+	assert_int_equal(ecx_producer_lease_end(p, 0), 0);
+	assert_int_equal(ecx_producer_lease_end(p, lx), 1);
+	ecx_producer_stats_get(p, &st);
+	assert_int_equal(st.leases_released, 2);
+	/* o2's lease (cut to 300 ms) expires; then both are evictable. */
+	uint64_t t0 = now_ms();
+	while (now_ms() - t0 < 450)
+		usleep(20000);
+	ecx_producer_stats_get(p, &st);
+	assert_int_equal(st.leases, 0);
+	assert_int_equal(st.leases_expired, 1);
+	own_put(p, "o7", MiB);
+	own_put(p, "o8", MiB);
+	own_put(p, "o9", MiB);
+	own_put(p, "o10", MiB);
+	assert_false(own_held(p, "o1"));
+	assert_false(own_held(p, "o2"));
+	assert_int_equal(ecx_producer_lease(NULL, "o7", 0, &lx), ECX_EINVAL);
+	assert_int_equal(ecx_producer_lease(p, "o7", -1, &lx), ECX_EINVAL);
+	ecx_producer_destroy(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -400,6 +487,7 @@ int main(void)
 	    cmocka_unit_test(test_lease_batch_two_producers),
 	    cmocka_unit_test(test_lease_token_remove_share),
 	    cmocka_unit_test(test_lease_stopped_producer),
+	    cmocka_unit_test(test_lease_own),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,9 @@ receive arena. The loads run on a few threads of their own (each blocked
 in libecx, the interpreter's lock released), so the shard answers at
 once, handshakes with a new producer included; each ended load is queued
 and the shard's loop woken (wake), which then settles its reservations
-(landed()).
+(landed()). Each item's pull names the lease its encoder holds it by
+("ecx_lease"), which the producer ends once the pull holds the item; a
+failed load ends the leases it did not use.
 """
 import collections
 import ctypes
@@ -33,19 +35,22 @@ class Fetches:
         self._pool = ThreadPoolExecutor(THREADS,
                                         thread_name_prefix="ecx-fetch")
 
-    def start(self, producer, epoch, entries):
+    def start(self, producer, epoch, entries, leases=None):
         """Starts one load of entries ([(Reservation, hash or None)]) from
-        producer (its producer_zmq) into each record's buffer; ValueError
-        where an entry cannot be loaded."""
+        producer (its producer_zmq) into each record's buffer; leases: per
+        entry, the lease its encoder took on the item (0: none), which the
+        pull names so the producer ends it once the pull holds the item.
+        ValueError where an entry cannot be loaded."""
         import numpy as np
         pairs = []
-        for r, _ in entries:
+        leases = leases or [0] * len(entries)
+        for (r, _), lease in zip(entries, leases):
             if r.dtype not in DTYPES:
                 raise ValueError(f"dtype {r.dtype!r} has no ecx dtype")
             dst = np.ctypeslib.as_array(
                 (ctypes.c_uint8 * r.nbytes).from_address(r.buf))
             pairs.append((Item(r.mm_hash, r.dtype, r.shape, r.nbytes,
-                               producer, epoch), dst))
+                               producer, epoch, lease), dst))
         self._pool.submit(self._load, producer, entries, pairs)
 
     def _load(self, producer, entries, pairs):
@@ -55,6 +60,16 @@ class Fetches:
             errors = [e] * len(entries)
         self._ended.append((entries, errors, producer))
         self._wake()
+        # A failed pull that never held its item leaves the encoder's
+        # lease on it: ended here (one round trip, bounded by the
+        # consumer's timeout), so the item is evictable before its expiry.
+        held = [it for (it, _), err in zip(pairs, errors)
+                if err is not None and it.lease]
+        if held:
+            try:
+                self.consumer.release(held)
+            except Exception:  # noqa: BLE001 - the lease then expires
+                pass
 
     def landed(self):
         """[(entries, errors, producer)] of every load that has ended

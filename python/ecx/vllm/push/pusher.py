@@ -26,8 +26,13 @@ reservation (an ecx consumer over its receive arena) is sent, instead of
 a write and a complete, one ecx_fetch naming this Producer's address:
 the shard pulls the items over UCX (cross-memory attach on one host) and
 completes them itself when they land (a failure reaches the consumer as a
-failure event). Upstream's consumer never answers the field, so it is
-written over Mooncake's wire as before.
+failure event). The push ends here at the shard's acceptance, so each
+fetched item is first held for the shard's pull (Producer.lease, its
+number sent as the entry's "ecx_lease"; the pull ends it, else its
+expiry): later puts cannot evict it before the pull reads it; an item
+the producer will not lease is written instead. Upstream's consumer
+never answers the field, so it is written over Mooncake's wire as
+before.
 
 specs_from_params turns a request's ec_transfer_params into PushSpecs,
 finished_map builds the map that request_finished returns to upstream's
@@ -40,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
-from .wire import FETCH_FIELD, HASH_FIELD, TOKEN_FIELD
+from .wire import FETCH_FIELD, HASH_FIELD, LEASE_FIELD, TOKEN_FIELD
 
 TTL_S = 300.0
 
@@ -99,11 +104,13 @@ def finished_map(specs):
                         "transfer_id": s.transfer_id} for s in specs}
 
 
-def _complete_item(spec, reservation):
+def _complete_item(spec, reservation, lease=0):
     e = {"transfer_id": spec.transfer_id,
          "reservation_id": reservation["reservation_id"]}
     if spec.xxh3 is not None:
         e[HASH_FIELD] = f"{spec.xxh3:016x}"
+    if lease:
+        e[LEASE_FIELD] = lease
     return e
 
 
@@ -179,13 +186,17 @@ class Pusher:
     control_timeout_s); token: ecx's control token, sent as "ecx_token"
     (None for none, as upstream); send_hash: whether completes carry
     "ecx_xxh3"; fetch: whether shards that offer ecx's fetch are sent
-    ecx_fetch instead of writes. Thread-safe."""
+    ecx_fetch instead of writes; fetch_hold_ms: how long the producer
+    holds an item sent in an ecx_fetch for the shard's pull at most (a
+    lease; 0: the producer's lease_max_ms, which also cuts a longer one).
+    Thread-safe."""
 
     def __init__(self, producer, control_timeout_s=30.0, token=None,
                  write_timeout_s=None, clock=time.monotonic, threads=8,
-                 send_hash=True, fetch=True):
+                 send_hash=True, fetch=True, fetch_hold_ms=0):
         self.producer = producer
         self.fetch = fetch
+        self.fetch_hold_ms = int(fetch_hold_ms)
         self.send_hash = send_hash
         self.ctl = _Control(control_timeout_s, token)
         self.write_timeout_s = write_timeout_s or control_timeout_s
@@ -326,6 +337,44 @@ class Pusher:
         if stale and not self.reserve(consumer_zmq, [spec], addrs=stale):
             raise ControlError(spec.error or "refresh failed")
 
+    # ---- the hold of a fetched item ----
+
+    def _hold(self, fetches, writes):
+        """A lease on the item of each fetch entry, so that the producer
+        cannot evict it between the shard's acceptance and its pull (the
+        pull names the lease and the producer ends it once the pull holds
+        the item; else it expires). An entry whose lease is refused (the
+        lease share taken, leases off) is written over Mooncake's wire
+        instead, now, while the item is held. Returns {shard: [lease per
+        entry]}."""
+        take = getattr(self.producer, "lease", None)
+        leases = {}
+        for a in list(fetches):
+            kept = []
+            for spec, r in fetches[a]:
+                try:
+                    lease = take(spec.mm_hash, self.fetch_hold_ms) \
+                        if take is not None else 0
+                except Exception:  # noqa: BLE001 - written instead
+                    writes.setdefault(a, []).append((spec, r))
+                    continue
+                kept.append((spec, r, lease))
+            if kept:
+                fetches[a] = [(spec, r) for spec, r, _ in kept]
+                leases[a] = [lease for _, _, lease in kept]
+            else:
+                del fetches[a]
+        return leases
+
+    def _unhold(self, leases):
+        end = getattr(self.producer, "lease_end", None)
+        for lease in leases:
+            if lease and end is not None:
+                try:
+                    end(lease)
+                except Exception:  # noqa: BLE001 - it expires then
+                    pass
+
     # ---- the push ----
 
     def push(self, consumer_zmq, specs):
@@ -339,6 +388,7 @@ class Pusher:
         live = [s for s in specs if s.error is None]
         if not live:
             return [s for s in specs if s.error is not None]
+        held = {}  # shard -> leases of its fetch entries not yet settled
         try:
             for spec in live:
                 self._refresh(consumer_zmq, spec)
@@ -357,6 +407,7 @@ class Pusher:
                     fetch = self.fetch and r.get(FETCH_FIELD) is True
                     (fetches if fetch else writes).setdefault(
                         a, []).append((spec, r))
+            held = self._hold(fetches, writes) if fetches else {}
             if self.send_hash:
                 for spec in {id(s): s for e in (*writes.values(),
                                                 *fetches.values())
@@ -378,7 +429,8 @@ class Pusher:
                 for a, entries in writes.items()]
             ops += [(a, "fetching", len(entries), {
                 "op": "ecx_fetch", "ecx_producer": self.producer.address,
-                "items": [_complete_item(s, r) for s, r in entries]})
+                "items": [_complete_item(s, r, lease)
+                          for (s, r), lease in zip(entries, held[a])]})
                 for a, entries in fetches.items()]
             got = self._run_all([(self.ctl.call, a, req)
                                  for a, _, _, req in ops])
@@ -391,16 +443,21 @@ class Pusher:
                     raise g
                 try:
                     done = g["items"]
+                    ok = [isinstance(d, dict) and d.get(key) is True
+                          for d in done]
                 except (KeyError, TypeError) as e:
                     errors.append(str(e))
-                    continue
-                if len(done) != n or not all(
-                        isinstance(d, dict) and d.get(key) is True
-                        for d in done):
+                    continue  # its leases are ended below
+                if key == "fetching":  # the shard's pull ends the others
+                    leases, held[a] = held[a], []
+                    self._unhold(lease for k, lease in enumerate(leases)
+                                 if k >= len(ok) or not ok[k])
+                if len(done) != n or not all(ok):
                     errors.append(f"{a}: not every entry {key}")
             if errors:
                 raise ControlError("; ".join(errors))
         except Exception as e:  # every failure ends in abandon
+            self._unhold(x for leases in held.values() for x in leases)
             for spec in live:
                 if spec.error is None:
                     spec.error = f"{type(e).__name__}: {e}"

@@ -83,8 +83,10 @@ class ControlShard:
         self.clock = clock
         self.control_timeout_s = float(control_timeout_s)
         self._token = token.encode() if token else None
-        self.table = ReservationTable(pool, clock, self._queue_event,
-                                      on_reclaimed, ttl=ttl)
+        self.table = ReservationTable(
+            pool, clock, self._queue_event, on_reclaimed, ttl=ttl,
+            on_failed=lambda r, why: self._queue_failed([r.transfer_id],
+                                                        why))
         self._events = collections.deque()
         self._events_lock = threading.Lock()
         self._poll_ms = int(poll_ms)
@@ -426,9 +428,15 @@ class ControlShard:
     def _queue_failed(self, transfer_ids, why):
         """Failure events (ecx), one per transfer (a writer's followers
         end with it): ready false, so upstream's scheduler skips them;
-        ecx's fails the requests that wait for the transfer."""
+        ecx's fails the requests that wait for the transfer. A record is
+        told once: one that expired while its fetch ran, or was abandoned
+        and is abandoned again, is not told a second time."""
         for tid in transfer_ids:
             r = self.table.get(tid)
+            if r is not None:
+                if r.told:
+                    continue
+                r.told = True
             self._queue_event({"transfer_id": tid,
                                "mm_hash": r.mm_hash if r is not None else "",
                                "ready": False, wire.FAILED_FIELD: why})
@@ -436,35 +444,37 @@ class ControlShard:
     def _op_fetch(self, req):
         """ecx_fetch (ecx): every entry checked first; each names a writer
         in WRITING that no fetch runs for ("fetching": true, its load
-        started) or not ("fetching": false, nothing done)."""
+        started) or not ("fetching": false, nothing done), on its own: an
+        entry that repeats another's transfer_id finds that record already
+        fetching (or with another reservation_id), so it is false."""
         if self._fetches is None:
             raise BadRequest("this EC consumer does not fetch")
         producer, epoch = wire.fetch_source(req)
-        args = [(wire.complete_args(i), wire.complete_hash(i))
-                for i in wire.batch_items(req)]
-        go = []
+        args = [(wire.complete_args(i), wire.complete_hash(i),
+                 wire.fetch_lease(i)) for i in wire.batch_items(req)]
+        picked = []  # per entry: the record it started, or None
         with self.table.lock:
-            for (tid, rid), want in args:
-                r = self.table.fetchable(tid, rid)
-                if r is not None:
-                    go.append((r, want))
-        picked = {id(r) for r, _ in go}
+            for (tid, rid), _, _ in args:
+                picked.append(self.table.fetchable(tid, rid))
+        go = [(r, want) for r, (_, want, _) in zip(picked, args)
+              if r is not None]
+        leases = [lease for r, (_, _, lease) in zip(picked, args)
+                  if r is not None]
         try:
             if go:
-                self._fetches.start(producer, epoch, go)
+                self._fetches.start(producer, epoch, go, leases)
         except Exception as e:
             with self.table.lock:
                 for r, _ in go:
                     r.fetching = False
             raise BadRequest(f"ecx_fetch from {producer[:256]}: {e}")
-        live = [self.table.get(tid) for (tid, _), _ in args]
-        return {"items": [{"fetching": r is not None and id(r) in picked}
-                          for r in live]}
+        return {"items": [{"fetching": r is not None} for r in picked]}
 
     def _settle(self, ended):
         """The reservations of ended fetch loads: each completed where its
         bytes landed (and match the writer's hash), else ended CANCELLED
-        with a failure event."""
+        with a failure event (where none was sent for it yet: one that
+        expired while its load ran was told then)."""
         for entries, errors, producer in ended:
             for (r, want), err in zip(entries, errors):
                 if err is None:

@@ -39,7 +39,7 @@ class Reservation:
     __slots__ = ("transfer_id", "mm_hash", "nbytes", "shape", "dtype",
                  "reservation_id", "state", "expires_at", "dst_session",
                  "dst_ptr", "buf", "writer", "followers", "resident",
-                 "open", "ended_at", "fetching")
+                 "open", "ended_at", "fetching", "told")
 
     def __init__(self, spec, state, now, ttl):
         self.transfer_id = spec.transfer_id
@@ -59,6 +59,7 @@ class Reservation:
         self.open = False       # between open_write and close_write
         self.ended_at = None
         self.fetching = False   # an ecx_fetch load writes its buffer
+        self.told = False       # a failure event went out for it (ecx)
 
     def status(self):
         return {"mm_hash": self.mm_hash, "ready": self.state == READY,
@@ -91,10 +92,12 @@ def cancelled_reply(nbytes):
 class ReservationTable:
     """The records of one shard. on_event(record dict) is called for every
     ready event (status fields plus transfer_id), on_reclaimed(mm_hash)
-    for every resident copy evicted to make room; clock() gives seconds."""
+    for every resident copy evicted to make room, on_failed(record, why)
+    for a writer whose ecx_fetch load runs when the reaper expires it (it
+    can no longer become ready); clock() gives seconds."""
 
     def __init__(self, pool, clock, on_event, on_reclaimed=None,
-                 ttl=TTL_S, tombstone_limit=TOMBSTONE_LIMIT):
+                 ttl=TTL_S, tombstone_limit=TOMBSTONE_LIMIT, on_failed=None):
         self.pool = pool
         self.clock = clock
         self.ttl = float(ttl)
@@ -102,6 +105,7 @@ class ReservationTable:
         self.lock = threading.RLock()
         self._on_event = on_event
         self._on_reclaimed = on_reclaimed or (lambda mm_hash: None)
+        self._on_failed = on_failed or (lambda r, why: None)
         self._active = {}  # transfer_id -> Reservation, not ended
         self._tombs = collections.OrderedDict()  # transfer_id -> ended one
         self._writers = {}  # mm_hash -> the WRITING writer
@@ -309,8 +313,9 @@ class ReservationTable:
     def reap(self):
         """Ends what has expired: READY → EXPIRED, a WRITING follower →
         CANCELLED, a WRITING writer → EXPIRE_PENDING (its memory kept for
-        complete or an abandoning cancel); drops tombstones older than
-        TTL. Returns the records it moved."""
+        complete or an abandoning cancel; one whose ecx_fetch runs is
+        reported to on_failed, as its load's landing only ends it EXPIRED);
+        drops tombstones older than TTL. Returns the records it moved."""
         with self.lock:
             now = self.clock()
             moved = 0
@@ -326,6 +331,9 @@ class ReservationTable:
                     r.expires_at = None
                     self._close(r)
                     self._unwrite(r)
+                    if r.fetching:
+                        self._on_failed(r, "its reservation expired (TTL) "
+                                           "while its ecx_fetch ran")
                 else:
                     continue
                 moved += 1

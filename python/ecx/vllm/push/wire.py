@@ -27,6 +27,8 @@ TOKEN_FIELD = "ecx_token"
 HASH_FIELD = "ecx_xxh3"     # a complete item's hash of the bytes (ecx)
 FAILED_FIELD = "ecx_failed"  # a failure event's reason (ecx)
 FETCH_FIELD = "ecx_fetch"    # the fetch advert, asked and told (ecx)
+LEASE_FIELD = "ecx_lease"    # a fetch entry's lease at its producer (ecx)
+MAX_LEASE = (1 << 53) - 1    # lease numbers JSON carries exactly
 MAX_ADDR = 255               # characters of a producer's address
 
 
@@ -167,6 +169,17 @@ def fetch_source(req):
     if not 0 <= epoch < 1 << 64:
         raise BadRequest("field 'ecx_epoch' must be in 0..2**64-1")
     return producer, epoch
+
+
+def fetch_lease(item):
+    """The lease an ecx_fetch entry names at its producer ("ecx_lease": an
+    integer in 1..2**53-1, which the pull carries so the producer ends it
+    once the pull holds the item); 0 (none) where absent (an older
+    encoder)."""
+    v = field(item, LEASE_FIELD, "int", 0, required=False)
+    if not 0 <= v <= MAX_LEASE:
+        raise BadRequest(f"field {LEASE_FIELD!r} must be in 0..2**53-1")
+    return v
 
 
 def cancel_args(req):
