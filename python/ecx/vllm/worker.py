@@ -397,8 +397,9 @@ class Worker(NoWorker):
         pushes = None
         if self._pushes is not None:
             self._pushes.from_metadata(metadata)
-            pending, refused = self._pushes.report()
-            pushes = {"pushes_pending": pending, "saves_failed": refused}
+            pending, refused, seq = self._pushes.report()
+            pushes = {"pushes_pending": pending, "saves_failed": refused,
+                      "pushes_seq": seq}
         if not self._is_consumer or not (self._async or self._push):
             return ECXWorkerMetadata(**pushes) if pushes else None
         if metadata is not None:
