@@ -671,3 +671,49 @@ def test_worker_reports_merge_to_the_oldest_pusher():
     m = a.aggregate(none).aggregate(b)
     assert (m.pushes_pending, m.pushes_seq) == (3, 5)
     assert none.aggregate(ECXWorkerMetadata()).pushes_seq == -1
+
+
+@pytest.mark.parametrize("integrity", [True, False])
+def test_integrity_key_pushes_the_hash_made_at_put(encoder, integrity):
+    """integrity: true turns on the encoder Producer's integrity, and a
+    push sends the hash made at put; without it (the default) the push
+    hashes the bytes as they are when it writes. A byte changed in the
+    arena after the put, before the push, tells them apart."""
+    shards = upstream_consumer(1)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = encoder(**({"integrity": True} if integrity else {}))
+        prod = enc.worker._worker._producer
+        h = f"integrity-{integrity}".ljust(64, "i")
+        t, data = tensor_of(h, 64)
+        enc.worker.save_caches({h: t}, h)  # encoded before it is planned
+        addr, cap = prod.arena()
+        arena = (ctypes.c_char * cap).from_address(addr)
+        off = bytes(arena).find(data)
+        assert off >= 0
+        arena[off + 100] = bytes([data[100] ^ 0x01])
+        changed = bytearray(data)
+        changed[100] ^= 0x01
+        want = xxh3_of(data) if integrity else xxh3_of(bytes(changed))
+        assert prod.item_xxh3(h) == want
+        params, _ = Proxy([base]).encoder_body([{"uuid": h}])
+        tid = params["ec_items"][0]["transfer_id"]
+        req = EncRequest("i0", [(h, 64)], params)
+        enc.plan(req)  # its output is saved: pushed at once
+        enc.end_step()
+        enc.finish(req)
+        enc.drain()
+        sent = {e["transfer_id"]: e["ecx_xxh3"]
+                for r in shards[0].requests if r["op"] == "complete_batch"
+                for e in r["items"]}
+        assert sent == {tid: f"{want:016x}"}
+    finally:
+        shards[0].stop()
+
+
+def test_integrity_key_is_a_boolean():
+    from ecx.vllm.config import Config
+    assert Config({}).integrity is False
+    assert Config({"integrity": True}).integrity is True
+    with pytest.raises(ValueError, match="integrity"):
+        Config({"integrity": "yes"})

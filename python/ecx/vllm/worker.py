@@ -128,7 +128,8 @@ class Worker(NoWorker):
                     registry=c.registry, token=c.token,
                     transport=c.transport, timeout_ms=c.timeout_ms,
                     lease_max_ms=c.lease_max_ms,
-                    lease_share_pct=c.lease_share_pct)
+                    lease_share_pct=c.lease_share_pct,
+                    integrity=c.integrity)
                 logger.info("ECXConnector producer at %s, registry %s, "
                             "arena %d bytes", self._producer.address,
                             c.registry or
