@@ -13,9 +13,9 @@ before the encoder runs. The step's metadata carries the plans
 returns the map upstream's proxy expects, {mm_hash: {"metadata": ...,
 "transfer_id": ...}}; has_pending_push_work is true while plans are unsent
 or the workers say pushes are in flight (the newest report by the
-metadata it counts, plus what was planned after it); a push refused at the worker (a
-transfer_id already pushed with another payload) makes its request
-unavailable, as upstream's failed saves.
+metadata it counts, plus what was planned after it); a push refused at
+the worker (a transfer_id already pushed with another payload) makes its
+request unavailable, as upstream's failed saves.
 
 Every other request, and every other hook, is the inner scheduler's (the
 pull flow's on an encoder: saves published to the registry as before).
