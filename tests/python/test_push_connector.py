@@ -355,3 +355,26 @@ def test_cancel_of_a_finished_request(prefill, encoder):
         assert s.table.state(it.transfer_id) == "CANCELLED"
     eng.step()  # late events (none) and a dead record do nothing
     assert not eng.unavailable and "gone" not in eng.scheduled
+
+
+def test_an_unasked_transfer_some_shards_reported_is_dropped(prefill,
+                                                             encoder):
+    """A transfer whose events came from some shards only, and that no
+    request asks for, is dropped (and cancelled) before the shards' TTL
+    as a ready one is, not kept for ever."""
+    from ecx.vllm.pushflow.scheduler import AVAILABLE_MAX_S
+    p = prefill(tp=2)
+    enc = encoder()
+    sched = p.sched._scheduler
+    now = [time.monotonic()]
+    sched._clock = lambda: now[0]
+    it = push_item("unasked", 64)
+    (a0, _), _ = enc.shards(p.base)
+    push_on(enc, a0, it)  # one event of two, and no request
+    assert pushkit.wait_for(lambda: not p.engine.step() and
+                            it.transfer_id in sched._recs)
+    now[0] += AVAILABLE_MAX_S + 1
+    p.engine.step()
+    assert it.transfer_id not in sched._recs
+    assert pushkit.wait_for(lambda: p.shards()[0].table.state(
+        it.transfer_id) == "CANCELLED")

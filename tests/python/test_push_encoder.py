@@ -610,3 +610,110 @@ def test_a_transfer_id_pushed_elsewhere_is_refused(encoder):
         assert shards[0].records[tid]["state"] == "CANCELLED"
     finally:
         shards[0].stop()
+
+
+def test_a_late_report_never_undoes_a_newer_one(encoder):
+    """Reports reach the scheduler late (vLLM's asynchronous scheduling
+    builds the next step's metadata first) and, through a pipeline's
+    stages, out of order: has_pending_push_work follows the newest, plus
+    what was planned after it."""
+    shards = upstream_consumer(1)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = encoder()
+
+        def report():
+            enc.worker.get_finished(set())
+            wm = pickle.loads(pickle.dumps(
+                enc.worker.build_connector_worker_meta()))
+            enc.worker.clear_connector_metadata()
+            return ECConnectorOutput(ec_connector_worker_meta=wm)
+
+        # Step 1 plans nothing; its report (nothing pending) comes after
+        # step 2, which plans a push, was built.
+        enc.step()
+        meta = pickle.loads(pickle.dumps(
+            enc.sched.build_connector_meta(object())))
+        enc.worker.bind_connector_metadata(meta)
+        early = report()
+        assert early.ec_connector_worker_meta.pushes_pending == 0
+        h = "late".ljust(64, "l")
+        params, _ = Proxy([base]).encoder_body([{"uuid": h}])
+        req = EncRequest("l0", [(h, 8)], params)
+        enc.plan(req)  # step 3's metadata: the push
+        assert enc.sched.has_pending_push_work()
+        enc.sched.update_connector_output(early)
+        assert enc.sched.has_pending_push_work()  # planned after it
+        pending = report()  # step 3's: the push, unbound
+        assert pending.ec_connector_worker_meta.pushes_pending == 1
+        enc.sched.update_connector_output(pending)
+        assert enc.sched.has_pending_push_work()
+        # Bound, pushed, ended: step 4's report says none is pending.
+        enc.encode({h: tensor_of(h, 8)[0]})
+        enc.finish(req)
+        assert pushkit.wait_for(lambda: enc.pushes().pending() == 0)
+        enc.step()
+        assert not enc.sched.has_pending_push_work()
+        # Step 3's report again, late: older than step 4's, ignored.
+        enc.sched.update_connector_output(pending)
+        assert not enc.sched.has_pending_push_work()
+        assert enc.pushes().done == [
+            (params["ec_items"][0]["transfer_id"], None)]
+    finally:
+        shards[0].stop()
+
+
+def test_worker_reports_merge_to_the_oldest_pusher():
+    from ecx.vllm.metadata import ECXWorkerMetadata
+    a = ECXWorkerMetadata(pushes_pending=2, pushes_seq=7)
+    b = ECXWorkerMetadata(pushes_pending=1, pushes_seq=5)
+    none = ECXWorkerMetadata()  # a rank that does not push
+    m = a.aggregate(none).aggregate(b)
+    assert (m.pushes_pending, m.pushes_seq) == (3, 5)
+    assert none.aggregate(ECXWorkerMetadata()).pushes_seq == -1
+
+
+@pytest.mark.parametrize("integrity", [True, False])
+def test_integrity_key_pushes_the_hash_made_at_put(encoder, integrity):
+    """integrity: true turns on the encoder Producer's integrity, and a
+    push sends the hash made at put; without it (the default) the push
+    hashes the bytes as they are when it writes. A byte changed in the
+    arena after the put, before the push, tells them apart."""
+    shards = upstream_consumer(1)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = encoder(**({"integrity": True} if integrity else {}))
+        prod = enc.worker._worker._producer
+        h = f"integrity-{integrity}".ljust(64, "i")
+        t, data = tensor_of(h, 64)
+        enc.worker.save_caches({h: t}, h)  # encoded before it is planned
+        addr, cap = prod.arena()
+        arena = (ctypes.c_char * cap).from_address(addr)
+        off = bytes(arena).find(data)
+        assert off >= 0
+        arena[off + 100] = bytes([data[100] ^ 0x01])
+        changed = bytearray(data)
+        changed[100] ^= 0x01
+        want = xxh3_of(data) if integrity else xxh3_of(bytes(changed))
+        assert prod.item_xxh3(h) == want
+        params, _ = Proxy([base]).encoder_body([{"uuid": h}])
+        tid = params["ec_items"][0]["transfer_id"]
+        req = EncRequest("i0", [(h, 64)], params)
+        enc.plan(req)  # its output is saved: pushed at once
+        enc.end_step()
+        enc.finish(req)
+        enc.drain()
+        sent = {e["transfer_id"]: e["ecx_xxh3"]
+                for r in shards[0].requests if r["op"] == "complete_batch"
+                for e in r["items"]}
+        assert sent == {tid: f"{want:016x}"}
+    finally:
+        shards[0].stop()
+
+
+def test_integrity_key_is_a_boolean():
+    from ecx.vllm.config import Config
+    assert Config({}).integrity is False
+    assert Config({"integrity": True}).integrity is True
+    with pytest.raises(ValueError, match="integrity"):
+        Config({"integrity": "yes"})

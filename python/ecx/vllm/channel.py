@@ -70,6 +70,14 @@ def endpoints(engine_id, dp_rank):
 
 
 _MAGIC = b"ecx1"
+# The bounds of one news message: libecx takes a tag of at most
+# NOTIFY_MSG_MAX bytes (ecx_consumer_load_notify, ECX_EINVAL above it) and
+# appends 4 bytes of status per id; the scheduler reads a datagram of at
+# most _NEWS_MAX bytes (the rest of a longer one is cut off). A pull of
+# more ids than one message names is started in pieces (news_pieces).
+NOTIFY_MSG_MAX = 65536
+_NEWS_MAX = 1 << 17
+_NEWS_SNDBUF = 1 << 20
 
 
 def news_tag(rank, pairs):
@@ -78,6 +86,27 @@ def news_tag(rank, pairs):
     per id)."""
     j = json.dumps({"rank": rank, "ids": [list(p) for p in pairs]}).encode()
     return _MAGIC + struct.pack("<I", len(j)) + j
+
+
+def news_pieces(rank, pairs):
+    """pairs, in order, cut into lists whose news messages (news_tag and
+    a status per id) each fit the bounds above; one list where they all
+    fit."""
+    def size(p):
+        return len(json.dumps(list(p))) + 2  # and its ", "
+    base = len(news_tag(rank, []))
+    pieces, cur, used = [], [], base
+    for p in pairs:
+        n = size(p)
+        if cur and (used + n > NOTIFY_MSG_MAX or
+                    used + n + 4 * (len(cur) + 1) > _NEWS_MAX):
+            pieces.append(cur)
+            cur, used = [], base
+        cur.append(p)
+        used += n
+    if cur or not pieces:
+        pieces.append(cur)
+    return pieces
 
 
 def parse_news(data):
@@ -174,7 +203,7 @@ class SchedulerChannel:
             return out
         while True:
             try:
-                raw = self._news.recv(1 << 17)
+                raw = self._news.recv(_NEWS_MAX)
             except (BlockingIOError, InterruptedError):
                 return out
             try:
@@ -218,6 +247,15 @@ class WorkerChannel:
         self._news_path = eps[1]
         self._news = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._news.setblocking(False)
+        # A datagram not yet read counts against its sender's buffer:
+        # with the default (208 KiB) a pull in five pieces lost its last
+        # piece's news until the scheduler read (the kernel doubles what
+        # is asked, up to net.core.wmem_max).
+        try:
+            self._news.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                  _NEWS_SNDBUF)
+        except OSError as e:
+            logger.debug("ECXConnector: news socket's buffer: %s", e)
         self._connected = False
         self._news_lock = threading.Lock()
         self._stop = False
@@ -247,10 +285,16 @@ class WorkerChannel:
             except Exception:  # noqa: BLE001 - the metadata starts them
                 logger.exception("ECXConnector: starting pulls failed")
 
+    def pieces(self, pairs):
+        """pairs cut into the pieces a pull each (news_pieces): one
+        pull's news is one message, and a message is bounded."""
+        return news_pieces(self._rank, pairs)
+
     def notify(self, pairs):
-        """(socket, tag) for a pull of these (id, attempt) pairs: libecx
-        sends the tag and the statuses on the socket when the pull ends;
-        (None, b"") while the scheduler's socket cannot be reached."""
+        """(socket, tag) for a pull of these (id, attempt) pairs (at most
+        a piece of pieces()): libecx sends the tag and the statuses on
+        the socket when the pull ends; (None, b"") while the scheduler's
+        socket cannot be reached."""
         with self._news_lock:
             if not self._connected:
                 try:
@@ -266,14 +310,15 @@ class WorkerChannel:
         attempt): ecx status}); never blocks."""
         if not failed:
             return
-        sock, tag = self.notify(list(failed))
-        if sock is None:
-            return
-        st = array.array("i", list(failed.values()))
-        try:
-            sock.send(tag + st.tobytes())
-        except OSError as e:
-            logger.debug("ECXConnector: news not sent: %s", e)
+        for piece in self.pieces(list(failed)):
+            sock, tag = self.notify(piece)
+            if sock is None:
+                return
+            st = array.array("i", [failed[p] for p in piece])
+            try:
+                sock.send(tag + st.tobytes())
+            except OSError as e:
+                logger.debug("ECXConnector: news not sent: %s", e)
 
     def close(self) -> None:
         self._stop = True

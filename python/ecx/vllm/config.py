@@ -81,7 +81,7 @@ _KEYS = {"remote_registry_url", "registry", "registry_http_port",
          "capacity_bytes", "recv_capacity_bytes", "token", "timeout_ms",
          "bind_host", "advertise_host", "transport", "mooncake_protocol",
          "load_timeout_s", "async_load", "log_interval_s", "lease_ms",
-         "lease_max_ms", "lease_share_pct", "pull_wait_ms",
+         "lease_max_ms", "lease_share_pct", "pull_wait_ms", "integrity",
          # push mode (pushflow/config.py)
          "push", "push_token", "control_timeout_s", "push_wait_timeout_s",
          "push_fallback_ms"}
@@ -130,6 +130,13 @@ class Config:
         self.lease_max_ms = extra.get("lease_max_ms")
         self.lease_share_pct = extra.get("lease_share_pct")
         self.log_interval_s = float(extra.get("log_interval_s", 60))
+        # An encoder's Producer hashes each item at put (XXH3): consumers
+        # that check pulls can, and a push sends that hash as ecx_xxh3
+        # instead of reading the bytes again just before its write.
+        self.integrity = extra.get("integrity", False)
+        if not isinstance(self.integrity, bool):
+            raise ValueError("ECXConnector: integrity is true or false, "
+                             f"not {self.integrity!r}")
         # Today's flow: how long, in all, a step's ensure_cache_available
         # may wait for the pulls it has just started (0: never waits; the
         # items are then schedulable in the next step).

@@ -83,7 +83,9 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     lets go of the tensor too). Push mode: takes, (id, transfer_id) pairs
     every rank's shard holds READY, for the workers to hand over now;
     freed, pushed ids the engine let go of (kept resident, evictable);
-    pushes, ECXPushSpecs an encoder's workers push."""
+    pushes, ECXPushSpecs an encoder's workers push; push_seq, the
+    encoder scheduler's count of the metadata it built (1, 2, ...), which
+    its workers' reports name."""
     loads: list = field(default_factory=list)
     starts: list = field(default_factory=list)
     ready: list = field(default_factory=list)
@@ -91,6 +93,7 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     takes: list = field(default_factory=list)
     freed: list = field(default_factory=list)
     pushes: list = field(default_factory=list)
+    push_seq: int = 0
 
     def add_load(self, spec: ECXLoadSpec) -> None:
         self.loads.append(spec)
@@ -104,12 +107,15 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
     rank holds it and failed when any rank failed it. push_failed: id ->
     why, for pushed items a rank could not take from its shard. An
     encoder's: pushes_pending, its pushes planned and not ended (summed);
-    saves_failed, request ids whose push was refused (a transfer_id it
-    already pushes elsewhere)."""
+    pushes_seq, the push_seq of the newest metadata it had taken when it
+    counted them (merged: the oldest of the ranks that push; -1 where no
+    rank pushes); saves_failed, request ids whose push was refused (a
+    transfer_id it already pushes elsewhere)."""
     held: set = field(default_factory=set)
     failed: dict = field(default_factory=dict)
     push_failed: dict = field(default_factory=dict)
     pushes_pending: int = 0
+    pushes_seq: int = -1
     saves_failed: set = field(default_factory=set)
 
     def aggregate(self, other):
@@ -120,6 +126,8 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
             failed={**self.failed, **other.failed},
             push_failed={**self.push_failed, **other.push_failed},
             pushes_pending=self.pushes_pending + other.pushes_pending,
+            pushes_seq=min((s for s in (self.pushes_seq, other.pushes_seq)
+                            if s >= 0), default=-1),
             saves_failed=self.saves_failed | other.saves_failed)
 
 

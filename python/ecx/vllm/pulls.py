@@ -78,7 +78,18 @@ class Pulls:
         for s in specs:
             self.want[s.mm_hash] = s
             groups.setdefault(s.producer_zmq, []).append(s)
+        # A group whose news would not fit one message (libecx's tag
+        # limit: ~850 ids of 64 characters) is pulled in pieces, each
+        # saying its own end.
+        pieces = []
         for group in groups.values():
+            if self.channel is None:
+                pieces.append(group)
+                continue
+            by = {(s.mm_hash, s.attempt): s for s in group}
+            pieces += [[by[p] for p in piece] for piece in
+                       self.channel.pieces(list(by))]
+        for group in pieces:
             pairs = [(s.mm_hash, s.attempt) for s in group]
             sock, tag = self.channel.notify(pairs) if self.channel \
                 else (None, b"")

@@ -128,7 +128,8 @@ class Worker(NoWorker):
                     registry=c.registry, token=c.token,
                     transport=c.transport, timeout_ms=c.timeout_ms,
                     lease_max_ms=c.lease_max_ms,
-                    lease_share_pct=c.lease_share_pct)
+                    lease_share_pct=c.lease_share_pct,
+                    integrity=c.integrity)
                 logger.info("ECXConnector producer at %s, registry %s, "
                             "arena %d bytes", self._producer.address,
                             c.registry or
@@ -397,8 +398,9 @@ class Worker(NoWorker):
         pushes = None
         if self._pushes is not None:
             self._pushes.from_metadata(metadata)
-            pending, refused = self._pushes.report()
-            pushes = {"pushes_pending": pending, "saves_failed": refused}
+            pending, refused, seq = self._pushes.report()
+            pushes = {"pushes_pending": pending, "saves_failed": refused,
+                      "pushes_seq": seq}
         if not self._is_consumer or not (self._async or self._push):
             return ECXWorkerMetadata(**pushes) if pushes else None
         if metadata is not None:

@@ -12,9 +12,10 @@ before the encoder runs. The step's metadata carries the plans
 (pushes); the workers push once the output is bound. request_finished
 returns the map upstream's proxy expects, {mm_hash: {"metadata": ...,
 "transfer_id": ...}}; has_pending_push_work is true while plans are unsent
-or the workers say pushes are in flight; a push refused at the worker (a
-transfer_id already pushed with another payload) makes its request
-unavailable, as upstream's failed saves.
+or the workers say pushes are in flight (the newest report by the
+metadata it counts, plus what was planned after it); a push refused at
+the worker (a transfer_id already pushed with another payload) makes its
+request unavailable, as upstream's failed saves.
 
 Every other request, and every other hook, is the inner scheduler's (the
 pull flow's on an encoder: saves published to the registry as before).
@@ -81,7 +82,14 @@ class EncoderScheduler:
                 self._resolver = None
         self._plans = {}        # transfer_id -> ECXPushSpec, this step
         self._prepared = set()  # transfer_ids planned, until finished
-        self._pending = 0       # pushes in flight, the workers' last word
+        # Pushes in flight: the workers' newest word (the push_seq of the
+        # metadata it counts, its count) and the pushes of the metadata
+        # built since (push_seq -> how many). A report can come after
+        # newer metadata was built (vLLM's asynchronous scheduling) or
+        # after a newer report: neither may undo what is newer.
+        self._seq = 0
+        self._word = (-1, 0)
+        self._since = {}
         self._failed = set()    # request ids whose push was refused
 
     def __getattr__(self, name):
@@ -143,14 +151,32 @@ class EncoderScheduler:
         meta = self._inner.build_connector_meta(scheduler_output)
         meta.pushes = list(self._plans.values())
         self._plans = {}
-        # Pending until the workers' report of this step says otherwise.
-        self._pending += len(meta.pushes)
+        self._seq += 1
+        meta.push_seq = self._seq
+        # Pending until a report that counts this metadata says otherwise.
+        if meta.pushes:
+            self._since[self._seq] = len(meta.pushes)
         return meta
+
+    def _take_word(self, seq, pending):
+        if seq < 0:
+            # No rank pushes: nothing planned can be in flight (or will
+            # ever be pushed), as before.
+            self._word, self._since = (-1, 0), {}
+        elif seq >= self._word[0]:
+            self._word = (seq, pending)
+            self._since = {s: n for s, n in self._since.items() if s > seq}
+        # else an older report than one taken already: ignored
+
+    @property
+    def _pending(self):
+        return self._word[1] + sum(self._since.values())
 
     def update_connector_output(self, connector_output):
         wm = getattr(connector_output, "ec_connector_worker_meta", None)
         if isinstance(wm, ECXWorkerMetadata):
-            self._pending = int(getattr(wm, "pushes_pending", 0) or 0)
+            self._take_word(int(getattr(wm, "pushes_seq", -1)),
+                            int(getattr(wm, "pushes_pending", 0) or 0))
             self._failed |= set(getattr(wm, "saves_failed", None) or ())
         self._inner.update_connector_output(connector_output)
 

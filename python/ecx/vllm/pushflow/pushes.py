@@ -68,6 +68,7 @@ class EncoderPushes:
         self._reserves = ThreadPoolExecutor(
             2, thread_name_prefix="ecx-push-reserve")
         self._seen = None
+        self._seq = 0  # push_seq of the newest metadata taken
         self._refused = set()  # request ids, since the last report
         self.done = []  # (transfer_id, error or None), newest last
         self._closed = False
@@ -80,6 +81,8 @@ class EncoderPushes:
             return
         self._seen = meta
         plans = getattr(meta, "pushes", None)
+        with self._lock:
+            self._seq = max(self._seq, int(getattr(meta, "push_seq", 0) or 0))
         if plans:
             self.plan(plans)
 
@@ -148,10 +151,11 @@ class EncoderPushes:
             return len(self._live)
 
     def report(self):
-        """(pushes pending, request ids refused since the last report)."""
+        """(pushes pending, request ids refused since the last report,
+        the push_seq of the newest metadata they count)."""
         with self._lock:
             refused, self._refused = self._refused, set()
-            return len(self._live), refused
+            return len(self._live), refused, self._seq
 
     # ---- the jobs ----
 

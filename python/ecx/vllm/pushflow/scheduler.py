@@ -51,7 +51,8 @@ UNAVAILABLE, CANCELLED, EXPIRED = "unavailable", "cancelled", "expired"
 ENDED = (UNAVAILABLE, CANCELLED, EXPIRED)
 TOMBSTONES_MAX = 65536
 # A ready record unclaimed this long is dropped (and cancelled) before the
-# shards' TTL ends it there.
+# shards' TTL ends it there; so is one that events made (some shards'
+# only) and no request has asked for.
 AVAILABLE_MAX_S = 270.0
 
 
@@ -205,7 +206,9 @@ class PushScheduler:
             if now - t < self._p.ttl_s:
                 break
             del self._tombs[tid]
-        old = [t for t, r in self._recs.items() if r.state == AVAILABLE and
+        old = [t for t, r in self._recs.items()
+               if (r.state == AVAILABLE or (r.state == WAITING and
+                                            r.deadline is None)) and
                now - r.since > AVAILABLE_MAX_S]
         for t in old:
             self._end(t, EXPIRED, cancel=True)
