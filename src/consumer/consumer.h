@@ -252,6 +252,8 @@ struct ecx_consumer {
 	dead_peer dead[ECX_DEAD_MAX];
 	unsigned ndead;    /* entries written, the next at ndead % MAX */
 	uint64_t watch_ns; /* atomic: the last cons_pconns_watch */
+	int bg_driver;     /* atomic: a notified load's thread drives the worker
+	                    * (notify.c) */
 	pull *inflight;
 	uint64_t next_req;
 	/* receive arena */

@@ -11,13 +11,16 @@
  * in the load's thread (the handshakes). The thread then waits for the
  * load as a caller of ecx_load_wait does, progressing the worker itself
  * (the progress thread stands aside meanwhile) and yielding its core
- * between polls: left to the progress thread's wake-ups instead, a
- * 64 KiB load took 120-130 us against 15-25 us waited for, 1 MiB 580 us
- * against 40-75 (bench: docs/bench.md, "Loads said on a socket"). The
- * thread ends the load (failover and integrity check included) and says
- * it, unless a caller's ecx_load_test found every item loaded first
- * (claim, below): that caller ends it and says it. The handle is an
- * ecx_load whose bg is set; ecx_load_wait joins the thread and frees it.
+ * between polls, where no other notified load's thread of the consumer
+ * does so already (else it polls its load every 20 us until it has
+ * ended or the other is done: bg_sleep). Left to the progress thread's
+ * wake-ups instead, a 64 KiB load took 71-101 us against 14-18 us waited
+ * for, 1 MiB 152-370 us against 39-46 (docs/bench.md, "Loads said on a
+ * socket"). The thread ends the load (failover and integrity check
+ * included) and says it, unless a caller's ecx_load_test found every item
+ * loaded first (claim, below): that caller ends it and says it. The
+ * handle is an ecx_load whose bg is set; ecx_load_wait joins the thread
+ * and frees it.
  */
 #include "consumer/consumer.h"
 
@@ -31,8 +34,8 @@
 #include <unistd.h>
 
 #define MOD "consumer"
-/* How often a thread whose load a caller's test ended looks whether it
- * has been said. */
+/* How often a notified load's thread that is not driving the worker
+ * looks whether its load has ended (bg_sleep). */
 #define ECX_BG_POLL_NS 20000L
 #define CLAIM_NONE 0
 #define CLAIM_THREAD 1
@@ -51,8 +54,9 @@ struct cons_bgload {
 	 * under it until one side has claimed it, and then by that side. */
 	pthread_mutex_t mu;
 	ecx_load *load;
-	int claim; /* CLAIM_*: who ends the load */
-	int done;  /* atomic: the load has ended (statuses final) */
+	int claim;    /* CLAIM_*: who ends the load */
+	int done;     /* atomic: the load has ended (statuses final) */
+	bool driving; /* its thread holds the consumer's bg_driver */
 	int rc;
 	char why[512]; /* the thread's last error detail, for the waiter */
 };
@@ -78,6 +82,48 @@ static void bg_say(struct cons_bgload *b)
 		ecx_debug(MOD, "load end not sent (%zu bytes): %s", total,
 		          strerror(errno));
 	free(buf);
+}
+
+/* Until l is this thread's to end: at once where no other notified load
+ * of the consumer is driving the worker (this one then drives it, in
+ * bg_end's wait, as a caller of ecx_load_wait does: b->driving), else
+ * when l has ended or its deadline (and grace) has passed, polling every
+ * ECX_BG_POLL_NS meanwhile: the driving thread's progress moves every
+ * load's bytes, and one thread spinning on the worker is enough (several
+ * took the cores of each other and of the producer). Meanwhile it hashes
+ * what has landed (integrity), takes the reference pulls' answers and
+ * watches shared-memory producers, as a waiting caller does. Returns true
+ * when this thread is to end l, false when a caller's test has claimed
+ * it. */
+static bool bg_sleep(struct cons_bgload *b, ecx_load *l)
+{
+	uint64_t until = l->deadline_ns + ECX_LOAD_GRACE_NS;
+	for (;;) {
+		pthread_mutex_lock(&b->mu);
+		if (b->claim != CLAIM_NONE) {
+			pthread_mutex_unlock(&b->mu);
+			return false;
+		}
+		bool end = cons_load_done(l) || ecx_now_ns() >= until;
+		if (!end && __atomic_exchange_n(&l->c->bg_driver, 1,
+		                                __ATOMIC_ACQ_REL) == 0) {
+			__atomic_store_n(&b->driving, true, __ATOMIC_RELAXED);
+			end = true;
+		}
+		if (end) {
+			b->claim = CLAIM_THREAD;
+			pthread_mutex_unlock(&b->mu);
+			return true;
+		}
+		int did = cons_load_hash_landed(l);
+		did += cons_mc_poll(l);
+		cons_pconns_watch(l->c, false);
+		pthread_mutex_unlock(&b->mu);
+		if (did == 0) {
+			struct timespec ts = {0, ECX_BG_POLL_NS};
+			nanosleep(&ts, NULL);
+		}
+	}
 }
 
 /* Ends started load l (its wait, failover included) as the one that
@@ -126,13 +172,11 @@ static void *bg_main(void *arg)
 		b->load = l;
 		pthread_mutex_unlock(&b->mu);
 	}
-	pthread_mutex_lock(&b->mu);
-	bool mine = b->claim == CLAIM_NONE;
-	if (mine)
-		b->claim = CLAIM_THREAD;
-	pthread_mutex_unlock(&b->mu);
-	if (mine) {
+	if (bg_sleep(b, l)) {
+		bool drove = __atomic_load_n(&b->driving, __ATOMIC_RELAXED);
 		bg_end(b, l);
+		if (drove)
+			__atomic_store_n(&b->c->bg_driver, 0, __ATOMIC_RELEASE);
 		return NULL;
 	}
 	/* A caller's test ends it (l is its to free): wait for that. */
