@@ -7,7 +7,13 @@ its Consumer's receive arena; this process holds the items in an ecx
 Producer and pushes with ecx.vllm.push.pusher (which the shard tells
 "ecx_fetch": true). For each size (64 KiB, 1 MiB, 7 MiB), medians of N:
   memcpy  in the consumer: the item's bytes copied from a buffer of that
-          process into the arena, both already touched (ctypes.memmove);
+          process into the arena, both already touched (ctypes.memmove),
+          the same bytes each time (so, up to several MiB, in the CPU's
+          caches);
+  cold    the same copy from and into memory last touched 96 MiB of
+          copies before (out of the caches), as a push's bytes are: the
+          encoder's output was written a while before, the reservation's
+          range is not the last one used; the baseline of the ratios;
   load    in the consumer: Consumer.load_into of the item from this
           process's Producer into one arena range, already touched: the
           pull the shard starts for an ecx_fetch (UCX; cross-memory
@@ -20,8 +26,13 @@ Producer and pushes with ecx.vllm.push.pusher (which the shard tells
   push-h  the same without the hash (Pusher(send_hash=False));
   mc-h    the same push over Mooncake's TCP wire on loopback instead
           (Pusher(fetch=False, send_hash=False): a write, a complete).
+  8x      here: eight items of the size, reserved beforehand (as the
+          connector reserves when a request arrives, before the encoder
+          runs), pushed as one Pusher.push without the hash (one
+          ecx_fetch of eight entries: one load) until the last ready
+          event; against eight cold memcpys (and eight memcpys).
 Each item is cancelled after its event (freeing its range). Ratios are
-memcpy's time over the row's (1.0: as fast as memcpy).
+the baseline's time over the row's (1.0: as fast).
 Run: PYTHONPATH=python ECX_LIBRARY=build/libecx.so /usr/bin/python3 bench/push_shm.py
 """
 import json
@@ -68,6 +79,21 @@ for line in sys.stdin:
         t0 = time.perf_counter()
         ctypes.memmove(dst.data_ptr(), sp, n)
         cp.append(time.perf_counter() - t0)
+    # cold: each copy from and into memory last touched 96 MiB of copies
+    # ago (more than the CPU's caches), as a push's bytes are
+    k = max(2, (96 << 20) // n)
+    csrc, cdst = bytearray(b"\x5a" * (k * n)), bytearray(k * n)
+    cs = ctypes.addressof((ctypes.c_char * (k * n)).from_buffer(csrc))
+    cd = ctypes.addressof((ctypes.c_char * (k * n)).from_buffer(cdst))
+    for i in range(k):  # both resident
+        ctypes.memmove(cd + i * n, cs + i * n, n)
+    cold = []
+    for i in range(reps):
+        j = i % k * n
+        t0 = time.perf_counter()
+        ctypes.memmove(cd + j, cs + j, n)
+        cold.append(time.perf_counter() - t0)
+    del csrc, cdst
     it = ecx.Item(cmd["mm"], "uint8", [n], n, cmd["producer"], 0)
     ld = []
     for _ in range(reps + 2):
@@ -78,6 +104,7 @@ for line in sys.stdin:
     assert ecx.xxh3(dst.data_ptr(), n) == cmd["xxh3"]  # the bytes landed
     del dst
     print(json.dumps({"memcpy": statistics.median(cp),
+                      "cold": statistics.median(cold),
                       "load": statistics.median(ld[2:])}), flush=True)
 shard.stop(0)
 cons.close()
@@ -97,15 +124,16 @@ def main():
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     info = json.loads(child.stdout.readline())
     base = info["base"]
-    prod = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
+    prod = ecx.Producer(capacity_bytes=160 << 20, bind_host="127.0.0.1",
                         registry_port=0)
     pusher = Pusher(prod, control_timeout_s=5.0)
     bare = Pusher(prod, control_timeout_s=5.0, send_hash=False)
     wire = Pusher(prod, control_timeout_s=5.0, send_hash=False, fetch=False)
     sub = EventSubscriber(pusher.shards(base))
     print(f"# {os.popen('uptime').read().strip()}")
-    print("size      memcpy_ms  load_ms  fetch_ms  push_ms  push-h_ms  "
-          "mc-h_ms  memcpy/load  memcpy/fetch  memcpy/push-h  memcpy/mc-h")
+    print("size      memcpy_ms  cold_ms  load_ms  fetch_ms  push_ms  "
+          "push-h_ms  mc-h_ms  cold/load  cold/fetch  cold/push-h  "
+          "cold/mc-h  memcpy/fetch")
 
     def ready(tid, timeout_s=10.0):
         deadline = time.monotonic() + timeout_s
@@ -120,11 +148,16 @@ def main():
                                 "transfer_id": spec.transfer_id,
                                 "reservation_id": r["reservation_id"]})
 
+    batches = []
     for n in SIZES:
         mm = f"shm{n}".ljust(64, "x")
         data = os.urandom(n)
         prod.put(mm, torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        fetch, push, nohash, mc = [], [], [], []
+        fetch, push, nohash, mc, eight = [], [], [], [], []
+        mms = [f"shm{n}-{k}".ljust(64, "x") for k in range(8)]
+        for m in mms:
+            prod.put(m, torch.frombuffer(bytearray(os.urandom(n)),
+                                         dtype=torch.uint8))
         for k in range(N + 2):
             s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
             assert pusher.reserve(base, [s]) == [s], s.error
@@ -153,19 +186,38 @@ def main():
             assert wire.push(base, [s]) == [], s.error
             mc.append(ready(s.transfer_id) - t0)
             cancel(s)
+            if k % 4 == 0:  # fewer: eight items each
+                specs = [PushSpec(uuid.uuid4().hex, m, n, [n], "uint8")
+                         for m in mms]
+                assert bare.reserve(base, specs) == specs
+                t0 = time.perf_counter()
+                assert bare.push(base, specs) == [], specs
+                for sp in specs:
+                    t = ready(sp.transfer_id)
+                eight.append(t - t0)
+                for sp in specs:
+                    cancel(sp)
         child.stdin.write(json.dumps({"nbytes": n, "n": N, "mm": mm,
                                       "producer": prod.address,
                                       "xxh3": prod.item_xxh3(mm)}) + "\n")
         child.stdin.flush()
         side = json.loads(child.stdout.readline())
-        cp, ld = side["memcpy"], side["load"]
+        cp, cc, ld = side["memcpy"], side["cold"], side["load"]
         fm, pm = statistics.median(fetch[2:]), statistics.median(push[2:])
         hm = statistics.median(nohash[2:])
         wm = statistics.median(mc[2:])
-        print(f"{n >> 10:>6} KiB {cp * 1e3:9.3f} {ld * 1e3:8.3f} "
-              f"{fm * 1e3:9.3f} {pm * 1e3:8.3f} {hm * 1e3:10.3f} "
-              f"{wm * 1e3:8.3f} {cp / ld:11.2f}x {cp / fm:12.2f}x "
-              f"{cp / hm:13.2f}x {cp / wm:11.2f}x")
+        print(f"{n >> 10:>6} KiB {cp * 1e3:9.3f} {cc * 1e3:8.3f} "
+              f"{ld * 1e3:8.3f} {fm * 1e3:9.3f} {pm * 1e3:8.3f} "
+              f"{hm * 1e3:10.3f} {wm * 1e3:8.3f} {cc / ld:9.2f}x "
+              f"{cc / fm:10.2f}x {cc / hm:11.2f}x {cc / wm:9.2f}x "
+              f"{cp / fm:11.2f}x", flush=True)
+        em = statistics.median(eight[1:])
+        batches.append(f"{n >> 10:>6} KiB {8 * cp * 1e3:12.3f} "
+                       f"{8 * cc * 1e3:10.3f} {em * 1e3:10.3f} "
+                       f"{8 * cc / em:12.2f}x {8 * cp / em:14.2f}x")
+    print("size    8x memcpy_ms   8x cold_ms  8x_push_ms  8x cold/push  "
+          "8x memcpy/push")
+    print("\n".join(batches))
     child.stdin.close()
     child.wait(30)
     sub.close()
