@@ -16,7 +16,6 @@ import pytest
 import ecx
 import pushkit  # noqa: F401  (the vllm stub and tests/interop on sys.path)
 from ecx.vllm.push import ArenaPool
-from ecx.vllm.push.fetch import THREADS
 from ecx.vllm.push.pusher import PushSpec, Pusher
 from pushkit import (Ctl, FakeClock, item, pull, recv_events,
                      start_pool_shards, start_shards)
@@ -357,13 +356,16 @@ def test_fetch_answer_lists_entries_in_order(prefill, child):
         ctl.close()
 
 
-def hold_fetch_threads(shard):
-    """Occupies every fetch thread of shard until the returned Event is
-    set: a load the shard starts meanwhile waits in its queue, so its pull
-    reaches the producer only then."""
+def hold_fetches(shard):
+    """Holds the loads shard starts (not started) until the returned Event
+    is set: a fetch accepted meanwhile reaches the producer only then."""
     gate = threading.Event()
-    for _ in range(THREADS):
-        shard._fetches._pool.submit(gate.wait, 30.0)
+    shard._fetches.pause()
+
+    def go():
+        gate.wait(30.0)
+        shard._fetches.resume()
+    threading.Thread(target=go, daemon=True).start()
     return gate
 
 
@@ -383,7 +385,7 @@ def test_producer_holds_a_fetched_item_until_the_pull(prefill):
                         registry_port=0)
     enc = Pusher(prod, control_timeout_s=2.0)
     ev = pull(p.shards[0].event_endpoint)
-    gate = hold_fetch_threads(p.shards[0])
+    gate = hold_fetches(p.shards[0])
     try:
         spec, data = hold(prod, 0, 192)
         assert enc.push(p.base, [spec]) == []  # accepted: fetching
@@ -419,7 +421,7 @@ def test_hold_of_a_fetched_item_ends_at_its_ttl(prefill):
                         registry_port=0, lease_max_ms=300)
     enc = Pusher(prod, control_timeout_s=2.0)
     ev = pull(p.shards[0].event_endpoint)
-    gate = hold_fetch_threads(p.shards[0])
+    gate = hold_fetches(p.shards[0])
     try:
         spec, data = hold(prod, 0, 192)
         assert enc.push(p.base, [spec]) == []
@@ -493,7 +495,7 @@ def test_reservation_expiring_while_its_fetch_runs_is_told_once(prefill):
                         registry_port=0)
     ctl = Ctl(p.base)
     ev = pull(p.shards[0].event_endpoint)
-    gate = hold_fetch_threads(p.shards[0])
+    gate = hold_fetches(p.shards[0])
     try:
         for k, fail in ((0, False), (1, True)):
             spec, _ = hold(prod, k, 16)
@@ -518,7 +520,7 @@ def test_reservation_expiring_while_its_fetch_runs_is_told_once(prefill):
             assert table.state(spec.transfer_id) == (
                 "CANCELLED" if fail else "EXPIRED")
             assert recv_events(ev, 1, timeout_s=0.3) == []
-            gate = hold_fetch_threads(p.shards[0])
+            gate = hold_fetches(p.shards[0])
     finally:
         gate.set()
         ev.close(0)

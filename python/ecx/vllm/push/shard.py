@@ -105,7 +105,7 @@ class ControlShard:
         self._wait_s = self.control_timeout_s
         self._last_reap = clock()
         consumer = getattr(pool, "consumer", None)
-        self._fetches = (Fetches(consumer, self._wake)
+        self._fetches = (Fetches(consumer)
                          if consumer is not None
                          and fetch is not False else None)
         self._ops = {"peers": self._op_peers,
@@ -223,6 +223,8 @@ class ControlShard:
         if zap is not None:
             poller.register(zap, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        if self._fetches is not None:
+            poller.register(self._fetches.fileno(), zmq.POLLIN)
         deadline = None
         try:
             while True:
