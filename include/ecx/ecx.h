@@ -676,7 +676,9 @@ ECX_API int ecx_load_wait(ecx_load *l);
  * and the send, this call makes the handshake itself, within timeout_ms).
  * That thread then waits for the load as ecx_load_wait does, driving the
  * transfer itself (polling the worker, yielding its core between polls,
- * sleeping between them after 2 ms), and ends it so (failover and
+ * sleeping between them after 2 ms) where no other notified load's thread
+ * of the consumer drives it already (else it looks every 20 us whether
+ * its load has ended or the other is done), and ends it so (failover and
  * integrity check included, within the same bounds), unless a caller's
  * ecx_load_test found every item loaded with nothing left to check and
  * ended it first. Whichever ends it then, where fd is a socket (-1: none),

@@ -231,8 +231,8 @@ class Producer:
         return out.value
 
     def lease(self, id, ms=0):
-        """Takes a lease on the held item id (an int, 1 to 2**53-1) for a
-        pull another process will make: until that pull names it (an
+        """Takes a lease on the held item id for a pull another process
+        will make, and returns its number (an int, 1 to 2**53-1): until that pull names it (an
         Item's lease, or a push-mode "ecx_lease"), lease_end(), its
         expiry after ms (0: the producer's lease_max_ms, which also cuts a
         longer ms) or the item's removal, eviction cannot take the item.

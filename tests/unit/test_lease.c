@@ -424,7 +424,11 @@ static void test_lease_own(void **state)
 	                          .capacity_bytes = 4 * MiB,
 	                          .bind_host = "127.0.0.1",
 	                          .registry_port = 0,
-	                          .lease_max_ms = 300};
+	                          /* Every lease below is cut to it, so
+	                           * it outlasts the steps before the wait
+	                           * for its expiry, however loaded the
+	                           * machine (ECX_TEST_TIME_SCALE). */
+	                          .lease_max_ms = tu_ms(300)};
 	ecx_producer *p = NULL;
 	char why[256] = "";
 	if (ecx_producer_create(&pp, &p, why, sizeof(why)) != 0)
@@ -460,9 +464,10 @@ static void test_lease_own(void **state)
 	assert_int_equal(ecx_producer_lease_end(p, lx), 1);
 	ecx_producer_stats_get(p, &st);
 	assert_int_equal(st.leases_released, 2);
-	/* o2's lease (cut to 300 ms) expires; then both are evictable. */
+	/* o2's lease (cut to lease_max_ms) expires; then both are
+	 * evictable. */
 	uint64_t t0 = now_ms();
-	while (now_ms() - t0 < 450)
+	while (now_ms() - t0 < (uint64_t)tu_ms(450))
 		usleep(20000);
 	ecx_producer_stats_get(p, &st);
 	assert_int_equal(st.leases, 0);

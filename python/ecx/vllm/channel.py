@@ -250,7 +250,11 @@ class WorkerChannel:
         # A datagram not yet read counts against its sender's buffer:
         # with the default (208 KiB) a pull in five pieces lost its last
         # piece's news until the scheduler read (the kernel doubles what
-        # is asked, up to net.core.wmem_max).
+        # is asked, up to net.core.wmem_max). The scheduler's socket also
+        # queues at most net.unix.max_dgram_qlen unread datagrams (10 by
+        # default), from all its senders: news past that is dropped
+        # (libecx never blocks to send it) and the item is reported by
+        # the step's worker metadata instead, a step later.
         try:
             self._news.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
                                   _NEWS_SNDBUF)

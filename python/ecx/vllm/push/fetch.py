@@ -8,8 +8,9 @@ consumer's load does (UCX, cross-memory attach on one host), from that
 producer straight into its reservation's range of the receive arena.
 Each load is started from the shard's loop with Consumer.load_notify, so
 the shard answers at once: the pulls go from that call where the
-producer is connected, else from a thread of libecx's that makes the
-handshake, and libecx says the load's end on a datagram socket that the
+producer is connected (should the connection fail in between, the call
+makes the handshake itself, within the consumer's timeout_ms), else from
+a thread of libecx's that makes it, and libecx says the load's end on a datagram socket that the
 loop polls (fileno()); no Python thread has to win the interpreter's lock
 for a fetch to start or to land (a thread per load did: 0.2-0.4 ms each
 way on two cores). The loop then settles its reservations (landed()).
@@ -124,6 +125,9 @@ class Fetches:
                 self._go(producer, entries, pairs)
             except Exception as e:  # every entry then fails with it
                 out.append((entries, [e] * len(entries), producer))
+                held = [it for it, _ in pairs if it.lease]
+                if held:
+                    self._releases.submit(self._release, held)
         while True:
             try:
                 msg = self._r.recv(1 << 16)

@@ -81,10 +81,12 @@ class EncoderPushes:
             return
         self._seen = meta
         plans = getattr(meta, "pushes", None)
-        with self._lock:
-            self._seq = max(self._seq, int(getattr(meta, "push_seq", 0) or 0))
         if plans:
             self.plan(plans)
+        # After its pushes are planned: a report made meanwhile names
+        # push_seq only once it counts them.
+        with self._lock:
+            self._seq = max(self._seq, int(getattr(meta, "push_seq", 0) or 0))
 
     def plan(self, plans):
         fresh = {}  # consumer_zmq -> [PushSpec] to reserve now
