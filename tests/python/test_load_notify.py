@@ -159,6 +159,64 @@ def test_a_stopped_producer_ends_by_the_timeout():
         b.close()
 
 
+def test_a_stalled_load_does_not_hold_back_another(producer):
+    """One notified load's thread drives the consumer's worker at a time
+    (notify.c, bg_driver): a load from a stopped producer, started first,
+    drives until its timeout, and a load from a live producer started
+    after it must still end at once (its bytes moved by the driver's
+    progress) and be said at once; then the stalled one ends by its
+    timeout, and a third load, after both, ends at once too."""
+    proc = subprocess.Popen([sys.executable, "-c", PRODUCER],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    producer.put("nt-live", tensor((256, 512), 7))
+    live_url = f"http://127.0.0.1:{producer.registry_port}"
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        url = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        timeout_ms = int(1500 * SCALE)
+        with ecx.Consumer(url) as c1:
+            first, second = c1.lookup(["nt-stop-0", "nt-stop-1"])
+        with ecx.Consumer(live_url) as c2:
+            [live] = c2.lookup(["nt-live"])
+        # One consumer loads from both producers (Items carry where).
+        with ecx.Consumer(None, timeout_ms=timeout_ms) as c:
+            assert c.load_into([(first, first.empty())]) == [None]
+            assert c.load_into([(live, live.empty())]) == [None]
+            stop_process(proc.pid)
+            t0 = time.monotonic()
+            stalled = c.load_notify([(second, second.empty())], a, b"s")
+            time.sleep(0.05)  # its thread drives by now
+            t1 = time.monotonic()
+            quick = c.load_notify([(live, live.empty())], a, b"q")
+            data = recv(b, 5 * SCALE)
+            assert data is not None
+            assert notify_statuses(data, 1) == (b"q", [0])
+            assert time.monotonic() - t1 < timeout_ms / 2e3, \
+                "the live producer's load waited for the stalled one"
+            assert quick.wait() == [None]
+            assert torch.equal(quick.tensors[0], tensor((256, 512), 7))
+            data = recv(b, 5 * SCALE)
+            assert data is not None
+            assert notify_statuses(data, 1) == (
+                b"s", [ecx.errors.CODES["ETIMEDOUT"]])
+            assert time.monotonic() - t0 < (timeout_ms / 1e3 + 0.2
+                                            + 0.3 * SCALE)
+            assert isinstance(stalled.wait()[0], ecx.errors.Timeout)
+            t2 = time.monotonic()
+            again = c.load_notify([(live, live.empty())], a, b"a")
+            data = recv(b, 5 * SCALE)
+            assert data is not None and notify_statuses(data, 1) == (
+                b"a", [0])
+            assert time.monotonic() - t2 < timeout_ms / 2e3
+            assert again.wait() == [None]
+    finally:
+        proc.kill()
+        proc.wait()
+        a.close()
+        b.close()
+
+
 def test_no_socket_no_message_and_a_bad_descriptor(producer):
     producer.put("nt-quiet", torch.ones(64))
     url = f"http://127.0.0.1:{producer.registry_port}"
