@@ -24,6 +24,7 @@ that can connect can at most make a worker pull an item or the scheduler
 count an item landed early (or failed), and the directory's mode keeps
 other users out."""
 import array
+import collections
 import hashlib
 import json
 import logging
@@ -154,7 +155,14 @@ def spec_from_wire(d, cls):
 
 class SchedulerChannel:
     """The scheduler's end: binds both sockets (a stale socket file of an
-    earlier run is replaced)."""
+    earlier run is replaced). A thread of its own takes the news off the
+    socket as it comes: the socket queues at most net.unix.max_dgram_qlen
+    unread messages (10 by default) from every rank together, and libecx
+    drops what does not fit (it never blocks to send), so news left there
+    for a whole step (a step's pulls from several producers times the
+    ranks) was lost and came a step later in the workers' report. The
+    thread blocks in select() and needs the interpreter's lock only to
+    take what came; news() takes what the thread has not yet, too."""
 
     def __init__(self, engine_id, dp_rank):
         eps = endpoints(engine_id, dp_rank)
@@ -182,6 +190,38 @@ class SchedulerChannel:
             self._ctx.destroy(linger=0)
             raise
         self._paths = [eps[0][len("ipc://"):], eps[1]]
+        self._raw = collections.deque()  # messages taken, not yet parsed
+        self._cv = threading.Condition(threading.Lock())
+        self._stop_r, self._stop_w = os.pipe()
+        self._closed = False
+        self._drainer = threading.Thread(target=self._drain, daemon=True,
+                                         name="ecx-news")
+        self._drainer.start()
+
+    def _take(self):
+        """Moves every message waiting on the socket to _raw (with _cv's
+        lock held); True when one was."""
+        took = False
+        while True:
+            try:
+                self._raw.append(self._news.recv(_NEWS_MAX))
+                took = True
+            except (BlockingIOError, InterruptedError):
+                return took
+
+    def _drain(self):
+        while True:
+            try:
+                r, _, _ = select.select([self._news, self._stop_r], [], [])
+            except (OSError, ValueError):
+                return
+            if self._stop_r in r:
+                return
+            with self._cv:
+                if self._closed:
+                    return
+                if self._take():
+                    self._cv.notify_all()
 
     def send_starts(self, specs) -> None:
         """Tells every worker to start these pulls now (never blocks)."""
@@ -197,22 +237,28 @@ class SchedulerChannel:
         triples: held a list of (id, attempt), failed of (id, attempt,
         why). With timeout_s, waits that long for the first if none has
         come."""
+        with self._cv:
+            self._take()
+            if not self._raw and timeout_s > 0:
+                self._cv.wait_for(lambda: self._take() or self._raw,
+                                  timeout_s)
+            raws, self._raw = list(self._raw), collections.deque()
         out = []
-        if timeout_s > 0 and not select.select([self._news], [], [],
-                                               timeout_s)[0]:
-            return out
-        while True:
-            try:
-                raw = self._news.recv(_NEWS_MAX)
-            except (BlockingIOError, InterruptedError):
-                return out
+        for raw in raws:
             try:
                 out.append(parse_news(raw))
             except (ValueError, KeyError, TypeError) as e:
                 logger.warning("ECXConnector: dropping malformed worker "
                                "news: %s", e)
+        return out
 
     def close(self) -> None:
+        with self._cv:
+            self._closed = True
+        os.write(self._stop_w, b"x")
+        self._drainer.join(5.0)
+        os.close(self._stop_r)
+        os.close(self._stop_w)
         self._ctx.destroy(linger=0)
         self._news.close()
         for p in self._paths:
@@ -251,10 +297,8 @@ class WorkerChannel:
         # with the default (208 KiB) a pull in five pieces lost its last
         # piece's news until the scheduler read (the kernel doubles what
         # is asked, up to net.core.wmem_max). The scheduler's socket also
-        # queues at most net.unix.max_dgram_qlen unread datagrams (10 by
-        # default), from all its senders: news past that is dropped
-        # (libecx never blocks to send it) and the item is reported by
-        # the step's worker metadata instead, a step later.
+        # queues at most net.unix.max_dgram_qlen unread datagrams, which
+        # its channel's thread takes off as they come (SchedulerChannel).
         try:
             self._news.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
                                   _NEWS_SNDBUF)
