@@ -161,8 +161,11 @@ class SchedulerChannel:
     drops what does not fit (it never blocks to send), so news left there
     for a whole step (a step's pulls from several producers times the
     ranks) was lost and came a step later in the workers' report. The
-    thread blocks in select() and needs the interpreter's lock only to
-    take what came; news() takes what the thread has not yet, too."""
+    thread blocks in poll() and takes what came once it has the
+    interpreter's lock, which a scheduler thread in a long call that
+    keeps it (pickling a large output) can delay past ten messages: the
+    loss is made rarer, not impossible. news() takes what the thread has
+    not yet, too."""
 
     def __init__(self, engine_id, dp_rank):
         eps = endpoints(engine_id, dp_rank)
@@ -194,6 +197,7 @@ class SchedulerChannel:
         self._cv = threading.Condition(threading.Lock())
         self._stop_r, self._stop_w = os.pipe()
         self._closed = False
+        self._pid = os.getpid()
         self._drainer = threading.Thread(target=self._drain, daemon=True,
                                          name="ecx-news")
         self._drainer.start()
@@ -208,14 +212,27 @@ class SchedulerChannel:
                 took = True
             except (BlockingIOError, InterruptedError):
                 return took
+            except OSError as e:  # the socket closed under us, or worse
+                logger.debug("ECXConnector: news socket: %s", e)
+                return took
 
     def _drain(self):
+        # poll, not select: descriptors above 1024 (vLLM raises its
+        # limit) are out of select's range.
+        p = select.poll()
+        p.register(self._news, select.POLLIN)
+        p.register(self._stop_r, select.POLLIN)
         while True:
             try:
-                r, _, _ = select.select([self._news, self._stop_r], [], [])
-            except (OSError, ValueError):
+                ready = {fd for fd, _ in p.poll()}
+            except InterruptedError:
+                continue
+            except (OSError, ValueError) as e:
+                logger.warning("ECXConnector: the news reader stopped "
+                               "(%s): news waits on the socket for the "
+                               "scheduler's hooks again", e)
                 return
-            if self._stop_r in r:
+            if self._stop_r in ready:
                 return
             with self._cv:
                 if self._closed:
@@ -253,12 +270,17 @@ class SchedulerChannel:
         return out
 
     def close(self) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child's copy: the parent's to close
         with self._cv:
+            if self._closed:
+                return
             self._closed = True
         os.write(self._stop_w, b"x")
         self._drainer.join(5.0)
-        os.close(self._stop_r)
-        os.close(self._stop_w)
+        if not self._drainer.is_alive():  # else it may still poll them
+            os.close(self._stop_r)
+            os.close(self._stop_w)
         self._ctx.destroy(linger=0)
         self._news.close()
         for p in self._paths:

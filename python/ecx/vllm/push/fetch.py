@@ -30,7 +30,8 @@ from ... import Item
 from ...dtypes import DTYPES
 
 # A load whose end was not said (the message lost: the socket full) is
-# looked at directly once it is this old (seconds).
+# looked at directly once it is this old, and again each time this much
+# later (seconds).
 UNSAID_S = 0.5
 
 
@@ -44,7 +45,7 @@ class Fetches:
                                              socket.SOCK_DGRAM)
         self._r.setblocking(False)
         self._seq = 0
-        self._inflight = {}  # seq -> (load, entries, producer, started)
+        self._inflight = {}  # seq -> (load, entries, producer, look at)
         self._paused = False
         self._held = collections.deque()  # (producer, entries, pairs)
         self._releases = ThreadPoolExecutor(1, thread_name_prefix=
@@ -95,7 +96,7 @@ class Fetches:
         load = self.consumer.load_notify(pairs, self._w,
                                          struct.pack("<Q", self._seq))
         self._inflight[self._seq] = (load, entries, producer,
-                                     time.monotonic())
+                                     time.monotonic() + UNSAID_S)
 
     def _end(self, seq):
         load, entries, producer, _ = self._inflight.pop(seq)
@@ -138,9 +139,15 @@ class Fetches:
                 if seq in self._inflight:
                     out.append(self._end(seq))
         now = time.monotonic()
-        for seq, (load, _, _, t0) in list(self._inflight.items()):
-            if now - t0 >= UNSAID_S and load.test():
+        for seq, (load, entries, producer, due) in list(
+                self._inflight.items()):
+            if now < due:
+                continue
+            if load.test():
                 out.append(self._end(seq))
+            else:  # looked at again UNSAID_S later, not every pass
+                self._inflight[seq] = (load, entries, producer,
+                                       now + UNSAID_S)
         return out
 
     def close(self):

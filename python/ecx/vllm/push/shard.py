@@ -479,19 +479,29 @@ class ControlShard:
         expired while its load ran was told then)."""
         for entries, errors, producer in ended:
             for (r, want), err in zip(entries, errors):
-                if err is None:
-                    self._complete((r.transfer_id, r.reservation_id), want,
-                                   fetched=r)
-                    continue
-                with self.table.lock:
-                    followers = self._followers(r.transfer_id)
-                    _, live = self.table.fetch_done(r, False)
-                if live:
-                    logger.warning("push control shard %s: fetch of %s "
-                                   "failed: %s", self.endpoint,
-                                   r.transfer_id[:64], err)
-                    self._queue_failed([r.transfer_id] + followers,
-                                       f"ecx_fetch from {producer}: {err}")
+                try:
+                    self._settle_one(r, want, err, producer)
+                except Exception:  # the batch's others are settled still
+                    logger.exception("push control shard %s: settling the "
+                                     "fetch of %s", self.endpoint,
+                                     r.transfer_id[:64])
+                    with self.table.lock:
+                        if r.fetching:  # its range is freed
+                            self.table.fetch_done(r, False)
+
+    def _settle_one(self, r, want, err, producer):
+        if err is None:
+            self._complete((r.transfer_id, r.reservation_id), want,
+                           fetched=r)
+            return
+        with self.table.lock:
+            followers = self._followers(r.transfer_id)
+            _, live = self.table.fetch_done(r, False)
+        if live:
+            logger.warning("push control shard %s: fetch of %s failed: %s",
+                           self.endpoint, r.transfer_id[:64], err)
+            self._queue_failed([r.transfer_id] + followers,
+                               f"ecx_fetch from {producer}: {err}")
 
     def _op_status(self, req):
         return self.table.status(wire.field(req, "transfer_id", "str"))
