@@ -53,15 +53,21 @@ asan:
 # TSan disables core files unless told. UCX's worker lock stays a
 # spinlock here (UCX_USE_MT_MUTEX=n; ecx asks for a mutex, xfer/ucx.c):
 # UCX takes it in uninstrumented code and releases the mutex by tail calls
-# that TSan reports as ecx's own unlocks of a mutex never locked.
+# that TSan reports as ecx's own unlocks of a mutex never locked. Reports
+# go to files (tsan-report.PID, the test's and each peer's) that
+# scripts/tsan-reports.sh prints last, so a CI log's tail shows the race
+# itself; a peer's report fails the run as the test's own does.
 tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DECX_TSAN=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build-tsan -j $(JOBS) --target test_transfer ecx-test-peer
-	cd build-tsan/tests && rm -f core core.[0-9]* && { ulimit -c unlimited || :; } && \
-		{ TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp disable_coredump=0" \
+	cd build-tsan/tests && rm -f core core.[0-9]* tsan-report.* && \
+		{ ulimit -c unlimited || :; } && \
+		{ TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp disable_coredump=0 log_path=$$PWD/tsan-report" \
 		UCX_USE_MT_MUTEX=n ECX_TEST_BIN=$$PWD ./test_transfer || \
-		{ rc=$$?; $(CURDIR)/scripts/backtraces.sh $$PWD; exit $$rc; }; }
+		{ rc=$$?; $(CURDIR)/scripts/backtraces.sh $$PWD; \
+		$(CURDIR)/scripts/tsan-reports.sh $$PWD; exit $$rc; }; } && \
+		$(CURDIR)/scripts/tsan-reports.sh $$PWD
 
 valgrind: deps build
 	cd $(BUILD)/tests && ECX_TEST_BIN=$$PWD ECX_TEST_TIME_SCALE=10 valgrind --error-exitcode=9 \
