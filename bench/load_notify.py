@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 
+from benchkit import put_random, uptime
+
 SIZES = [64 << 10, 1 << 20, 7 << 20]
 
 CHILD = r"""
@@ -70,19 +72,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--blocks", type=int, default=5)
     a = ap.parse_args()
-    import torch
     import ecx
     prod = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
                         registry_port=0)
-    print(f"# {os.popen('uptime').read().strip()}; transport "
+    print(f"# {uptime()}; transport "
           f"{os.environ.get('TRANSPORT') or 'auto'}; {a.blocks} blocks of "
           f"{a.rounds} each way, alternating")
     print("size       wait us min/med/max     notify us min/med/max   "
           "notify/wait min/med/max")
     for n in SIZES:
-        mm = f"notify{n}".ljust(64, "x")
-        prod.put(mm, torch.frombuffer(bytearray(os.urandom(n)),
-                                      dtype=torch.uint8))
+        mm = put_random(prod, f"notify{n}", n)
         got = subprocess.run(
             [sys.executable, "-c", CHILD, str(n), prod.address, mm,
              str(a.rounds), str(a.blocks)],

@@ -43,6 +43,7 @@ import pushkit  # noqa: E402,F401  (the vllm stub on sys.path)
 import ecx  # noqa: E402
 from ecx.vllm.push import ArenaPool, ControlShard  # noqa: E402
 from ecx.vllm.push.pusher import PushSpec, Pusher  # noqa: E402
+from benchkit import put_random, uptime  # noqa: E402
 
 SIZES = [64 << 10, 1 << 20, 7 << 20]
 N = int(os.environ.get("N", "40"))
@@ -122,7 +123,6 @@ def main():
     a = ap.parse_args()
     if a.consumer_side:
         return consumer_side(a.consumer_host)
-    import torch
     child = subprocess.Popen(
         a.consumer_wrap.split() + [sys.executable, os.path.abspath(__file__),
                                    "--consumer-side", "--consumer-host",
@@ -134,14 +134,12 @@ def main():
                         registry_port=0, mooncake=True)
     # Mooncake's wire, not ecx's fetch (bench/push_shm.py)
     pusher = Pusher(prod, control_timeout_s=5.0, fetch=False)
-    print(f"# {os.popen('uptime').read().strip()}; producer "
+    print(f"# {uptime()}; producer "
           f"{a.producer_host}, consumer {a.consumer_host}")
     print("size      write_ms  push_ms  tcp_ms  tcp/write  tcp/push"
           "  8x_seq_ms  8x_batch_ms")
     for n in SIZES:
-        mm = f"bench{n}".ljust(64, "x")
-        prod.put(mm, torch.frombuffer(bytearray(os.urandom(n)),
-                                      dtype=torch.uint8))
+        mm = put_random(prod, f"bench{n}", n)
         spec = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
         assert pusher.reserve(endpoint, [spec]) == [spec]
         r = next(iter(spec.shards.values()))

@@ -47,6 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "interop"))
 
+from benchkit import put_random, uptime  # noqa: E402
+
 SIZES = [64 << 10, 1 << 20, 7 << 20]
 N = int(os.environ.get("N", "40"))
 
@@ -112,7 +114,6 @@ cons.close()
 
 
 def main():
-    import torch
     import pushkit  # noqa: F401  (the vllm stub on sys.path)
     import ecx
     from ecx.vllm.push.pusher import PushSpec, Pusher
@@ -130,7 +131,7 @@ def main():
     bare = Pusher(prod, control_timeout_s=5.0, send_hash=False)
     wire = Pusher(prod, control_timeout_s=5.0, send_hash=False, fetch=False)
     sub = EventSubscriber(pusher.shards(base))
-    print(f"# {os.popen('uptime').read().strip()}")
+    print(f"# {uptime()}")
     print("size      memcpy_ms  cold_ms  load_ms  fetch_ms  push_ms  "
           "push-h_ms  mc-h_ms  cold/load  cold/fetch  cold/push-h  "
           "cold/mc-h  memcpy/fetch")
@@ -150,14 +151,9 @@ def main():
 
     batches = []
     for n in SIZES:
-        mm = f"shm{n}".ljust(64, "x")
-        data = os.urandom(n)
-        prod.put(mm, torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        mm = put_random(prod, f"shm{n}", n)
         fetch, push, nohash, mc, eight = [], [], [], [], []
-        mms = [f"shm{n}-{k}".ljust(64, "x") for k in range(8)]
-        for m in mms:
-            prod.put(m, torch.frombuffer(bytearray(os.urandom(n)),
-                                         dtype=torch.uint8))
+        mms = [put_random(prod, f"shm{n}-{k}", n) for k in range(8)]
         for k in range(N + 2):
             s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
             assert pusher.reserve(base, [s]) == [s], s.error
@@ -225,7 +221,7 @@ def main():
     wire.close()
     pusher.close()
     prod.close()
-    print(f"# {os.popen('uptime').read().strip()}")
+    print(f"# {uptime()}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
  * which the public calls (api/consumer.c: their argument checks, the
  * handle's process; lookups through api/lookup.c) call into:
  *   consumer.c  lifecycle (create, destroy), stats
- *   conns.c     connections to producers (hello, endpoint), failures
+ *   conns.c     connections to producers (hello, endpoint, goodbyes)
+ *   failures.c  what fails a connection and its pulls: endpoint errors,
+ *               a producer's goodbye, its process seen to exit
  *   replies.c   what producers send back: replies, and data over TCP
  *   memory.c    the receive arena and the registration cache of the
  *               caller's memory (the Mooncake receiver's buffers follow
@@ -113,6 +115,7 @@ typedef struct dead_peer {
 	bool bye; /* it said goodbye (ECX_AM_BYE), rather than exited */
 } dead_peer;
 
+/* failures.c */
 /* Whether pc has been idle at now_ms for more than half the producer's
  * bound (idle_ms, from its hello): the producer may be closing it, so no
  * load sends on it any more (a pull on a closed connection is lost); it
@@ -129,7 +132,23 @@ void cons_pconns_watch(ecx_consumer *c, bool force);
 ucs_status_t cons_am_bye(void *arg, const void *header, size_t header_len,
                          void *data, size_t length,
                          const ucp_am_recv_param_t *param);
+/* The error handler of pc's endpoint (arg: pc): fails pc and its pulls
+ * with ECX_ECLOSED; logged as a failure only where a load uses pc. Takes
+ * c->lock. */
+void cons_pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st);
+/* Whether pc's producer is seen to have exited; if so pc is failed with
+ * its pulls and remembered dead. Called with c->lock. */
+bool cons_pconn_gone_locked(ecx_consumer *c, pconn *pc);
+/* The dead producer at address with epoch (not 0), or NULL. Called with
+ * c->lock. */
+const dead_peer *cons_dead_find(const ecx_consumer *c, const char *address,
+                                uint64_t epoch);
+/* Writes into why (len bytes) the detail of a load's ECX_ECLOSED from
+ * the producer at address, process pid, that left (bye: by its goodbye). */
+void cons_dead_detail(const char *address, long pid, bool bye, char *why,
+                      size_t len);
 
+/* conns.c */
 /* Marks pc failed and, over TCP, closes its endpoint now (or as soon as
  * no thread sends on it): UCX lands TCP puts through this side's worker,
  * so once the endpoint is closed nothing the producer posted earlier can

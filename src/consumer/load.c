@@ -429,7 +429,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		did += cons_load_hash_landed(l);
 		did += cons_mc_poll(l);
 		/* A producer over shared memory that exits says nothing:
-		 * its process is watched (conns.c). */
+		 * its process is watched (failures.c). */
 		cons_pconns_watch(c, false);
 		if (did != 0)
 			continue;

@@ -136,7 +136,8 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	          (unsigned long long)id,
 	          transport == ECX_TR_SHM ? "shared memory" : "tcp");
 	/* Over shared memory the consumer is on this host and watches this
-	 * process (consumer/conns.c); over TCP the pid would mean nothing. */
+	 * process (consumer/failures.c); over TCP the pid would mean
+	 * nothing. */
 	uint64_t pid = transport == ECX_TR_SHM ? (uint64_t)getpid() : 0;
 	char *ans = ecx_zresp_encode_hello(
 	    wcopy, alen, p->epoch, id, hello_wall, transport,

@@ -113,7 +113,7 @@ unsigned ecx_ucx_transports(const ecx_ucx *u);
  * handling, which also keeps UCX off shared memory, and on_error runs in a
  * progress context when the peer fails; UCX's shared-memory transports
  * cannot report that, so over shm the consumer watches the producer's
- * process instead (consumer/conns.c). */
+ * process instead (consumer/failures.c). */
 int ecx_ucx_ep_create(ecx_ucx *u, const void *addr, size_t len,
                       unsigned transport, ucp_err_handler_cb_t on_error,
                       void *arg, ucp_ep_h *ep, char *why, size_t whylen);

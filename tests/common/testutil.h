@@ -1,5 +1,6 @@
-/* testutil.h - helpers the C tests share: deterministic item bytes, and a
- * child process (tests/peer.c) driven line by line over pipes. */
+/* testutil.h - helpers the C tests share: deterministic item bytes (and a
+ * put of them into a producer of the test's process), and a child process
+ * (tests/peer.c) driven line by line over pipes. */
 #ifndef ECX_TESTUTIL_H
 #define ECX_TESTUTIL_H
 
@@ -32,6 +33,25 @@ static inline void tu_fill(const char *id, void *buf, size_t n)
 static inline bool tu_check(const char *id, const void *buf, size_t n)
 {
 	return gen_check(id, buf, n);
+}
+
+/* Puts into p, a producer of this process, an item of n uint8 bytes for
+ * id (tu_fill's). Returns ecx_producer_put's code (ECX_ENOMEM where no
+ * buffer could be had). */
+static inline int tu_put(ecx_producer *p, const char *id, uint64_t n)
+{
+	ecx_tensor_desc d;
+	uint64_t shape[1] = {n};
+	int rc = ecx_tensor_set(&d, ECX_DTYPE_UINT8, 1, shape);
+	if (rc != 0)
+		return rc;
+	void *buf = malloc(n);
+	if (buf == NULL)
+		return ECX_ENOMEM;
+	tu_fill(id, buf, n);
+	rc = ecx_producer_put(p, id, &d, buf);
+	free(buf);
+	return rc;
 }
 
 typedef struct tu_child {

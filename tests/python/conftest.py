@@ -1,4 +1,5 @@
-"""Shared fixtures: the ecx binary, free ports, and an `ecx serve` process."""
+"""Shared fixtures: the ecx binary, free ports, an `ecx serve` process, and
+producers of the test's own process."""
 import json
 import os
 import shutil
@@ -122,3 +123,22 @@ def registry():
     yield start
     for r in started:
         r.stop()
+
+
+@pytest.fixture
+def local_producer():
+    """Makes ecx.Producer(capacity_bytes, **kw)s of this process on
+    127.0.0.1 with a registry on a free port; closes them after the
+    test, the last made first."""
+    made = []
+
+    def make(capacity_bytes, **kw):
+        import ecx
+        p = ecx.Producer(capacity_bytes=capacity_bytes,
+                         bind_host="127.0.0.1", registry_port=0, **kw)
+        made.append(p)
+        return p
+
+    yield make
+    for p in reversed(made):
+        p.close()

@@ -4,6 +4,7 @@ ecx_fetch and the shard pulls the bytes from its producer over UCX into
 the reservation; upstream's encoder still writes over Mooncake's wire.
 Real sockets on 127.0.0.1, producers in other processes where a fault is
 made (SIGKILL, SIGSTOP); bytes, states, pool memory and time checked."""
+import contextlib
 import random
 import signal
 import subprocess
@@ -166,6 +167,24 @@ def reserve_fetchable(ctl, tid, tokens):
     return r
 
 
+def fetch_entry(ctl, tid, tokens):
+    """An ecx_fetch entry for a fresh fetchable reservation of tid."""
+    r = reserve_fetchable(ctl, tid, tokens)
+    return {"transfer_id": tid, "reservation_id": r["reservation_id"]}
+
+
+@contextlib.contextmanager
+def fetch_entry_on(prefill, tid, tokens):
+    """(prefill, its control client, fetch_entry of tid) on a fresh
+    prefill; the client is closed after."""
+    p = prefill()
+    ctl = Ctl(p.base)
+    try:
+        yield p, ctl, fetch_entry(ctl, tid, tokens)
+    finally:
+        ctl.close()
+
+
 def test_fetch_from_another_process_checks_bytes(prefill, child):
     p = prefill()
     pr, addr, h, data = child(256)
@@ -276,9 +295,7 @@ def test_token_is_needed_for_fetch(prefill, child):
     bare = Ctl(p.base)
     ev = pull(p.shards[0].event_endpoint, password=TOKEN)
     try:
-        r = reserve_fetchable(ctl, "f" * 32, 16)
-        entry = {"transfer_id": "f" * 32,
-                 "reservation_id": r["reservation_id"]}
+        entry = fetch_entry(ctl, "f" * 32, 16)
         refused = bare.call("ecx_fetch", ecx_producer=addr, items=[entry])
         assert refused["ok"] is False and "unauthorized" in refused["error"]
         time.sleep(0.2)
@@ -296,12 +313,7 @@ def test_token_is_needed_for_fetch(prefill, child):
 
 
 def test_bad_fetch_requests_change_nothing(prefill):
-    p = prefill()
-    ctl = Ctl(p.base)
-    try:
-        r = reserve_fetchable(ctl, "g" * 32, 4)
-        good = {"transfer_id": "g" * 32,
-                "reservation_id": r["reservation_id"]}
+    with fetch_entry_on(prefill, "g" * 32, 4) as (p, ctl, good):
         for fields in ({"items": [good]},
                        {"ecx_producer": 5, "items": [good]},
                        {"ecx_producer": "x" * 300, "items": [good]},
@@ -322,8 +334,6 @@ def test_bad_fetch_requests_change_nothing(prefill):
         half = ctl.result("reserve", ecx_fetch=True,
                           **item("k" * 32, "h" * 64, dtype="half"))
         assert half["write"] is True and "ecx_fetch" not in half
-    finally:
-        ctl.close()
     # a shard over memory with no consumer neither offers nor fetches
     shards, _ = start_shards()
     c = Ctl(shards[0].endpoint)
@@ -469,19 +479,12 @@ def test_fetch_without_a_hold_is_written_instead(prefill):
 
 
 def test_bad_lease_field_is_refused(prefill):
-    p = prefill()
-    ctl = Ctl(p.base)
-    try:
-        r = reserve_fetchable(ctl, "q" * 32, 4)
-        good = {"transfer_id": "q" * 32,
-                "reservation_id": r["reservation_id"]}
+    with fetch_entry_on(prefill, "q" * 32, 4) as (p, ctl, good):
         for bad in ("7", -1, 1 << 53, True):
             reply = ctl.call("ecx_fetch", ecx_producer="tcp://127.0.0.1:1",
                              items=[dict(good, ecx_lease=bad)])
             assert reply["ok"] is False and "ecx_lease" in reply["error"]
         assert not p.shards[0].table.get("q" * 32).fetching
-    finally:
-        ctl.close()
 
 
 def test_reservation_expiring_while_its_fetch_runs_is_told_once(prefill):
@@ -536,10 +539,8 @@ def test_duplicate_fetch_entries_are_answered_each_on_its_own(
         ctl = Ctl(p.base)
         ev = pull(p.shards[0].event_endpoint)
         try:
-            r = reserve_fetchable(ctl, tid, 16)
-            good = {"transfer_id": tid,
-                    "reservation_id": r["reservation_id"]}
-            dup = dict(good, reservation_id=second or r["reservation_id"])
+            good = fetch_entry(ctl, tid, 16)
+            dup = dict(good, reservation_id=second or good["reservation_id"])
             got = ctl.result("ecx_fetch", ecx_producer=addr,
                              items=[good, dup])
             # the second names another reservation, or one already fetching

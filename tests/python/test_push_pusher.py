@@ -26,11 +26,8 @@ def payload(seed, n):
 
 
 @pytest.fixture
-def producer():
-    p = ecx.Producer(capacity_bytes=64 << 20, bind_host="127.0.0.1",
-                     registry_port=0, mooncake=True)
-    yield p
-    p.close()
+def producer(local_producer):
+    return local_producer(64 << 20, mooncake=True)
 
 
 def hold(producer, k, tokens, prefix="pp"):

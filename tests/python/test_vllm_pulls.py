@@ -26,11 +26,8 @@ SCALE = float(os.environ.get("ECX_TEST_TIME_SCALE", "1"))
 
 
 @pytest.fixture
-def producer():
-    p = ecx.Producer(capacity_bytes=32 << 20, bind_host="127.0.0.1",
-                     registry_port=0)
-    yield p
-    p.close()
+def producer(local_producer):
+    return local_producer(32 << 20)
 
 
 @pytest.fixture

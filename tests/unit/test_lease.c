@@ -391,17 +391,6 @@ static void test_lease_wire(void **state)
 	free(m);
 }
 
-static void own_put(ecx_producer *p, const char *id, uint64_t n)
-{
-	ecx_tensor_desc d;
-	uint64_t shape[1] = {n};
-	assert_int_equal(ecx_tensor_set(&d, ECX_DTYPE_UINT8, 1, shape), 0);
-	void *buf = malloc(n);
-	tu_fill(id, buf, n);
-	assert_int_equal(ecx_producer_put(p, id, &d, buf), 0);
-	free(buf);
-}
-
 static bool own_held(ecx_producer *p, const char *id)
 {
 	uint64_t h = 0;
@@ -433,8 +422,8 @@ static void test_lease_own(void **state)
 	char why[256] = "";
 	if (ecx_producer_create(&pp, &p, why, sizeof(why)) != 0)
 		fail_msg("producer: %s", why);
-	own_put(p, "o1", MiB);
-	own_put(p, "o2", MiB);
+	assert_int_equal(tu_put(p, "o1", MiB), 0);
+	assert_int_equal(tu_put(p, "o2", MiB), 0);
 	uint64_t l1 = 0, l2 = 0, lx = 7;
 	assert_int_equal(ecx_producer_lease(p, "o1", 60000, &l1), 0);
 	assert_true(l1 != 0 && l1 < (1ull << 53));
@@ -443,7 +432,7 @@ static void test_lease_own(void **state)
 	/* The share (50 % of 4 MiB) holds two 1 MiB items, counted once. */
 	assert_int_equal(ecx_producer_lease(p, "o1", 0, &lx), 0);
 	assert_int_equal(ecx_producer_lease(p, "o2", 0, &l2), 0);
-	own_put(p, "o3", MiB);
+	assert_int_equal(tu_put(p, "o3", MiB), 0);
 	uint64_t l3 = 0;
 	assert_int_equal(ecx_producer_lease(p, "o3", 0, &l3), ECX_ENOSPC);
 	ecx_producer_stats st;
@@ -452,9 +441,9 @@ static void test_lease_own(void **state)
 	assert_int_equal(st.leased_bytes, 2 * MiB);
 	assert_int_equal(st.leases_refused, 1);
 	/* o1 and o2 are the least recently put: eviction passes them by. */
-	own_put(p, "o4", MiB);
-	own_put(p, "o5", MiB);
-	own_put(p, "o6", MiB);
+	assert_int_equal(tu_put(p, "o4", MiB), 0);
+	assert_int_equal(tu_put(p, "o5", MiB), 0);
+	assert_int_equal(tu_put(p, "o6", MiB), 0);
 	assert_true(own_held(p, "o1") && own_held(p, "o2"));
 	assert_false(own_held(p, "o3"));
 	/* lease_end: 1 while held, 0 after; o1 stays leased by lx. */
@@ -472,10 +461,10 @@ static void test_lease_own(void **state)
 	ecx_producer_stats_get(p, &st);
 	assert_int_equal(st.leases, 0);
 	assert_int_equal(st.leases_expired, 1);
-	own_put(p, "o7", MiB);
-	own_put(p, "o8", MiB);
-	own_put(p, "o9", MiB);
-	own_put(p, "o10", MiB);
+	assert_int_equal(tu_put(p, "o7", MiB), 0);
+	assert_int_equal(tu_put(p, "o8", MiB), 0);
+	assert_int_equal(tu_put(p, "o9", MiB), 0);
+	assert_int_equal(tu_put(p, "o10", MiB), 0);
 	assert_false(own_held(p, "o1"));
 	assert_false(own_held(p, "o2"));
 	assert_int_equal(ecx_producer_lease(NULL, "o7", 0, &lx), ECX_EINVAL);

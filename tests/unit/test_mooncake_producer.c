@@ -41,17 +41,6 @@ static ecx_producer *producer(const char *token, int mooncake, int timeout_ms)
 	return p;
 }
 
-static void put(ecx_producer *p, const char *id, uint64_t n)
-{
-	ecx_tensor_desc d;
-	uint64_t shape[1] = {n};
-	assert_int_equal(ecx_tensor_set(&d, ECX_DTYPE_UINT8, 1, shape), 0);
-	void *buf = malloc(n);
-	tu_fill(id, buf, n);
-	assert_int_equal(ecx_producer_put(p, id, &d, buf), 0);
-	free(buf);
-}
-
 /* A REQ socket, as the reference's consumer opens one per pull. */
 typedef struct req {
 	void *ctx, *s;
@@ -146,8 +135,8 @@ static void test_ref_pull(void **state)
 {
 	(void)state;
 	ecx_producer *p = producer(NULL, 1, 5000);
-	put(p, "item-64k", 64 * KiB);
-	put(p, "item-7m", 7 * MiB);
+	assert_int_equal(tu_put(p, "item-64k", 64 * KiB), 0);
+	assert_int_equal(tu_put(p, "item-7m", 7 * MiB), 0);
 	rx x;
 	assert_true(rx_start(&x, AF_INET, 16 * MiB, 2, RX_OK));
 	uint64_t base = (uint64_t)(uintptr_t)x.mem;
@@ -247,8 +236,8 @@ static void test_ref_pull_stalled(void **state)
 	(void)state;
 	int timeout_ms = 1500;
 	ecx_producer *p = producer(NULL, 1, timeout_ms);
-	put(p, "item-64k", 64 * KiB);
-	put(p, "item-7m", 7 * MiB);
+	assert_int_equal(tu_put(p, "item-64k", 64 * KiB), 0);
+	assert_int_equal(tu_put(p, "item-7m", 7 * MiB), 0);
 	rx good, stuck;
 	assert_true(rx_start(&good, AF_INET, 8 * MiB, 2, RX_OK));
 	assert_true(rx_start(&stuck, AF_INET, 8 * MiB, 2, RX_STALL));
@@ -280,7 +269,7 @@ static void test_ref_pull_stalled(void **state)
 	/* destroy does not wait for a stalled receiver: the pull in flight
 	 * is answered at once. */
 	ecx_producer *p2 = producer(NULL, 1, 20000);
-	put(p2, "item-7m", 7 * MiB);
+	assert_int_equal(tu_put(p2, "item-7m", 7 * MiB), 0);
 	stalled_arg sb = {.p = p2,
 	                  .session = stuck.name,
 	                  .dst = (uint64_t)(uintptr_t)stuck.mem};
@@ -307,7 +296,7 @@ static void test_ref_pull_refused(void **state)
 	rx x;
 	assert_true(rx_start(&x, AF_INET, MiB, 2, RX_OK));
 	ecx_producer *p = producer("s3cret", 1, 2000);
-	put(p, "item-64k", 64 * KiB);
+	assert_int_equal(tu_put(p, "item-64k", 64 * KiB), 0);
 	req r = req_open(p);
 	const char *a =
 	    pull(&r, "item-64k", x.name, (uint64_t)(uintptr_t)x.mem, 64 * KiB);
@@ -329,7 +318,7 @@ static void test_ref_pull_refused(void **state)
 	ecx_producer_destroy(p);
 
 	p = producer(NULL, 0, 2000);
-	put(p, "item-64k", 64 * KiB);
+	assert_int_equal(tu_put(p, "item-64k", 64 * KiB), 0);
 	r = req_open(p);
 	a = pull(&r, "item-64k", x.name, (uint64_t)(uintptr_t)x.mem, 64 * KiB);
 	assert_string_equal(jstr(a, "code"), "EUNSUPPORTED");

@@ -39,17 +39,6 @@ static ecx_producer *producer(int mooncake, int timeout_ms)
 	return p;
 }
 
-static void put(ecx_producer *p, const char *id, uint64_t n)
-{
-	ecx_tensor_desc d;
-	uint64_t shape[1] = {n};
-	assert_int_equal(ecx_tensor_set(&d, ECX_DTYPE_UINT8, 1, shape), 0);
-	void *buf = malloc(n);
-	tu_fill(id, buf, n);
-	assert_int_equal(ecx_producer_put(p, id, &d, buf), 0);
-	free(buf);
-}
-
 static int headers(rx *x)
 {
 	return __atomic_load_n(&x->headers, __ATOMIC_RELAXED);
@@ -61,8 +50,8 @@ static void test_push(void **state)
 {
 	(void)state;
 	ecx_producer *p = producer(1, 5000);
-	put(p, "a-7m", 7 * MiB);
-	put(p, "a-64k", 64 * KiB);
+	assert_int_equal(tu_put(p, "a-7m", 7 * MiB), 0);
+	assert_int_equal(tu_put(p, "a-64k", 64 * KiB), 0);
 	rx x;
 	assert_true(rx_start(&x, AF_INET, 24 * MiB, 2, RX_OK));
 	uint64_t base = (uint64_t)(uintptr_t)x.mem;
@@ -80,7 +69,8 @@ static void test_push(void **state)
 	ecx_push_item e[8];
 	for (int k = 0; k < 8; k++) {
 		snprintf(ids[k], sizeof(ids[k]), "b-%d", k);
-		put(p, ids[k], 1 * MiB + (uint64_t)k * 4096);
+		assert_int_equal(
+		    tu_put(p, ids[k], 1 * MiB + (uint64_t)k * 4096), 0);
 		e[k] = (ecx_push_item){.id = ids[k],
 		                       .dst_session = x.name,
 		                       .dst_ptr = base + 10 * MiB +
@@ -112,7 +102,7 @@ static void test_push_refused(void **state)
 {
 	(void)state;
 	ecx_producer *p = producer(1, 5000);
-	put(p, "r-64k", 64 * KiB);
+	assert_int_equal(tu_put(p, "r-64k", 64 * KiB), 0);
 	rx x;
 	assert_true(rx_start(&x, AF_INET, 1 * MiB, 2, RX_OK));
 	uint64_t base = (uint64_t)(uintptr_t)x.mem;
@@ -154,7 +144,7 @@ static void test_push_refused(void **state)
 	ecx_producer_destroy(p);
 
 	p = producer(0, 5000);
-	put(p, "r-64k", 64 * KiB);
+	assert_int_equal(tu_put(p, "r-64k", 64 * KiB), 0);
 	assert_int_equal(
 	    ecx_producer_push(p, "r-64k", x.name, base, 64 * KiB, 0),
 	    ECX_EUNSUPPORTED);
@@ -189,7 +179,7 @@ static void test_push_receiver_faults(void **state)
 	(void)state;
 	uint64_t scale = (uint64_t)time_scale();
 	ecx_producer *p = producer(1, 5000);
-	put(p, "s-7m", 7 * MiB);
+	assert_int_equal(tu_put(p, "s-7m", 7 * MiB), 0);
 
 	rx x;
 	assert_true(rx_start(&x, AF_INET, 8 * MiB, 2, RX_REJECT));
@@ -227,7 +217,7 @@ static void test_push_receiver_faults(void **state)
 	rx_stop(&x);
 
 	/* A session that is gone: nothing listens on its ports. */
-	put(p, "s-7m", 7 * MiB);
+	assert_int_equal(tu_put(p, "s-7m", 7 * MiB), 0);
 	assert_true(rx_start(&x, AF_INET, 8 * MiB, 2, RX_OK));
 	char gone[64];
 	snprintf(gone, sizeof(gone), "%s", x.name);
@@ -263,7 +253,7 @@ static void test_item_xxh3(void **state)
 		if (ecx_producer_create(&pp, &p, why, sizeof(why)) != 0)
 			fail_msg("producer: %s", why);
 		uint64_t n = 300 * KiB + 7;
-		put(p, "hashed", n);
+		assert_int_equal(tu_put(p, "hashed", n), 0);
 		unsigned char *want = malloc(n);
 		tu_fill("hashed", want, n);
 		uint64_t h = 0;

@@ -10,8 +10,11 @@ pusher.
   wire   envelopes, dtype names, the checks on every request field
   table  ReservationTable: reservations, their states, TTLs, tombstones,
          followers and resident copies
-  shard  ControlShard: the REP and event sockets, the server thread, the
-         ops, the token, failure events, the hash check at complete
+  shard  ControlShard: the REP socket, the server thread, the ops, the
+         token, failure events, the hash check at complete
+  events the event socket, the queue its events wait in (and the pipe
+         that wakes the shard's loop), the ZAP handler of the token
+  fetch  Fetches: the loads a shard runs for ecx's ecx_fetch op
   pusher Pusher: the encoder's discovery, reserves, writes, completes
          and abandons
 

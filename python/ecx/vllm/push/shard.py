@@ -8,11 +8,9 @@ shard runs the loop: flush queued events without blocking, run the reaper
 once a second has passed, wait up to 100 ms for a request and serve it.
 
 With a token, every request must carry it as "ecx_token" (else upstream's
-error envelope, and nothing is done), and the event socket is a ZeroMQ
-PLAIN server whose password is the token, checked by this shard's own ZAP
-handler: a peer without it never completes the handshake, so it is never
-one of the PUSH socket's peers and can neither receive nor take away an
-event.
+error envelope, and nothing is done), and the event socket takes only
+subscribers that hold it (events.py: the event socket, the queue its
+events wait in, the ZAP handler).
 
 ecx's fetch (fetch.py): over a pool with a consumer (ArenaPool), a reserve
 that asks with "ecx_fetch": true is told "ecx_fetch": true, and the op
@@ -20,10 +18,8 @@ ecx_fetch has the shard pull the named writers' bytes from an ecx producer
 into their ranges, settling each reservation as complete would (or failing
 it, with a failure event) when its load ends.
 """
-import collections
 import hmac
 import logging
-import os
 import threading
 import time
 
@@ -31,19 +27,17 @@ import zmq
 
 from . import wire
 from ...dtypes import DTYPES
+from .events import (EVENT_BACKLOG, EventQueue, bind_events, bind_zap,
+                     serve_zap)
 from .fetch import Fetches
 from .table import TTL_S, Refused, ReservationTable
 from .wire import BadRequest, error, ok
 
 logger = logging.getLogger("ecx.vllm.push")
 
-EVENT_BACKLOG = 4096
 POLL_MS = 100
 REAP_EVERY_S = 1.0
 START_WAIT_S = 5.0
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-ZAP_DOMAIN = "ecx.push.events"
-PLAIN_USER = "ecx"
 
 
 def shard_port(ec_port, dp_rank, tp_size, tp_rank):
@@ -87,16 +81,10 @@ class ControlShard:
             pool, clock, self._queue_event, on_reclaimed, ttl=ttl,
             on_failed=lambda r, why: self._queue_failed([r.transfer_id],
                                                         why))
-        self._events = collections.deque()
-        self._events_lock = threading.Lock()
-        self._poll_ms = int(poll_ms)
         # An event queued by another thread (a data plane calling the
-        # table) or a stop wakes the loop through a pipe (made by start),
-        # so neither waits for the poll to time out.
-        self._wake_r = self._wake_w = None
-        self._wake_lock = threading.Lock()
-        self._backlog = int(event_backlog)
-        self.events_dropped = 0
+        # table) or a stop wakes the loop through the queue's pipe.
+        self._events = EventQueue(self.endpoint, event_backlog)
+        self._poll_ms = int(poll_ms)
         self.requests = 0
         self._thread = None
         self._started = threading.Event()
@@ -124,9 +112,7 @@ class ControlShard:
         """Binds both sockets and starts the server thread; returns once
         bound (at most 5 s). Raises RuntimeError naming the endpoint where
         a bind fails."""
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._events.open()
         self._thread = threading.Thread(
             target=self._run, name=f"ecx-push-{self.port}", daemon=True)
         self._thread.start()
@@ -150,13 +136,15 @@ class ControlShard:
         if wait_s is not None:
             self._wait_s = float(wait_s)
         self._stop.set()
-        self._wake()
+        self._events.wake()
         self._thread.join()
         self._thread = None
-        with self._wake_lock:
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            self._wake_r = self._wake_w = None
+        self._events.close()
+
+    @property
+    def events_dropped(self):
+        """Events dropped from a full backlog with no subscriber."""
+        return self._events.dropped
 
     # ---- what the data plane and the loader call ----
 
@@ -177,12 +165,12 @@ class ControlShard:
 
     def _bind(self, ctx):
         socks = []
+        where = "the ZAP handler"
         try:
+            zap = None
             if self._token:
-                zap = ctx.socket(zmq.REP)
+                zap = bind_zap(ctx)
                 socks.append(zap)
-                zap.linger = 0
-                zap.bind(ZAP_ENDPOINT)
             rep = ctx.socket(zmq.REP)
             socks.append(rep)
             rep.setsockopt(zmq.IPV6, 1)
@@ -190,23 +178,14 @@ class ControlShard:
             rep.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME)
             where = self.endpoint
             rep.bind(where)
-            ev = ctx.socket(zmq.PUSH)
-            socks.append(ev)
-            ev.setsockopt(zmq.IPV6, 1)
-            ev.linger = 0
-            if self._token:
-                ev.plain_server = True
-                ev.zap_domain = ZAP_DOMAIN.encode()
             where = f"tcp://{self.host}:0"
-            ev.bind(where)
-            last = ev.getsockopt_string(zmq.LAST_ENDPOINT)
-            self.event_port = int(last.rsplit(":", 1)[1])
+            ev, self.event_port = bind_events(ctx, self.host, self._token)
             self.event_endpoint = f"tcp://{self.host}:{self.event_port}"
         except zmq.ZMQError as e:
             for s in socks:
                 s.close(0)
             raise RuntimeError(f"{where}: {e}") from None
-        return (socks[0] if self._token else None), rep, ev
+        return zap, rep, ev
 
     def _run(self):
         ctx = zmq.Context()
@@ -222,7 +201,7 @@ class ControlShard:
         poller.register(rep, zmq.POLLIN)
         if zap is not None:
             poller.register(zap, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._events.fileno(), zmq.POLLIN)
         if self._fetches is not None:
             poller.register(self._fetches.fileno(), zmq.POLLIN)
         deadline = None
@@ -234,9 +213,9 @@ class ControlShard:
                         deadline = time.monotonic() + self._wait_s
                     if (not self.table.writers_left()
                             or time.monotonic() >= deadline):
-                        self._flush(ev)
+                        self._events.flush(ev)
                         break
-                self._flush(ev)
+                self._events.flush(ev)
                 if self.clock() - self._last_reap >= REAP_EVERY_S:
                     self.run_reaper()
                 wait = self._poll_ms
@@ -244,12 +223,12 @@ class ControlShard:
                     wait = min(wait, max(0, int(
                         (deadline - time.monotonic()) * 1000) + 1))
                 ready = dict(poller.poll(wait))
-                if self._wake_r in ready:
-                    self._drain_wake()
+                if self._events.fileno() in ready:
+                    self._events.drain_wake()
                 if self._fetches is not None:
                     self._settle(self._fetches.landed())
                 if zap is not None and zap in ready:
-                    self._zap(zap)
+                    serve_zap(zap, self._token)
                 if rep in ready:
                     frames = rep.recv_multipart()
                     rep.send(wire.encode(self._handle(frames)))
@@ -264,60 +243,11 @@ class ControlShard:
                     s.close(0)
             ctx.term()
 
-    def _flush(self, ev):
-        with self._events_lock:
-            while self._events:
-                try:
-                    ev.send(self._events[0], zmq.NOBLOCK)
-                except zmq.Again:
-                    return
-                self._events.popleft()
-
     def _queue_event(self, event):
         event["shard"] = self.port
-        frame = wire.encode(event)
-        with self._events_lock:
-            if len(self._events) >= self._backlog:
-                self._events.popleft()
-                self.events_dropped += 1
-                logger.warning("push control shard %s: %d ready events "
-                               "queued with no subscriber; the oldest is "
-                               "dropped", self.endpoint, self._backlog)
-            self._events.append(frame)
+        self._events.put(wire.encode(event))
         if threading.current_thread() is not self._thread:
-            self._wake()
-
-    def _wake(self):
-        with self._wake_lock:
-            if self._wake_w is None:
-                return  # stopped
-            try:
-                os.write(self._wake_w, b"w")
-            except BlockingIOError:
-                pass  # already woken
-
-    def _drain_wake(self):
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-
-    def _zap(self, zap):
-        """One ZAP request (RFC 27): PLAIN with the token on the event
-        socket's domain is accepted, all else there refused; other domains
-        (the REP socket, NULL) are accepted as ZeroMQ would without us."""
-        frames = zap.recv_multipart()
-        version, rid = frames[0], frames[1] if len(frames) > 1 else b""
-        domain = frames[2] if len(frames) > 2 else b""
-        mech = frames[5] if len(frames) > 5 else b""
-        good = True
-        if domain == ZAP_DOMAIN.encode():
-            good = (mech == b"PLAIN" and len(frames) == 8
-                    and frames[6] == PLAIN_USER.encode()
-                    and hmac.compare_digest(frames[7], self._token))
-        code, text = (b"200", b"OK") if good else (b"400", b"bad token")
-        zap.send_multipart([version, rid, code, text, b"", b""])
+            self._events.wake()
 
     # ---- requests ----
 

@@ -12,7 +12,7 @@ import threading
 
 import zmq
 
-from ..push.shard import PLAIN_USER
+from ..push.events import PLAIN_USER
 from ..push.wire import TOKEN_FIELD
 
 logger = logging.getLogger("ecx.vllm")
