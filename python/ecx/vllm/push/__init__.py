@@ -25,9 +25,9 @@ in. ../../../../docs/vllm.md ("Push mode") says how it is used;
 from .arena import ArenaPool
 from .pool import ALIGN, BufferPool, ReceivePool
 from .shard import ControlShard, shard_port
-from .table import (CANCEL_PENDING, CANCELLED, EXPIRE_PENDING, EXPIRED,
-                    READY, TTL_S, WRITING, Refused, Reservation,
-                    ReservationTable)
+from .records import (CANCEL_PENDING, CANCELLED, EXPIRE_PENDING, EXPIRED,
+                      READY, WRITING, Reservation)
+from .table import TTL_S, Refused, ReservationTable
 from .wire import DTYPE_SIZES, TOKEN_FIELD, BadRequest
 
 __all__ = ["ALIGN", "ArenaPool", "BufferPool", "ReceivePool", "ControlShard",
