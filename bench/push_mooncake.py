@@ -8,6 +8,10 @@ gives a reservation; rows:
          Mooncake WRITE from the C writer into the C receiver), median of N;
   push   the whole push through ecx.vllm.push.pusher (reserve, write,
          complete_batch) of a fresh transfer_id each time, median of N;
+  bound  the same push reserved beforehand (untimed): the write and the
+         complete_batch, what follows the encoder's output being bound
+         (the connector reserves when the step plans the item,
+         pushflow/pushes.py), median of N;
   8x     eight writes of the item one after another (Producer.push) and
          as one Producer.push_batch (up to four in flight);
   tcp    raw TCP to the same consumer process: n bytes sent, received in
@@ -136,8 +140,8 @@ def main():
     pusher = Pusher(prod, control_timeout_s=5.0, fetch=False)
     print(f"# {uptime()}; producer "
           f"{a.producer_host}, consumer {a.consumer_host}")
-    print("size      write_ms  push_ms  tcp_ms  tcp/write  tcp/push"
-          "  8x_seq_ms  8x_batch_ms")
+    print("size      write_ms  push_ms  bound_ms  tcp_ms  tcp/write  "
+          "tcp/push  tcp/bound  8x_seq_ms  8x_batch_ms")
     for n in SIZES:
         mm = put_random(prod, f"bench{n}", n)
         spec = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
@@ -159,17 +163,25 @@ def main():
             assert prod.push_batch(eight) == [0] * 8
             par.append(time.perf_counter() - t0)
         pusher.abandon(endpoint, [spec])
-        p = []
+        p, bound = [], []
         for _ in range(N):
             s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
             t0 = time.perf_counter()
             assert pusher.push(endpoint, [s]) == [], s.error
             p.append(time.perf_counter() - t0)
             pusher.abandon(endpoint, [s])
+            s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
+            assert pusher.reserve(endpoint, [s]) == [s], s.error
+            t0 = time.perf_counter()
+            assert pusher.push(endpoint, [s]) == [], s.error
+            bound.append(time.perf_counter() - t0)
+            pusher.abandon(endpoint, [s])
         tcp = tcp_rtt(side["tcp"], n, N)
         wm, pm = statistics.median(w), statistics.median(p)
+        bm = statistics.median(bound)
         print(f"{n >> 10:>6} KiB {wm * 1e3:8.3f} {pm * 1e3:8.3f} "
-              f"{tcp * 1e3:7.3f} {tcp / wm:9.2f}x {tcp / pm:8.2f}x "
+              f"{bm * 1e3:9.3f} {tcp * 1e3:7.3f} {tcp / wm:9.2f}x "
+              f"{tcp / pm:9.2f}x {tcp / bm:10.2f}x "
               f"{statistics.median(seq) * 1e3:10.3f} "
               f"{statistics.median(par) * 1e3:12.3f}", flush=True)
     pusher.close()
