@@ -12,6 +12,8 @@ gives a reservation; rows:
          complete_batch, what follows the encoder's output being bound
          (the connector reserves when the step plans the item,
          pushflow/pushes.py), median of N;
+  bound-h the bound push without the hash (Pusher(send_hash=False): the
+         consumer checks no XXH3 at the complete), median of N;
   8x     eight writes of the item one after another (Producer.push) and
          as one Producer.push_batch (up to four in flight);
   tcp    raw TCP to the same consumer process: n bytes sent, received in
@@ -138,10 +140,12 @@ def main():
                         registry_port=0, mooncake=True)
     # Mooncake's wire, not ecx's fetch (bench/push_shm.py)
     pusher = Pusher(prod, control_timeout_s=5.0, fetch=False)
+    bare = Pusher(prod, control_timeout_s=5.0, fetch=False, send_hash=False)
     print(f"# {uptime()}; producer "
           f"{a.producer_host}, consumer {a.consumer_host}")
-    print("size      write_ms  push_ms  bound_ms  tcp_ms  tcp/write  "
-          "tcp/push  tcp/bound  8x_seq_ms  8x_batch_ms")
+    print("size      write_ms  push_ms  bound_ms  bound-h_ms  tcp_ms  "
+          "tcp/write  tcp/push  tcp/bound  tcp/bound-h  8x_seq_ms  "
+          "8x_batch_ms")
     for n in SIZES:
         mm = put_random(prod, f"bench{n}", n)
         spec = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
@@ -163,7 +167,7 @@ def main():
             assert prod.push_batch(eight) == [0] * 8
             par.append(time.perf_counter() - t0)
         pusher.abandon(endpoint, [spec])
-        p, bound = [], []
+        p, bound, bare_bound = [], [], []
         for _ in range(N):
             s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
             t0 = time.perf_counter()
@@ -176,15 +180,23 @@ def main():
             assert pusher.push(endpoint, [s]) == [], s.error
             bound.append(time.perf_counter() - t0)
             pusher.abandon(endpoint, [s])
+            s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
+            assert bare.reserve(endpoint, [s]) == [s], s.error
+            t0 = time.perf_counter()
+            assert bare.push(endpoint, [s]) == [], s.error
+            bare_bound.append(time.perf_counter() - t0)
+            bare.abandon(endpoint, [s])
         tcp = tcp_rtt(side["tcp"], n, N)
         wm, pm = statistics.median(w), statistics.median(p)
-        bm = statistics.median(bound)
+        bm, hm = statistics.median(bound), statistics.median(bare_bound)
         print(f"{n >> 10:>6} KiB {wm * 1e3:8.3f} {pm * 1e3:8.3f} "
-              f"{bm * 1e3:9.3f} {tcp * 1e3:7.3f} {tcp / wm:9.2f}x "
-              f"{tcp / pm:9.2f}x {tcp / bm:10.2f}x "
+              f"{bm * 1e3:9.3f} {hm * 1e3:11.3f} {tcp * 1e3:7.3f} "
+              f"{tcp / wm:9.2f}x {tcp / pm:9.2f}x {tcp / bm:10.2f}x "
+              f"{tcp / hm:12.2f}x "
               f"{statistics.median(seq) * 1e3:10.3f} "
               f"{statistics.median(par) * 1e3:12.3f}", flush=True)
     pusher.close()
+    bare.close()
     prod.close()
     child.stdin.close()
     child.wait(30)

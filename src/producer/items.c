@@ -199,7 +199,6 @@ int prod_commit(ecx_producer *p, const char *id)
 	pthread_mutex_lock(&p->lock);
 	if (rc == 0) {
 		it->xxh3 = xxh;
-		it->has_xxh3 = p->integrity;
 		it->has_xxh64 = false;
 		it->ready = true;
 	} else {

@@ -52,13 +52,11 @@ typedef struct item {
 	unsigned leases; /* leases on it now: not evicted while any */
 	bool ready;      /* bytes in place and published */
 	bool doomed;     /* removed while pinned: freed at the last unpin */
-	/* Hashes of the bytes: XXH3 set at put with integrity on, else at
-	 * the first ecx_producer_item_xxh3 (a push's), and kept (has_xxh3);
-	 * with integrity on, xxh64, which older consumers check, made at the
-	 * first pull that asks for it (serve.c, on the progress thread) and
-	 * kept. A held item's bytes never change. */
+	/* With integrity on, hashes of the bytes: XXH3 set at put; xxh64,
+	 * which older consumers check, made at the first pull that asks for
+	 * it (serve.c, on the progress thread) and kept. */
 	uint64_t xxh3, xxh64;
-	bool has_xxh3, has_xxh64;
+	bool has_xxh64;
 	ecx_tensor_desc desc;
 	char id[ECX_ID_MAX + 1];
 } item;
@@ -490,8 +488,7 @@ int prod_push_batch(ecx_producer *p, ecx_push_item *items, size_t n,
                     uint64_t timeout_ms);
 /* push.c: the engine of ecx_producer_item_xxh3 (p, id and out checked):
  * the XXH3 of held item id, kept from its put where integrity is on, else
- * hashed from the arena with the item pinned (outside the lock) the first
- * time and kept. */
+ * hashed now from the arena with the item pinned (outside the lock). */
 int prod_item_xxh3(ecx_producer *p, const char *id, uint64_t *out);
 
 #endif /* ECX_PRODUCER_H */

@@ -207,7 +207,7 @@ int prod_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
 		return ecx_set_error(ECX_ENOTFOUND, "hash of %.64s: not held",
 		                     id);
 	}
-	if (it->has_xxh3) {
+	if (p->integrity) {
 		*out = it->xxh3;
 		pthread_mutex_unlock(&p->lock);
 		return 0;
@@ -218,8 +218,6 @@ int prod_item_xxh3(ecx_producer *p, const char *id, uint64_t *out)
 	pthread_mutex_unlock(&p->lock);
 	uint64_t h = ecx_hash_bytes(ECX_HASH_XXH3, src, n);
 	pthread_mutex_lock(&p->lock);
-	it->xxh3 = h; /* pinned: still this item */
-	it->has_xxh3 = true;
 	prod_item_unpin(p, it);
 	pthread_mutex_unlock(&p->lock);
 	*out = h;
