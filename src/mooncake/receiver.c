@@ -7,6 +7,10 @@
 #include "mooncake/receiver_priv.h"
 
 #include <cjson/cJSON.h>
+#include <xxhash.h>
+#ifdef ECX_HAVE_XXH3_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 with the widest vectors the CPU has */
+#endif
 
 #include <errno.h>
 #include <pthread.h>
@@ -73,11 +77,17 @@ void ecx_mc_recv_buffer_remove(ecx_mc_recv *r, uint64_t addr)
 	pthread_mutex_unlock(&r->lock);
 }
 
-uint64_t ecx_mc_recv_reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
-                             uint64_t expiry_ns)
+static uint64_t reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
+                        uint64_t expiry_ns, bool hashed)
 {
 	if (len == 0 || addr + len < addr)
 		return 0;
+	XXH3_state_t *xs = NULL;
+	if (hashed) {
+		if ((xs = XXH3_createState()) == NULL)
+			return 0;
+		XXH3_64bits_reset(xs);
+	}
 	uint64_t id = 0;
 	pthread_mutex_lock(&r->lock);
 	if (r->nres == r->capres) {
@@ -90,11 +100,28 @@ uint64_t ecx_mc_recv_reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
 	}
 	if (r->nres < r->capres) {
 		id = ++r->next_id;
-		r->res[r->nres++] = (res){
-		    .id = id, .addr = addr, .len = len, .expiry_ns = expiry_ns};
+		r->res[r->nres++] = (res){.id = id,
+		                          .addr = addr,
+		                          .len = len,
+		                          .expiry_ns = expiry_ns,
+		                          .xs = xs};
 	}
 	pthread_mutex_unlock(&r->lock);
+	if (id == 0)
+		XXH3_freeState(xs);
 	return id;
+}
+
+uint64_t ecx_mc_recv_reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
+                             uint64_t expiry_ns)
+{
+	return reserve(r, addr, len, expiry_ns, false);
+}
+
+uint64_t ecx_mc_recv_reserve_hashed(ecx_mc_recv *r, uint64_t addr, uint64_t len,
+                                    uint64_t expiry_ns)
+{
+	return reserve(r, addr, len, expiry_ns, true);
 }
 
 bool ecx_mc_recv_extend(ecx_mc_recv *r, uint64_t id, uint64_t expiry_ns)
@@ -117,8 +144,10 @@ uint64_t ecx_mc_recv_landed(ecx_mc_recv *r, uint64_t id)
 	return n;
 }
 
-uint64_t ecx_mc_recv_release(ecx_mc_recv *r, uint64_t id)
+uint64_t ecx_mc_recv_release_hashed(ecx_mc_recv *r, uint64_t id, uint64_t *xxh3,
+                                    bool *whole)
 {
+	*whole = false;
 	pthread_mutex_lock(&r->lock);
 	res *x = res_find(r, id);
 	if (x == NULL) {
@@ -127,13 +156,25 @@ uint64_t ecx_mc_recv_release(ecx_mc_recv *r, uint64_t id)
 	}
 	x->dead = true;
 	/* The thread checks dead before each recv into the range: what is
-	 * under way now is one non-blocking recv. */
+	 * under way now is one non-blocking recv (and its hashing). */
 	while ((x = res_find(r, id))->busy > 0)
 		pthread_cond_wait(&r->cv, &r->lock);
 	uint64_t n = x->landed;
+	XXH3_state_t *xs = x->xs;
+	*whole = xs != NULL && !x->broken && x->hashed == x->len;
 	*x = r->res[--r->nres];
 	pthread_mutex_unlock(&r->lock);
+	if (*whole)
+		*xxh3 = XXH3_64bits_digest(xs);
+	XXH3_freeState(xs);
 	return n;
+}
+
+uint64_t ecx_mc_recv_release(ecx_mc_recv *r, uint64_t id)
+{
+	uint64_t h;
+	bool whole;
+	return ecx_mc_recv_release_hashed(r, id, &h, &whole);
 }
 
 void ecx_mc_recv_stats_get(ecx_mc_recv *r, ecx_mc_recv_stats *out)
@@ -222,10 +263,16 @@ static ssize_t d_land(ecx_mc_recv *r, dconn *d)
 	pthread_mutex_lock(&r->lock);
 	res *x = res_find(r, d->res_id);
 	bool ok = x != NULL && !x->dead && now < x->expiry_ns;
-	if (ok)
+	uint64_t at = d->h.addr + d->got;
+	/* Hashed in order only: these bytes follow the hashed ones. */
+	XXH3_state_t *xs = NULL;
+	if (ok) {
 		x->busy++;
-	else
+		if (x->xs != NULL && !x->broken && at == x->addr + x->hashed)
+			xs = x->xs;
+	} else {
 		r->st.rej_expired++;
+	}
 	pthread_mutex_unlock(&r->lock);
 	if (!ok) {
 		d->reject = true;
@@ -237,11 +284,17 @@ static ssize_t d_land(ecx_mc_recv *r, dconn *d)
 		}
 		return -2;
 	}
-	ssize_t n = recv(d->fd, (void *)(uintptr_t)(d->h.addr + d->got),
-	                 d->h.size - d->got, 0);
+	ssize_t n = recv(d->fd, (void *)(uintptr_t)at, d->h.size - d->got, 0);
 	int err = errno;
+	/* Still busy: release waits for this before it frees the state. */
+	if (n > 0 && xs != NULL)
+		XXH3_64bits_update(xs, (const void *)(uintptr_t)at, (size_t)n);
 	pthread_mutex_lock(&r->lock);
 	x = res_find(r, d->res_id);
+	if (n > 0 && xs != NULL)
+		x->hashed += (uint64_t)n;
+	else if (n > 0)
+		x->broken = true;
 	if (--x->busy == 0 && x->dead)
 		pthread_cond_broadcast(&r->cv);
 	if (n > 0 && d->got + (uint64_t)n == d->h.size) {
@@ -501,6 +554,8 @@ void ecx_mc_recv_destroy(ecx_mc_recv *r)
 		close(r->stopfd);
 	if (r->ep >= 0)
 		close(r->ep);
+	for (size_t i = 0; i < r->nres; i++)
+		XXH3_freeState(r->res[i].xs);
 	free(r->res);
 	free(r->bufs);
 	pthread_mutex_destroy(&r->lock);

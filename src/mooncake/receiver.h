@@ -24,7 +24,7 @@
  * range it ends. After ecx_mc_recv_release returns, no byte lands in that
  * range any more (a load is final on this wire too).
  *
- * May include: core/, mooncake/frame.h, cJSON. Never: UCX, ZeroMQ, a
+ * May include: core/, mooncake/frame.h, cJSON, libxxhash. Never: UCX, ZeroMQ, a
  * role's state or locks, or a write into memory that no live reservation
  * covers.
  */
@@ -98,6 +98,13 @@ void ecx_mc_recv_buffer_remove(ecx_mc_recv *r, uint64_t addr);
 uint64_t ecx_mc_recv_reserve(ecx_mc_recv *r, uint64_t addr, uint64_t len,
                              uint64_t expiry_ns);
 
+/* ecx_mc_recv_reserve_hashed is ecx_mc_recv_reserve that also makes the
+ * XXH3 of the range as its bytes land, each recv's bytes hashed by the
+ * thread just after it wrote them (in the cache): see
+ * ecx_mc_recv_release_hashed. */
+uint64_t ecx_mc_recv_reserve_hashed(ecx_mc_recv *r, uint64_t addr, uint64_t len,
+                                    uint64_t expiry_ns);
+
 /* ecx_mc_recv_extend moves reservation id's expiry to expiry_ns (later or
  * earlier). Returns false for an unknown id. */
 bool ecx_mc_recv_extend(ecx_mc_recv *r, uint64_t id, uint64_t expiry_ns);
@@ -112,6 +119,16 @@ uint64_t ecx_mc_recv_landed(ecx_mc_recv *r, uint64_t id);
  * Waits at most for one non-blocking recv the thread is making into the
  * range. Unknown ids return 0. */
 uint64_t ecx_mc_recv_release(ecx_mc_recv *r, uint64_t id);
+
+/* ecx_mc_recv_release_hashed is ecx_mc_recv_release that also sets *whole
+ * (neither pointer may be NULL): true when id was reserved hashed and
+ * every byte of its range landed exactly once, in order (writes that
+ * followed each other from its start to its end), and then *xxh3 is the
+ * XXH3 of the range as they left it; false otherwise (a gap, bytes
+ * written twice, a write cut off, out of memory), when the caller hashes
+ * the range itself. */
+uint64_t ecx_mc_recv_release_hashed(ecx_mc_recv *r, uint64_t id, uint64_t *xxh3,
+                                    bool *whole);
 
 void ecx_mc_recv_stats_get(ecx_mc_recv *r, ecx_mc_recv_stats *out);
 

@@ -27,6 +27,13 @@ typedef struct res {
 	uint64_t id, addr, len, expiry_ns, landed;
 	unsigned busy; /* recvs into it under way */
 	bool dead;     /* released: nothing more lands */
+	/* A hashed reservation's XXH3 state (NULL: not hashed) of
+	 * [addr, addr + hashed), fed by the thread with each recv that
+	 * lands at addr + hashed, while busy; broken once a recv landed
+	 * anywhere else (a gap, or over bytes already hashed). */
+	void *xs;
+	uint64_t hashed;
+	bool broken;
 } res;
 
 typedef struct buf {
