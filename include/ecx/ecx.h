@@ -732,7 +732,12 @@ ECX_API void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity);
  * ecx_consumer_push_close ends the window: once it returns, no byte lands
  * in the range through it (a write under way is cut off and refused);
  * *landed (may be NULL) is the bytes of the writes that landed whole.
- * Close the window before freeing its memory. */
+ * ecx_consumer_push_close_hashed also sets *hashed to 1 where every byte
+ * of the window landed exactly once, in order (writes that followed each
+ * other from its start to its end), with *xxh3 the XXH3 of the range as
+ * they left it (ecx_xxh3's), made by the receiver as the bytes came in;
+ * else to 0 (a gap, bytes written twice, a write cut off): hash the range
+ * yourself then. Close the window before freeing its memory. */
 ECX_API int ecx_consumer_mooncake_session(ecx_consumer *c,
                                           const char **session);
 ECX_API int ecx_consumer_push_open(ecx_consumer *c, const void *dst,
@@ -742,6 +747,9 @@ ECX_API int ecx_consumer_push_renew(ecx_consumer *c, uint64_t id,
                                     uint64_t timeout_ms);
 ECX_API int ecx_consumer_push_close(ecx_consumer *c, uint64_t id,
                                     uint64_t *landed);
+ECX_API int ecx_consumer_push_close_hashed(ecx_consumer *c, uint64_t id,
+                                           uint64_t *landed, uint64_t *xxh3,
+                                           int *hashed);
 
 typedef struct ecx_consumer_stats {
 	uint64_t lookups;       /* ids looked up */

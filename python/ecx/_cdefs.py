@@ -215,6 +215,8 @@ _proto("ecx_consumer_push_open", _int, P, ctypes.c_void_p, _u64, _u64,
        _ptr(_u64))
 _proto("ecx_consumer_push_renew", _int, P, _u64, _u64)
 _proto("ecx_consumer_push_close", _int, P, _u64, _ptr(_u64))
+_proto("ecx_consumer_push_close_hashed", _int, P, _u64, _ptr(_u64),
+       _ptr(_u64), _ptr(_int))
 _proto("ecx_consumer_load_start", _int, P, _ptr(ecx_item), _size_t, _ptr(P))
 _proto("ecx_load_test", _int, P)
 _proto("ecx_consumer_load_notify", _int, P, _ptr(ecx_item), _size_t, _int,

@@ -313,11 +313,20 @@ class Consumer:
     def push_close(self, wid):
         """Ends window wid: nothing lands through it after this returns.
         Returns the bytes of the writes that landed whole."""
-        n = ctypes.c_uint64()
-        rc = C.ecx_consumer_push_close(self._handle(), wid, ctypes.byref(n))
+        return self.push_close_hashed(wid)[0]
+
+    def push_close_hashed(self, wid):
+        """push_close, returning (bytes landed, XXH3 of the window's range
+        or None): the hash the receiver made as the bytes came in, where
+        every byte landed exactly once and in order; None otherwise (hash
+        the range then, ecx.xxh3)."""
+        n, h, whole = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_int()
+        rc = C.ecx_consumer_push_close_hashed(
+            self._handle(), wid, ctypes.byref(n), ctypes.byref(h),
+            ctypes.byref(whole))
         if rc != 0:
             raise error(rc)
-        return n.value
+        return n.value, (h.value if whole.value else None)
 
     def pin_for_cuda(self, required=False):
         """Page-locks the receive arena for CUDA (cuMemHostRegister,

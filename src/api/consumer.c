@@ -212,15 +212,30 @@ int ecx_consumer_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms)
 	return cons_push_renew(c, id, timeout_ms);
 }
 
-int ecx_consumer_push_close(ecx_consumer *c, uint64_t id, uint64_t *landed)
+int ecx_consumer_push_close_hashed(ecx_consumer *c, uint64_t id,
+                                   uint64_t *landed, uint64_t *xxh3,
+                                   int *hashed)
 {
 	if (landed != NULL)
 		*landed = 0;
+	if (hashed != NULL)
+		*hashed = 0;
 	if (c == NULL || id == 0)
 		return ecx_set_error(ECX_EINVAL, "push_close needs a consumer "
 		                                 "and an open window's id");
-	uint64_t n = cons_push_close(c, id);
+	uint64_t h = 0;
+	bool whole = false;
+	uint64_t n = cons_push_close(c, id, &h, &whole);
 	if (landed != NULL)
 		*landed = n;
+	if (whole && hashed != NULL && xxh3 != NULL) {
+		*xxh3 = h;
+		*hashed = 1;
+	}
 	return 0;
+}
+
+int ecx_consumer_push_close(ecx_consumer *c, uint64_t id, uint64_t *landed)
+{
+	return ecx_consumer_push_close_hashed(c, id, landed, NULL, NULL);
 }

@@ -479,11 +479,13 @@ void cons_mc_destroy(ecx_consumer *c);
 /* push.c: the engines of ecx_consumer_mooncake_session, _push_open,
  * _push_renew and _push_close (ecx.h has their contracts), on arguments
  * the public call checked; they take c->lock and set the last error.
- * cons_push_close returns the bytes that landed. */
+ * cons_push_close returns the bytes that landed, and their XXH3 in *xxh3
+ * where *whole (ecx_mc_recv_release_hashed). */
 int cons_mc_session(ecx_consumer *c, const char **session);
 int cons_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
                    uint64_t timeout_ms, uint64_t *id);
 int cons_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms);
-uint64_t cons_push_close(ecx_consumer *c, uint64_t id);
+uint64_t cons_push_close(ecx_consumer *c, uint64_t id, uint64_t *xxh3,
+                         bool *whole);
 
 #endif /* ECX_CONSUMER_H */

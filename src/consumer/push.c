@@ -5,7 +5,9 @@
  * land bytes into exactly that reservation's range, before its deadline.
  * The control protocol (which reservation, when) is the caller's; this
  * file only opens and closes the receiver's windows (mooncake/receiver.h)
- * over memory ecx_consumer_alloc handed out.
+ * over memory ecx_consumer_alloc handed out. Each window is hashed as its
+ * bytes land (XXH3, the receiver's thread), so a caller that checks a
+ * writer's hash need not read the bytes again where they came in order.
  */
 #include "consumer/consumer.h"
 
@@ -71,8 +73,9 @@ int cons_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
 		                  "the receive arena (ecx_consumer_alloc)",
 		                  dst, (unsigned long long)nbytes);
 	if (rc == 0) {
-		*id = ecx_mc_recv_reserve(c->mc, (uint64_t)(uintptr_t)dst,
-		                          nbytes, expiry(timeout_ms));
+		*id =
+		    ecx_mc_recv_reserve_hashed(c->mc, (uint64_t)(uintptr_t)dst,
+		                               nbytes, expiry(timeout_ms));
 		if (*id == 0)
 			rc = ecx_set_error(ECX_ENOMEM, "out of memory");
 	}
@@ -91,12 +94,14 @@ int cons_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms)
 	                             (unsigned long long)id);
 }
 
-uint64_t cons_push_close(ecx_consumer *c, uint64_t id)
+uint64_t cons_push_close(ecx_consumer *c, uint64_t id, uint64_t *xxh3,
+                         bool *whole)
 {
 	pthread_mutex_lock(&c->lock);
 	ecx_mc_recv *r = c->mc;
 	pthread_mutex_unlock(&c->lock);
 	/* The receiver lives as long as the consumer; release takes its own
 	 * lock and waits at most for one recv into the range. */
-	return r != NULL ? ecx_mc_recv_release(r, id) : 0;
+	*whole = false;
+	return r != NULL ? ecx_mc_recv_release_hashed(r, id, xxh3, whole) : 0;
 }
