@@ -197,3 +197,63 @@ def test_mooncake_off_is_said(registry):
     with pytest.raises(ecx.EcxError, match="not inside one allocation"):
         c.push_open(1 << 40, 16, 1.0)
     c.close()
+
+
+def xxh3_of(data):
+    import ctypes
+    buf = (ctypes.c_char * len(data)).from_buffer_copy(data)
+    return ecx.xxh3(ctypes.addressof(buf), len(data))
+
+
+def test_landed_bytes_are_hashed_as_they_come(prefill):
+    """A writer's ecx_xxh3 is checked against the receiver's hash, made as
+    the bytes came in order (none made again at the complete); where they
+    came out of order the shard hashes the range itself; a hash that does
+    not match cancels either way."""
+    p = prefill()
+    pool = p.pools[0]
+    told = []
+    close = pool.close_write
+
+    def spy(r):
+        h = close(r)
+        told.append(h)
+        return h
+    pool.close_write = spy
+    from pushkit import Ctl
+    ctl = Ctl(p.base)
+    host, seg = session_of(p)
+    args = (host, seg["tcp_data_port"], seg["tcp_proto_version"])
+    n = 96 << 10
+    data = payload(7, n)
+
+    def reserve(k):
+        return ctl.result("reserve", transfer_id=f"h{k}".ljust(32, "0"),
+                          mm_hash=f"hm{k}".ljust(64, "x"), nbytes=n,
+                          shape=[n // 1024, 512], dtype="bfloat16")
+
+    def complete(k, res, h):
+        return ctl.result("complete", transfer_id=f"h{k}".ljust(32, "0"),
+                          reservation_id=res["reservation_id"],
+                          ecx_xxh3=f"{h:016x}")
+    # In order, in one write: the receiver's hash is the one checked.
+    res = reserve(0)
+    assert mcwire.write(*args, data, res["dst_ptr"], 5.0) is None
+    assert complete(0, res, xxh3_of(data))["became_ready"]
+    assert told == [xxh3_of(data)]
+    # The second half first: no receiver's hash, the shard's matches.
+    res = reserve(1)
+    half = n // 2
+    assert mcwire.write(*args, data[half:], res["dst_ptr"] + half,
+                        5.0) is None
+    assert mcwire.write(*args, data[:half], res["dst_ptr"], 5.0) is None
+    assert complete(1, res, xxh3_of(data))["became_ready"]
+    assert told[1] is None
+    assert pool.read(res["dst_ptr"], n) == data
+    # A hash that is not the bytes': cancelled, in order or not.
+    res = reserve(2)
+    assert mcwire.write(*args, data, res["dst_ptr"], 5.0) is None
+    got = complete(2, res, xxh3_of(data) ^ 1)
+    assert not got["completed"] and not got["became_ready"]
+    assert told[2] == xxh3_of(data)
+    ctl.close()

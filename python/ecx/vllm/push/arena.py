@@ -5,6 +5,8 @@ and open_write/close_write are the C receiver's windows
 (ecx_consumer_push_open/close), so a write lands only inside a WRITING
 reservation's exact range and before its deadline; anything else is
 refused on the wire with Mooncake's rejected status and writes nothing.
+The receiver hashes each window as its bytes land (XXH3): close_write
+returns that hash where every byte came once, in order.
 """
 import ctypes
 import threading
@@ -70,8 +72,11 @@ class ArenaPool(ReceivePool):
     def close_write(self, r):
         with self._lock:
             wid = self._windows.pop(r.reservation_id, None)
-        if wid is not None:
-            self.landed[r.reservation_id] = self._c.push_close(wid)
+        if wid is None:
+            return None
+        landed, xxh3 = self._c.push_close_hashed(wid)
+        self.landed[r.reservation_id] = landed
+        return xxh3
 
     def is_open(self, reservation_id):
         with self._lock:

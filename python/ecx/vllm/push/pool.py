@@ -51,7 +51,9 @@ class ReceivePool:
         """Called once when reservation leaves WRITING (complete, cancel,
         refresh, the reaper, shutdown). After it returns no write into its
         range may land, so the shard can hand the bytes to a reader or
-        free them."""
+        free them. Returns the XXH3 of the range where the pool made it
+        as the bytes landed (each byte once, in order: ArenaPool), else
+        None (the shard then hashes the range, xxh3())."""
         raise NotImplementedError
 
     def xxh3(self, addr, nbytes):
@@ -138,6 +140,7 @@ class BufferPool(ReceivePool):
         with self._lock:
             if self._open.pop(reservation.reservation_id, None):
                 self.closed.append(reservation.reservation_id)
+        return None
 
     def is_open(self, reservation_id):
         with self._lock:

@@ -140,9 +140,11 @@ class ReservationTable:
         return self._reply(r, False)
 
     def complete(self, transfer_id, reservation_id, verify=None):
-        """(completed, became_ready). verify(addr, nbytes), where given, is
-        asked about a writer's bytes once its window is closed: False ends
-        it CANCELLED (its followers too) and completes nothing."""
+        """(completed, became_ready). verify(addr, nbytes, xxh3), where
+        given, is asked about a writer's bytes once its window is closed
+        (xxh3: the pool's hash of them made as they landed, or None):
+        False ends it CANCELLED (its followers too) and completes
+        nothing."""
         with self.lock:
             r = self._active.get(transfer_id)
             if r is None or r.reservation_id != reservation_id:
@@ -152,9 +154,10 @@ class ReservationTable:
             if r.writer is not None or r.buf is None or r.fetching:
                 return False, False  # a follower writes nothing
             now = self.clock()
-            self._close(r)
+            landed_xxh3 = self._close(r)
             self._unwrite(r)
-            if verify is not None and not verify(r.buf, r.nbytes):
+            if verify is not None and not verify(r.buf, r.nbytes,
+                                                 landed_xxh3):
                 self._end(r, CANCELLED, now)
                 return False, False
             res = None
@@ -366,9 +369,12 @@ class ReservationTable:
         return res
 
     def _close(self, r):
+        """Closes r's window if open; returns the pool's hash of what
+        landed through it (close_write's), None when not open."""
         if r.open:
             r.open = False
-            self.pool.close_write(r)
+            return self.pool.close_write(r)
+        return None
 
     def _unwrite(self, r):
         if self._writers.get(r.mm_hash) is r:
