@@ -21,8 +21,9 @@
  * takes a lock of the consumer's; the consumer's callers take the
  * receiver's lock only for short table updates, and
  * ecx_mc_recv_release waits at most for one non-blocking recv into the
- * range it ends. After ecx_mc_recv_release returns, no byte lands in that
- * range any more (a load is final on this wire too).
+ * range it ends (and, for a hashed reservation, the hashing of what that
+ * recv took: at most the socket's buffer). After ecx_mc_recv_release returns,
+ * no byte lands in that range any more (a load is final on this wire too).
  *
  * May include: core/, mooncake/frame.h, cJSON, libxxhash. Never: UCX, ZeroMQ, a
  * role's state or locks, or a write into memory that no live reservation
@@ -117,7 +118,8 @@ uint64_t ecx_mc_recv_landed(ecx_mc_recv *r, uint64_t id);
  * it returns nothing more lands in that range through it (a WRITE under
  * way is cut off: the rest of its body is dropped and it is rejected).
  * Waits at most for one non-blocking recv the thread is making into the
- * range. Unknown ids return 0. */
+ * range (and its hashing, ecx_mc_recv_reserve_hashed). Unknown ids
+ * return 0. */
 uint64_t ecx_mc_recv_release(ecx_mc_recv *r, uint64_t id);
 
 /* ecx_mc_recv_release_hashed is ecx_mc_recv_release that also sets *whole
