@@ -191,10 +191,11 @@ static void mem_answer(const mem_node *n, uint64_t now, bool want_alt,
 			break;
 		ecx_entry *e = i == 0 ? &it->entry : &it->alt[it->nalt++];
 		*e = order[i]->entry;
-		e->age_ms = now - order[i]->renewed_ms;
-		/* Keep age_ms nonzero on the wire: 0 reads as "unknown". */
-		if (e->age_ms == 0)
-			e->age_ms = 1;
+		/* A renewal stamped after `now` was read reads as just
+		 * renewed, never as a wrapped age. Keep age_ms nonzero on
+		 * the wire: 0 reads as "unknown". */
+		uint64_t r = order[i]->renewed_ms;
+		e->age_ms = now > r ? now - r : 1;
 	}
 	it->found = k > 0;
 }
@@ -250,8 +251,8 @@ static int mem_mget(ecx_store *s, ecx_lookup_item *items, size_t n, char *why,
 	(void)why;
 	(void)whylen;
 	mem_store *m = (mem_store *)s;
-	uint64_t now = ecx_now_ms();
 	pthread_rwlock_rdlock(&m->lock);
+	uint64_t now = ecx_now_ms();
 	for (size_t i = 0; i < n; i++)
 		mem_answer(*mem_find(m, items[i].id, mem_hash(items[i].id)),
 		           now, true, &items[i]);
@@ -325,8 +326,8 @@ static int mem_list(ecx_store *s, const char *after, size_t limit,
 	(void)whylen;
 	mem_store *m = (mem_store *)s;
 	size_t n = 0, big = 0; /* rows[big] is the largest id kept when full */
-	uint64_t now = ecx_now_ms();
 	pthread_rwlock_wrlock(&m->lock);
+	uint64_t now = ecx_now_ms();
 	mem_sweep_all(m, now);
 	for (size_t b = 0; b < m->nbuckets && limit > 0; b++) {
 		for (mem_node *x = m->buckets[b]; x != NULL; x = x->next) {
