@@ -12,10 +12,19 @@
 
 #define MOD "consumer"
 
-/* ThreadSanitizer's own annotation (its runtime has it): the writes
- * between begin and end are not checked, for memory whose last reader
- * synchronised with this thread through a lock TSan cannot see. */
+/* ThreadSanitizer's own annotation (its runtime has it): this thread's
+ * accesses between begin and end (reads and writes, a free included) are
+ * not checked, for memory whose last reader synchronised with this thread
+ * through a lock TSan cannot see. gcc says TSan by __SANITIZE_THREAD__,
+ * clang by __has_feature(thread_sanitizer). */
 #if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+#if defined(UNDER_TSAN)
 void AnnotateIgnoreWritesBegin(const char *file, int line);
 void AnnotateIgnoreWritesEnd(const char *file, int line);
 #define TSAN_IGNORE_WRITES_BEGIN() AnnotateIgnoreWritesBegin(__FILE__, __LINE__)

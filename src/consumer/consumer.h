@@ -83,7 +83,8 @@ typedef struct pconn {
 	bool connecting; /* a placeholder: its hello is in flight */
 	bool byeing;     /* a goodbye for it is in flight */
 	/* A goodbye for it was sent: the producer closes its end, so an
-	 * error on ep is no failure from then on (pconn_on_error). */
+	 * error on ep is no failure from then on (cons_pconn_on_error,
+	 * failures.c). */
 	bool bye_sent;
 	/* The producer closes a connection idle for idle_ms (0: never said);
 	 * one idle for half that is replaced before it is used. */
