@@ -4,8 +4,10 @@ For each size (64 KiB, 1 MiB, 7 MiB): an ecx Producer in this process holds
 the item; an ecx Consumer's receive arena behind a ControlShard
 (ArenaPool), in a process of its own (the consumer side, as a prefill is),
 gives a reservation; rows:
-  write  Producer.push into the open reservation (one acknowledged
-         Mooncake WRITE from the C writer into the C receiver), median of N;
+  write  Producer.push into a reservation of its own, made beforehand
+         and abandoned after (untimed): one acknowledged Mooncake WRITE
+         from the C writer into the C receiver, which hashes the bytes as
+         they land as it does for every push, median of N;
   push   the whole push through ecx.vllm.push.pusher (reserve, write,
          complete_batch) of a fresh transfer_id each time, median of N;
   bound  the same push reserved beforehand (untimed): the write and the
@@ -15,10 +17,13 @@ gives a reservation; rows:
   bound-h the bound push without the hash (Pusher(send_hash=False): the
          consumer checks no XXH3 at the complete), median of N;
   8x     eight writes of the item one after another (Producer.push) and
-         as one Producer.push_batch (up to four in flight);
+         as one Producer.push_batch (up to four in flight), all into one
+         reservation (the receiver hashes only its first write);
   tcp    raw TCP to the same consumer process: n bytes sent, received in
          full into a preallocated buffer, one byte back (Python sockets),
          median of N.
+The write, push, bound, bound-h and tcp rows are interleaved, one of each
+in turn, so drift on a shared machine falls on all of them alike.
 Ratios are tcp_time / ecx_time (1.0: as fast as raw TCP).
 
 On loopback:
@@ -102,19 +107,24 @@ def consumer_side(host):
     cons.close()
 
 
-def tcp_rtt(addr, n, reps):
-    s = socket.create_connection(tuple(addr))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall(struct.pack("<QQ", n, reps))
-    data = os.urandom(n)
-    out = []
-    for _ in range(reps):
+class TcpBaseline:
+    """A connection to tcp_sink for reps round trips of n bytes, taken one
+    at a time (one()), so they interleave with the rows they judge."""
+
+    def __init__(self, addr, n, reps):
+        self.s = socket.create_connection(tuple(addr))
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.s.sendall(struct.pack("<QQ", n, reps))
+        self.data = os.urandom(n)
+
+    def one(self):
         t0 = time.perf_counter()
-        s.sendall(data)
-        s.recv(1)
-        out.append(time.perf_counter() - t0)
-    s.close()
-    return statistics.median(out)
+        self.s.sendall(self.data)
+        self.s.recv(1)
+        return time.perf_counter() - t0
+
+    def close(self):
+        self.s.close()
 
 
 def main():
@@ -151,11 +161,6 @@ def main():
         spec = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
         assert pusher.reserve(endpoint, [spec]) == [spec]
         r = next(iter(spec.shards.values()))
-        w = []
-        for _ in range(N):
-            t0 = time.perf_counter()
-            prod.push(mm, r["dst_session"], r["dst_ptr"], n)
-            w.append(time.perf_counter() - t0)
         seq, par = [], []
         eight = [(mm, r["dst_session"], r["dst_ptr"], n)] * 8
         for _ in range(max(5, N // 4)):
@@ -179,12 +184,28 @@ def main():
             via.abandon(endpoint, [s])
             return took
 
-        p, bound, bare_bound = [], [], []
+        def timed_write():
+            """One Producer.push into a fresh reservation (made before and
+            abandoned after, untimed); its seconds."""
+            s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
+            assert pusher.reserve(endpoint, [s]) == [s], s.error
+            d = next(iter(s.shards.values()))
+            t0 = time.perf_counter()
+            prod.push(mm, d["dst_session"], d["dst_ptr"], n)
+            took = time.perf_counter() - t0
+            pusher.abandon(endpoint, [s])
+            return took
+
+        base = TcpBaseline(side["tcp"], n, N)
+        w, p, bound, bare_bound, t = [], [], [], [], []
         for _ in range(N):  # interleaved
+            w.append(timed_write())
             p.append(timed_push(pusher, False))
             bound.append(timed_push(pusher, True))
             bare_bound.append(timed_push(bare, True))
-        tcp = tcp_rtt(side["tcp"], n, N)
+            t.append(base.one())
+        base.close()
+        tcp = statistics.median(t)
         wm, pm = statistics.median(w), statistics.median(p)
         bm, hm = statistics.median(bound), statistics.median(bare_bound)
         print(f"{n >> 10:>6} KiB {wm * 1e3:8.3f} {pm * 1e3:8.3f} "
