@@ -8,12 +8,13 @@ import random
 import time
 
 import pytest
+import zmq
 
 import ecx
 import pushkit  # noqa: F401  (the vllm stub and tests/interop on sys.path)
 from ecx.vllm.push import ArenaPool
-from ecx.vllm.push.pusher import (PushSpec, Pusher, finished_map,
-                                  specs_from_params)
+from ecx.vllm.push.pusher import (ControlError, PushSpec, Pusher,
+                                  finished_map, specs_from_params)
 from pushkit import start_pool_shards
 from upstream_consumer import Shard
 from upstream_encoder import EventSubscriber
@@ -251,6 +252,95 @@ def test_write_refused_by_receiver(producer, pusher):
             assert sh.records[spec.transfer_id]["state"] == "CANCELLED"
             assert not any(r["op"] == "complete_batch"
                            for r in sh.requests)
+    finally:
+        for s in shards:
+            s.stop()
+
+
+def test_hashes_not_behind_control_calls(producer, pusher):
+    """Every thread of the pusher's pool blocked in a control call to a
+    shard that never answers (as another push's to a dead consumer): a
+    push's hashes do not wait for those calls' timeouts."""
+    shards = upstream_consumer(1)
+    ctx = zmq.Context()
+    mute = ctx.socket(zmq.REP)  # takes requests, never answers
+    mute.linger = 0
+    port = mute.bind_to_random_port("tcp://127.0.0.1")
+    mute_addr = f"tcp://127.0.0.1:{port}"
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = pusher(control_timeout_s=4.0, threads=2)
+        spec, data = hold(producer, 8, 512, "mute")
+        assert enc.reserve(base, [spec]) == [spec]
+        stuck = [enc.pool.submit(enc.ctl.call, mute_addr, {"op": "peers"})
+                 for _ in range(2)]
+        t0 = time.monotonic()
+        assert enc.push(base, [spec]) == [], spec.error
+        took = time.monotonic() - t0
+        assert took < 2.0, f"the push waited {took:.2f} s for its hash"
+        assert not any(f.done() for f in stuck)  # blocked all along
+        assert spec.xxh3 == producer.item_xxh3(spec.mm_hash)
+        rec = shards[0].records[spec.transfer_id]
+        assert rec["state"] == "READY"
+        assert shards[0].read(shards[0].addr + rec["off"], spec.nbytes) \
+            == data
+        for f in stuck:
+            with pytest.raises(ControlError, match="no reply"):
+                f.result()
+    finally:
+        for s in shards:
+            s.stop()
+        mute.close(0)
+        ctx.term()
+
+
+def test_write_error_not_masked_by_hash_error(producer, pusher,
+                                              monkeypatch):
+    """The write raises and a hash raises too: the write's error is the
+    one each item fails with, and every hash has ended before the push
+    returns (the one that raised first, then a slow one)."""
+    shards = upstream_consumer(1)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = pusher()
+        specs = [hold(producer, k, 64, "mask")[0] for k in range(2)]
+        real, ended = producer.item_xxh3, []
+        real_push = producer.push_batch
+
+        def item_xxh3(mm_hash):
+            try:
+                if mm_hash == specs[0].mm_hash:
+                    raise RuntimeError("the hash broke")
+                time.sleep(1.0)
+                return real(mm_hash)
+            finally:
+                ended.append(mm_hash)
+
+        def push_batch(writes, timeout_s=None):
+            raise OSError("the write broke")
+        monkeypatch.setattr(producer, "item_xxh3", item_xxh3)
+        monkeypatch.setattr(producer, "push_batch", push_batch)
+        assert enc.push(base, specs) == specs
+        for s in specs:
+            assert s.error == "OSError: the write broke", s.error
+        assert sorted(ended) == sorted(s.mm_hash for s in specs)
+        for s in specs:
+            assert shards[0].records[s.transfer_id]["state"] == "CANCELLED"
+            assert len(abandons(enc, s.transfer_id)) == 1
+        assert shards[0].data.writes == 0
+
+        # The write good, a hash bad: that hash's error, nothing completed.
+        monkeypatch.setattr(producer, "push_batch", real_push)
+        again = [PushSpec(uuid_hex("mask2", k), s.mm_hash, s.nbytes,
+                          s.shape, s.dtype) for k, s in enumerate(specs)]
+        ended.clear()
+        assert enc.push(base, again) == again
+        assert sorted(ended) == sorted(s.mm_hash for s in again)
+        for s in again:
+            assert s.error == "RuntimeError: the hash broke", s.error
+            assert shards[0].records[s.transfer_id]["state"] == "CANCELLED"
+        assert not any(r["op"] == "complete_batch"
+                       for r in shards[0].requests)
     finally:
         for s in shards:
             s.stop()

@@ -41,7 +41,7 @@ proxy; ../pushflow/pushes.py drives them from ECXConnector's encoder.
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import zmq
 
@@ -188,12 +188,16 @@ class Pusher:
     "ecx_xxh3"; fetch: whether shards that offer ecx's fetch are sent
     ecx_fetch instead of writes; fetch_hold_ms: how long the producer
     holds an item sent in an ecx_fetch for the shard's pull at most (a
-    lease; 0: the producer's lease_max_ms, which also cuts a longer one).
-    Thread-safe."""
+    lease; 0: the producer's lease_max_ms, which also cuts a longer one);
+    threads: the pool's threads for control calls to several shards at
+    once; hash_threads: the threads that hash items while their writes go
+    (an executor of their own, so that a hash never queues behind control
+    calls blocked on a consumer that does not answer). Thread-safe."""
 
     def __init__(self, producer, control_timeout_s=30.0, token=None,
                  write_timeout_s=None, clock=time.monotonic, threads=8,
-                 send_hash=True, fetch=True, fetch_hold_ms=0):
+                 send_hash=True, fetch=True, fetch_hold_ms=0,
+                 hash_threads=2):
         self.producer = producer
         self.fetch = fetch
         self.fetch_hold_ms = int(fetch_hold_ms)
@@ -203,10 +207,13 @@ class Pusher:
         self.clock = clock
         self.topologies = {}
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="push")
+        self.hasher = ThreadPoolExecutor(hash_threads,
+                                         thread_name_prefix="push-hash")
         self.cancels = []  # (shard, cancel request) sent, newest last
 
     def close(self):
         self.pool.shutdown()
+        self.hasher.shutdown()
         self.ctl.close()
 
     def _run_all(self, calls):
@@ -408,16 +415,18 @@ class Pusher:
                     (fetches if fetch else writes).setdefault(
                         a, []).append((spec, r))
             held = self._hold(fetches, writes) if fetches else {}
-            # Each item's hash made on the pool while the writes go (both
+            # Each item's hash made on the hasher while the writes go (both
             # leave the interpreter's lock): a producer without integrity
             # hashes 7 MiB in about 0.6 ms, as long as a write's control.
+            # Not on the pool: there a hash could wait behind control calls
+            # (another push's) blocked for up to control_timeout_s.
             hashing = []
             if self.send_hash:
                 for spec in {id(s): s for e in (*writes.values(),
                                                 *fetches.values())
                              for s, _ in e}.values():
                     if spec.xxh3 is None:
-                        hashing.append((spec, self.pool.submit(
+                        hashing.append((spec, self.hasher.submit(
                             self.producer.item_xxh3, spec.mm_hash)))
             batch = [(spec.mm_hash, r["dst_session"], r["dst_ptr"],
                       spec.nbytes)
@@ -426,8 +435,17 @@ class Pusher:
                 status = self.producer.push_batch(batch,
                                                   self.write_timeout_s)
             finally:
-                for spec, fut in hashing:
+                # Every hash ended before anything is raised; the write's
+                # error (propagating from here) goes before a hash's.
+                wait([fut for _, fut in hashing])
+            hash_error = None  # the first, in order
+            for spec, fut in hashing:
+                if fut.exception() is None:
                     spec.xxh3 = fut.result()
+                elif hash_error is None:
+                    hash_error = fut.exception()
+            if hash_error is not None:
+                raise hash_error
             bad = [k for k, st in enumerate(status) if st != 0]
             if bad:
                 raise ControlError(
