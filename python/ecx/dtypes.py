@@ -42,6 +42,18 @@ def desc(name, shape):
     return d
 
 
+_NP_NAMES = {}  # numpy dtype -> its name
+
+
+def _np_name(dt):
+    """dt.name, remembered per dtype: numpy builds the name anew on each
+    read (about 15 us here, as long as the rest of a load's Python)."""
+    name = _NP_NAMES.get(dt)
+    if name is None:
+        name = _NP_NAMES[dt] = dt.name
+    return name
+
+
 def describe(t):
     """(dtype name, shape, nbytes, data pointer, keepalive) of a CPU torch
     tensor or a numpy array, contiguous."""
@@ -57,7 +69,7 @@ def describe(t):
     if mod.startswith("numpy"):
         import numpy as np
         a = np.ascontiguousarray(t)
-        name = a.dtype.name
+        name = _np_name(a.dtype)
         if name not in DTYPES or a.dtype.byteorder == ">":
             raise ValueError(f"numpy dtype {a.dtype} has no ecx dtype "
                              f"(use a torch tensor for bfloat16 and float8)")
