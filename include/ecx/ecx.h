@@ -733,11 +733,14 @@ ECX_API void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity);
  * in the range through it (a write under way is cut off and refused);
  * *landed (may be NULL) is the bytes of the writes that landed whole.
  * ecx_consumer_push_close_hashed also sets *hashed to 1 where every byte
- * of the window landed exactly once, in order (writes that followed each
- * other from its start to its end), with *xxh3 the XXH3 of the range as
- * they left it (ecx_xxh3's), made by the receiver as the bytes came in;
- * else to 0 (a gap, bytes written twice, a write cut off): hash the range
- * yourself then. Close the window before freeing its memory. */
+ * of the window landed exactly once, in order, through it (writes that
+ * followed each other from its start to its end), with *xxh3 the XXH3 of
+ * the range as they landed (ecx_xxh3's), made by the receiver as the
+ * bytes came in; else to 0 (a gap, bytes written twice, bytes written
+ * through another window that overlaps it; a write cut off before its
+ * end leaves a gap unless the next write through the window goes on from
+ * the byte where it stopped): hash the range yourself then. Close the
+ * window before freeing its memory. */
 ECX_API int ecx_consumer_mooncake_session(ecx_consumer *c,
                                           const char **session);
 ECX_API int ecx_consumer_push_open(ecx_consumer *c, const void *dst,

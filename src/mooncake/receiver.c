@@ -44,6 +44,20 @@ static res *res_cover(ecx_mc_recv *r, uint64_t addr, uint64_t size)
 	return NULL;
 }
 
+/* Bytes [at, at + n) landed through x: every other reservation they
+ * overlap has had its memory changed by other than its own writes, so its
+ * hash (if any) is void. Released ones still in the table too: their
+ * release has not taken its hash yet. O(nres), as res_cover. */
+static void res_break_others(ecx_mc_recv *r, const res *x, uint64_t at,
+                             uint64_t n)
+{
+	for (size_t i = 0; i < r->nres; i++) {
+		res *o = &r->res[i];
+		if (o != x && at < o->addr + o->len && o->addr < at + n)
+			o->broken = true;
+	}
+}
+
 int ecx_mc_recv_buffer_add(ecx_mc_recv *r, uint64_t addr, uint64_t len)
 {
 	if (len == 0 || addr == 0)
@@ -295,6 +309,8 @@ static ssize_t d_land(ecx_mc_recv *r, dconn *d)
 		x->hashed += (uint64_t)n;
 	else if (n > 0)
 		x->broken = true;
+	if (n > 0)
+		res_break_others(r, x, at, (uint64_t)n);
 	if (--x->busy == 0 && x->dead)
 		pthread_cond_broadcast(&r->cv);
 	if (n > 0 && d->got + (uint64_t)n == d->h.size) {

@@ -124,11 +124,14 @@ uint64_t ecx_mc_recv_release(ecx_mc_recv *r, uint64_t id);
 
 /* ecx_mc_recv_release_hashed is ecx_mc_recv_release that also sets *whole
  * (neither pointer may be NULL): true when id was reserved hashed and
- * every byte of its range landed exactly once, in order (writes that
- * followed each other from its start to its end), and then *xxh3 is the
- * XXH3 of the range as they left it; false otherwise (a gap, bytes
- * written twice, a write cut off, out of memory), when the caller hashes
- * the range itself. */
+ * every byte of its range landed exactly once, in order, through id
+ * (writes that followed each other from its start to its end), and then
+ * *xxh3 is the XXH3 of the range as they landed; false otherwise (a gap,
+ * bytes written twice, bytes landed in the range through another
+ * reservation that overlaps it, out of memory), when the caller hashes
+ * the range itself. A write cut off before its end leaves a gap: always
+ * when the release cut it, when its connection went unless the next
+ * write through id goes on from the byte where it stopped. */
 uint64_t ecx_mc_recv_release_hashed(ecx_mc_recv *r, uint64_t id, uint64_t *xxh3,
                                     bool *whole);
 

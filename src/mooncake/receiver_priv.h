@@ -30,7 +30,8 @@ typedef struct res {
 	/* A hashed reservation's XXH3 state (NULL: not hashed) of
 	 * [addr, addr + hashed), fed by the thread with each recv that
 	 * lands at addr + hashed, while busy; broken once a recv landed
-	 * anywhere else (a gap, or over bytes already hashed). */
+	 * anywhere else (a gap, or over bytes already hashed), or bytes
+	 * landed in its range through another reservation. */
 	void *xs;
 	uint64_t hashed;
 	bool broken;

@@ -5,7 +5,8 @@
  * across its end, past its expiry or after its release, a header claiming
  * 2^63 bytes, size 0, a wrapping range, a READ, truncated frames, garbage
  * JSON, an RDMA handshake, a flood of handshakes, a peer that stops
- * mid-frame; and the hash of a hashed reservation, made as bytes land. */
+ * mid-frame; and the hash of a hashed reservation, made as bytes land,
+ * void where bytes land in its range through an overlapping one. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -357,6 +358,69 @@ static void test_write_hashed(void **state)
 	free(src);
 }
 
+/* Two live reservations that overlap, b = [0, 1 MiB) and a = [1 MiB - 4 KiB,
+ * 2 MiB): a write that lies in b only lands through b, one that runs past
+ * b's end through a. Bytes that land through one in the other's range
+ * void the other's hash (else it would be of bytes no longer there);
+ * bytes beside it, and a reservation's own, leave it. */
+static void test_write_hashed_overlap(void **state)
+{
+	fix *f = *state;
+	uint8_t *src = malloc(2 * MB);
+	for (size_t i = 0; i < 2 * MB; i++)
+		src[i] = (uint8_t)(i * 7 + i / 4099);
+	uint64_t until = now_ns() + 5000000000u;
+	int fd = dial(f->data_port);
+	uint64_t h = 0;
+	bool whole = true;
+	/* b hashed, its bytes whole through b; then a write through a over
+	 * b's last page: b has no hash. */
+	uint64_t b = ecx_mc_recv_reserve_hashed(f->r, A(f, 0), MB, until);
+	uint64_t a =
+	    ecx_mc_recv_reserve(f->r, A(f, MB - 4096), MB + 4096, until);
+	assert_true(b != 0 && a != 0);
+	assert_int_equal(write_bytes(fd, A(f, 0), src, MB), ECX_MC_STATUS_OK);
+	assert_int_equal(write_v2(fd, A(f, MB - 4096), 8192, 0x55),
+	                 ECX_MC_STATUS_OK);
+	assert_true(all(f->mem + MB - 4096, 8192, 0x55));
+	assert_int_equal(ecx_mc_recv_release_hashed(f->r, b, &h, &whole), MB);
+	assert_false(whole);
+	/* Through a only past b's end: b's hash holds. */
+	b = ecx_mc_recv_reserve_hashed(f->r, A(f, 0), MB, until);
+	assert_int_equal(write_bytes(fd, A(f, 0), src, MB), ECX_MC_STATUS_OK);
+	assert_int_equal(write_v2(fd, A(f, MB), MB, 0x66), ECX_MC_STATUS_OK);
+	assert_int_equal(ecx_mc_recv_release_hashed(f->r, b, &h, &whole), MB);
+	assert_true(whole);
+	assert_true(h == XXH3_64bits(src, MB));
+	assert_memory_equal(f->mem, src, MB);
+	ecx_mc_recv_release(f->r, a);
+	/* a hashed beside a plain b, written whole through a: its own bytes
+	 * leave its hash. */
+	a = ecx_mc_recv_reserve_hashed(f->r, A(f, MB - 4096), MB + 4096, until);
+	b = ecx_mc_recv_reserve(f->r, A(f, 0), MB, until);
+	assert_int_equal(write_bytes(fd, A(f, MB - 4096), src, MB + 4096),
+	                 ECX_MC_STATUS_OK);
+	assert_int_equal(ecx_mc_recv_release_hashed(f->r, a, &h, &whole),
+	                 MB + 4096);
+	assert_true(whole);
+	assert_true(h == XXH3_64bits(src, MB + 4096));
+	ecx_mc_recv_release(f->r, b);
+	/* Both hashed, b's bytes then a's: neither has a hash (b's landed
+	 * in a's range too, though a's own came after them). */
+	b = ecx_mc_recv_reserve_hashed(f->r, A(f, 0), MB, until);
+	a = ecx_mc_recv_reserve_hashed(f->r, A(f, MB - 4096), MB + 4096, until);
+	assert_int_equal(write_bytes(fd, A(f, 0), src, MB), ECX_MC_STATUS_OK);
+	assert_int_equal(write_bytes(fd, A(f, MB - 4096), src, MB + 4096),
+	                 ECX_MC_STATUS_OK);
+	assert_int_equal(ecx_mc_recv_release_hashed(f->r, b, &h, &whole), MB);
+	assert_false(whole);
+	assert_int_equal(ecx_mc_recv_release_hashed(f->r, a, &h, &whole),
+	                 MB + 4096);
+	assert_false(whole);
+	close(fd);
+	free(src);
+}
+
 static void test_write_refused(void **state)
 {
 	fix *f = *state;
@@ -647,6 +711,8 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_write_reserved, setup,
 	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_write_hashed, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_write_hashed_overlap, setup,
+	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_write_refused, setup,
 	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_bad_headers, setup, teardown),
