@@ -33,15 +33,25 @@ static res *res_find(ecx_mc_recv *r, uint64_t id)
 	return NULL;
 }
 
-/* The reservation that holds all of [addr, addr + size), or NULL. */
-static res *res_cover(ecx_mc_recv *r, uint64_t addr, uint64_t size)
+/* The reservation that holds all of [addr, addr + size): one that has not
+ * expired at now where there is one (an expired one that overlaps it, not
+ * yet released, must not turn its writes away), else an expired one, else
+ * NULL. */
+static res *res_cover(ecx_mc_recv *r, uint64_t addr, uint64_t size,
+                      uint64_t now)
 {
-	for (size_t i = 0; i < r->nres; i++)
-		if (!r->res[i].dead &&
-		    ecx_mc_range_within(addr, size, r->res[i].addr,
-		                        r->res[i].len))
-			return &r->res[i];
-	return NULL;
+	res *expired = NULL;
+	for (size_t i = 0; i < r->nres; i++) {
+		res *x = &r->res[i];
+		if (x->dead ||
+		    !ecx_mc_range_within(addr, size, x->addr, x->len))
+			continue;
+		if (now < x->expiry_ns)
+			return x;
+		if (expired == NULL)
+			expired = x;
+	}
+	return expired;
 }
 
 /* Bytes [at, at + n) landed through x: every other reservation they
@@ -248,7 +258,7 @@ static bool d_header(ecx_mc_recv *r, dconn *d)
 		r->st.rej_header++;
 		d->close_after = true;
 	} else {
-		res *x = res_cover(r, d->h.addr, d->h.size);
+		res *x = res_cover(r, d->h.addr, d->h.size, now);
 		if (x == NULL)
 			r->st.rej_range++;
 		else if (now >= x->expiry_ns)

@@ -421,6 +421,26 @@ static void test_write_hashed_overlap(void **state)
 	free(src);
 }
 
+/* An expired reservation not yet released, made before a live one over
+ * the same bytes: a write lands through the live one, not turned away as
+ * expired. */
+static void test_write_expired_overlap(void **state)
+{
+	fix *f = *state;
+	uint64_t old =
+	    ecx_mc_recv_reserve(f->r, A(f, 0), MB, now_ns() + 1000000u);
+	uint64_t live =
+	    ecx_mc_recv_reserve(f->r, A(f, 0), MB, now_ns() + 5000000000u);
+	assert_true(old != 0 && live != 0);
+	usleep(5000); /* old expires */
+	int fd = dial(f->data_port);
+	assert_int_equal(write_v2(fd, A(f, 0), 8192, 0x77), ECX_MC_STATUS_OK);
+	assert_true(all(f->mem, 8192, 0x77));
+	close(fd);
+	ecx_mc_recv_release(f->r, old);
+	assert_int_equal(ecx_mc_recv_release(f->r, live), 8192);
+}
+
 static void test_write_refused(void **state)
 {
 	fix *f = *state;
@@ -712,6 +732,8 @@ int main(void)
 	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_write_hashed, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_write_hashed_overlap, setup,
+	                                    teardown),
+	    cmocka_unit_test_setup_teardown(test_write_expired_overlap, setup,
 	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_write_refused, setup,
 	                                    teardown),
