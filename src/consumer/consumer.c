@@ -90,12 +90,13 @@ int cons_create(const ecx_consumer_params *pp, ecx_consumer **out, char *why,
 	if (HAS(TOKEN) && pp->token && pp->token[0] &&
 	    (c->token = strdup(pp->token)) == NULL)
 		goto fail_msg;
-	c->cache = calloc(rcmax, sizeof(*c->cache));
-	if (c->cache == NULL)
+	/* rcmax is an unsigned: the product fits a 64-bit size_t. */
+	c->rcache = calloc(1, sizeof(regcache) + rcmax * sizeof(region));
+	if (c->rcache == NULL)
 		goto fail_msg;
 	/* Released: the unmap hook may run on any thread, one started by a
 	 * library (a ZeroMQ context's) that saw nothing of this create. */
-	__atomic_store_n(&c->ncache, rcmax, __ATOMIC_RELEASE);
+	__atomic_store_n(&c->rcache->n, rcmax, __ATOMIC_RELEASE);
 	/* Lookups poll for their answers (ECX_REGC_SPIN_US): they are on
 	 * the caller's path (vLLM's scheduler). */
 	ecx_regclient_opts ro = {.urls = registry,
@@ -158,7 +159,7 @@ int cons_create(const ecx_consumer_params *pp, ecx_consumer **out, char *why,
 		goto fail_msg;
 	}
 	c->hooked = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0,
-	                                  cons_on_unmap, c) == UCS_OK;
+	                                  cons_on_unmap, c->rcache) == UCS_OK;
 	if (!c->hooked)
 		ecx_warn(MOD, "no unmap events: cached registrations of freed "
 		              "memory are not invalidated");
@@ -192,7 +193,7 @@ void cons_destroy(ecx_consumer *c)
 	/* Returns once no run of the hook is left (libucm's event lock). */
 	if (c->hooked)
 		ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, cons_on_unmap,
-		                        c);
+		                        c->rcache);
 	/* The receiver first: nothing lands once it is gone. */
 	cons_mc_destroy(c);
 	if (c->ucx != NULL) {
@@ -213,9 +214,9 @@ void cons_destroy(ecx_consumer *c)
 			c->conns = pc->next;
 			cons_pconn_close(c, pc);
 		}
-		for (unsigned i = 0; c->cache != NULL && i < c->ncache; i++)
-			if (c->cache[i].live)
-				cons_region_drop(c, &c->cache[i]);
+		for (unsigned i = 0; c->rcache != NULL && i < c->rcache->n; i++)
+			if (c->rcache->r[i].live)
+				cons_region_drop(c, &c->rcache->r[i]);
 		free(c->arena.rkey);
 		ecx_ucx_mem_unmap(c->ucx, c->arena.memh);
 		ecx_ucx_destroy(c->ucx);
@@ -224,10 +225,11 @@ void cons_destroy(ecx_consumer *c)
 	ecx_rdv_client_destroy(c->rdv);
 	ecx_alloc_fini(&c->alloc);
 	free(c->allocs);
-	/* What the hook read (c->cache, c->ncache): freed after its last
-	 * run, which TSan cannot see. */
+	/* All that the hook read (c->rcache, its own allocation): freed after
+	 * the hook's last run, which TSan cannot see. Only this free is not
+	 * checked; c's own is. */
 	TSAN_IGNORE_WRITES_BEGIN();
-	free(c->cache);
+	free(c->rcache);
 	TSAN_IGNORE_WRITES_END();
 	ecx_regclient_destroy(c->rc);
 	if (c->token != NULL)
@@ -236,7 +238,5 @@ void cons_destroy(ecx_consumer *c)
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->conn_cv);
 	pthread_mutex_destroy(&c->reg_lock);
-	TSAN_IGNORE_WRITES_BEGIN();
 	free(c);
-	TSAN_IGNORE_WRITES_END();
 }

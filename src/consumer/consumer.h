@@ -170,6 +170,14 @@ typedef struct region {
 	bool live;
 } region;
 
+/* The cache of registrations of caller memory: all that the unmap hook
+ * reads (its arg), an allocation of its own so that destroy's unchecked
+ * free (consumer.c) covers this and nothing else of the consumer. */
+typedef struct regcache {
+	unsigned n; /* atomic: released at create, before the hook is set */
+	region r[];
+} regcache;
+
 typedef struct pull {
 	struct pull *next; /* in c->inflight */
 	uint64_t req;
@@ -285,8 +293,7 @@ struct ecx_consumer {
 	/* zero-byte items name this, so every item has a destination */
 	char zero[64];
 	/* caller memory */
-	region *cache;
-	unsigned ncache;
+	regcache *rcache;
 	bool hooked;
 	ecx_consumer_stats st;
 	uint64_t st_quarantined; /* arena allocations held by zombies */
@@ -425,6 +432,8 @@ int cons_bg_test(ecx_load *l);
 int cons_bg_wait(ecx_load *l);
 
 /* memory.c. Called with c->lock. */
+/* The unmap hook, on any thread that unmaps; arg: c->rcache, nothing
+ * else of the consumer. */
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg);
 /* A region is made or dropped: the Mooncake receiver's buffers, when it
  * runs, follow it. */

@@ -26,14 +26,14 @@
 void cons_on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg)
 {
 	(void)type;
-	ecx_consumer *c = arg;
+	regcache *q = arg;
 	uint64_t a = (uint64_t)(uintptr_t)ev->vm_unmapped.address;
 	uint64_t e = a + ev->vm_unmapped.size;
 	/* Runs inside munmap of any thread, maybe under our lock: atomics
 	 * only. */
-	unsigned n = __atomic_load_n(&c->ncache, __ATOMIC_ACQUIRE);
+	unsigned n = __atomic_load_n(&q->n, __ATOMIC_ACQUIRE);
 	for (unsigned i = 0; i < n; i++) {
-		region *r = &c->cache[i];
+		region *r = &q->r[i];
 		uint64_t b = __atomic_load_n(&r->base, __ATOMIC_ACQUIRE);
 		uint64_t l = __atomic_load_n(&r->len, __ATOMIC_ACQUIRE);
 		if (l != 0 && b < e && a < b + l)
@@ -78,8 +78,8 @@ region *cons_region_for(ecx_consumer *c, void *ptr, uint64_t n,
 		return &c->arena;
 	}
 	region *free_slot = NULL, *lru = NULL;
-	for (unsigned i = 0; i < c->ncache; i++) {
-		region *r = &c->cache[i];
+	for (unsigned i = 0; i < c->rcache->n; i++) {
+		region *r = &c->rcache->r[i];
 		if (r->live && __atomic_load_n(&r->stale, __ATOMIC_ACQUIRE) &&
 		    r->inuse == 0)
 			cons_region_drop(c, r);
@@ -189,8 +189,8 @@ uint64_t cons_span_populate(ecx_consumer *c, uint64_t lo, uint64_t hi)
 	if (c->arena.live && a >= c->arena.base &&
 	    end <= c->arena.base + c->arena.len)
 		known = true;
-	for (unsigned i = 0; i < c->ncache && !known; i++) {
-		region *r = &c->cache[i];
+	for (unsigned i = 0; i < c->rcache->n && !known; i++) {
+		region *r = &c->rcache->r[i];
 		known = r->live &&
 		        !__atomic_load_n(&r->stale, __ATOMIC_ACQUIRE) &&
 		        a >= r->base && end <= r->base + r->len;

@@ -84,9 +84,9 @@ int cons_mc_ensure(ecx_consumer *c, char *why, size_t whylen)
 		return rc;
 	if (c->arena.live)
 		cons_mc_region(c, &c->arena, true);
-	for (unsigned i = 0; i < c->ncache; i++)
-		if (c->cache[i].live)
-			cons_mc_region(c, &c->cache[i], true);
+	for (unsigned i = 0; i < c->rcache->n; i++)
+		if (c->rcache->r[i].live)
+			cons_mc_region(c, &c->rcache->r[i], true);
 	return 0;
 }
 
