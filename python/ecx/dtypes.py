@@ -50,7 +50,9 @@ def _np_name(dt):
     read (about 15 us here, as long as the rest of a load's Python)."""
     name = _NP_NAMES.get(dt)
     if name is None:
-        name = _NP_NAMES[dt] = dt.name
+        name = dt.name
+        if name in DTYPES:  # only those: the rest are refused anyway
+            _NP_NAMES[dt] = name
     return name
 
 

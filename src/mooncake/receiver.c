@@ -54,8 +54,8 @@ static res *res_cover(ecx_mc_recv *r, uint64_t addr, uint64_t size,
 	return expired;
 }
 
-/* Bytes [at, at + n) landed through x: every other reservation they
- * overlap has had its memory changed by other than its own writes, so its
+/* Bytes [at, at + n) are to land through x: every other reservation they
+ * overlap has its memory changed by other than its own writes, so its
  * hash (if any) is void. Released ones still in the table too: their
  * release has not taken its hash yet. O(nres), as res_cover. */
 static void res_break_others(ecx_mc_recv *r, const res *x, uint64_t at,
@@ -294,6 +294,11 @@ static ssize_t d_land(ecx_mc_recv *r, dconn *d)
 		x->busy++;
 		if (x->xs != NULL && !x->broken && at == x->addr + x->hashed)
 			xs = x->xs;
+		/* Before the bytes land, not after: a release of another
+		 * reservation they overlap, on another thread while the recv
+		 * copies, must not take a hash of bytes being overwritten.
+		 * (Voids at worst what the recv then does not reach.) */
+		res_break_others(r, x, at, d->h.size - d->got);
 	} else {
 		r->st.rej_expired++;
 	}
@@ -319,8 +324,6 @@ static ssize_t d_land(ecx_mc_recv *r, dconn *d)
 		x->hashed += (uint64_t)n;
 	else if (n > 0)
 		x->broken = true;
-	if (n > 0)
-		res_break_others(r, x, at, (uint64_t)n);
 	if (--x->busy == 0 && x->dead)
 		pthread_cond_broadcast(&r->cv);
 	if (n > 0 && d->got + (uint64_t)n == d->h.size) {

@@ -444,13 +444,13 @@ class Pusher:
                     spec.xxh3 = fut.result()
                 elif hash_error is None:
                     hash_error = fut.exception()
-            if hash_error is not None:
-                raise hash_error
             bad = [k for k, st in enumerate(status) if st != 0]
             if bad:
                 raise ControlError(
                     f"{len(bad)} of {len(batch)} writes failed: "
                     f"{getattr(self.producer, 'last_push_error', '')}")
+            if hash_error is not None:  # the writes' errors first
+                raise hash_error
             ops = [(a, "completed", len(entries), {
                 "op": "complete_batch",
                 "items": [_complete_item(s, r) for s, r in entries]})
