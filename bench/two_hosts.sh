@@ -7,7 +7,8 @@
 # in B with its producer and its raw TCP sender in A (--peer-wrap), so ecx
 # and its baseline are measured in the same run, interleaved; then UCX's
 # own ucx_perftest (ucp_put_bw and ucp_am_bw over TCP, with the segment sizes
-# ecx sets, 7 MiB and 64 KiB messages) across
+# ecx sets, 7 MiB and 64 KiB messages; ucp_am_lat, eager, 64 KiB and 256 B,
+# the floor of a single 64 KiB load carried by UCX) across
 # the same pair, for reference, and raw TCP with 1, 2 and 4 streams (would
 # more lanes help on this link?). Prints per row the min/median/max over
 # the runs of ecx's GB/s, raw TCP's and their ratio, and each run's ratio;
@@ -109,7 +110,7 @@ seg="UCX_TCP_TX_SEG_SIZE=${UCX_TCP_TX_SEG_SIZE:-256k} UCX_TCP_RX_SEG_SIZE=${UCX_
 perftest_client() {
 	set -o pipefail
 	# shellcheck disable=SC2086
-	"${T[@]}" env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VB "$work/in_ns" "$B" \
+	"${T[@]}" env UCX_TLS=tcp $seg ${lat:-} UCX_NET_DEVICES=$VB "$work/in_ns" "$B" \
 		ucx_perftest 192.0.2.1 -p "$3" -t "$1" -s "$2" -n "$4" -w 20 \
 		-f 2>/dev/null |
 		awk -v t="$1" -v sz="$2" 'NF > 0 && $1 ~ /^[0-9]/ {
@@ -150,10 +151,15 @@ for r in $(seq "$RUNS"); do
 		exit 1
 	}
 	for t in ucp_put_bw:7340032 ucp_put_bw:65536 ucp_am_bw:7340032 \
-		ucp_am_bw:65536; do
+		ucp_am_bw:65536 ucp_am_lat:65536 ucp_am_lat:256; do
 		test=${t%:*} sz=${t#*:}
+		# Latency: one message at a time each way, eagerly (as a single
+		# 64 KiB load's data and its pull of about 300 bytes go), both
+		# sides polling.
+		lat=
+		case $test in *_lat) lat=UCX_RNDV_THRESH=inf ;; esac
 		port=$((20000 + RANDOM % 20000))
-		"${T[@]}" env UCX_TLS=tcp $seg UCX_NET_DEVICES=$VA "$work/in_ns" "$A" \
+		"${T[@]}" env UCX_TLS=tcp $seg $lat UCX_NET_DEVICES=$VA "$work/in_ns" "$A" \
 			ucx_perftest -p "$port" >/dev/null 2>&1 &
 		pids+=($!)
 		srv=$!
@@ -233,15 +239,20 @@ for r in range(1, runs + 1):
     pf = open(f"{work}/perftest{r}.txt").read().split("\n")
     for line in pf:
         f = line.split()
-        # ucx_perftest -f: ... columns end with bandwidth (MB/s) average,
-        # overall, then message rate; take the overall bandwidth.
-        if len(f) >= 7:
+        # ucx_perftest -f: TEST SIZE iterations, latency (us) median,
+        # average, overall, bandwidth (MB/s) average, overall, message
+        # rate average, overall. A latency test: the median latency, one
+        # way; else the overall bandwidth.
+        if len(f) >= 7 and f[0].endswith("_lat"):
+            rows.setdefault(("perftestlat", int(f[1]), f[0]), []).append(
+                (r, float(f[3])))
+        elif len(f) >= 7:
             rows.setdefault(("perftest", int(f[1]), f[0]), []).append(
                 (r, float(f[-3]) * 1048576 / 1e9))
 print("%-8s %-6s %-5s %-4s  %-23s %-23s %s" % (
     "via", "item", "batch", "", "ecx GB/s min/med/max", "raw TCP GB/s",
     "ecx/raw TCP min/median/max (spread: min vs median); each run's"))
-for key in sorted(k for k in rows if k[0] != "perftest"):
+for key in sorted(k for k in rows if not k[0].startswith("perftest")):
     v = rows[key]
     e = [o["gbps"] for o in v]
     b = [o["baseline_gbps"] for o in v]
@@ -258,6 +269,29 @@ for key in sorted(k for k in rows if k[0] == "perftest"):
     print("ucx_perftest %s %d B over TCP: %.2f %.2f %.2f GB/s "
           "(min/median/max)" % (key[2], key[1], min(v), statistics.median(v),
                                 max(v)))
+for key in sorted(k for k in rows if k[0] == "perftestlat"):
+    v = [u for _, u in rows[key]]
+    print("ucx_perftest %s %d B over TCP, eager, one way: %.1f %.1f %.1f us "
+          "(min/median/max)" % (key[2], key[1], min(v), statistics.median(v),
+                                max(v)))
+# A single 64 KiB load carried by UCX is at least two of its messages, the
+# pull (about 300 bytes) and the data: their one-way latencies summed, per
+# run, against the whole warm load of raw TCP and of ecx in the same run.
+l64 = dict(rows.get(("perftestlat", 65536, "ucp_am_lat"), []))
+l256 = dict(rows.get(("perftestlat", 256, "ucp_am_lat"), []))
+one = [o for o in rows.get(("64KiB", 1, "warm", "tcp"), [])
+       if o["run"] in l64 and o["run"] in l256]
+if one:
+    us = lambda gbps: 65536 / (gbps * 1e3)
+    fl = [l64[o["run"]] + l256[o["run"]] for o in one]
+    raw = [us(o["baseline_gbps"]) for o in one]
+    ecx = [us(o["gbps"]) for o in one]
+    print("64KiB x1 warm, us per load, per run: UCX's two messages (256 B "
+          "+ 64 KiB one way) %s; raw TCP %s; ecx %s; raw TCP / UCX's two: "
+          "%s" % (" ".join("%.0f" % x for x in fl),
+                  " ".join("%.0f" % x for x in raw),
+                  " ".join("%.0f" % x for x in ecx),
+                  " ".join("%.2f" % (b / a) for a, b in zip(fl, raw))))
 # ecx's warm 7 MiB loads against UCX's own puts of 7 MiB in the same run.
 put = dict(rows.get(("perftest", 7340032, "ucp_put_bw"), []))
 for key in sorted(k for k in rows if k[0] == "7MiB" and k[2] == "warm"):
