@@ -53,34 +53,20 @@ asan:
 # TSan disables core files unless told. UCX's worker lock stays a
 # spinlock here (UCX_USE_MT_MUTEX=n; ecx asks for a mutex, xfer/ucx.c):
 # UCX takes it in uninstrumented code and releases the mutex by tail calls
-# that TSan reports as ecx's own unlocks of a mutex never locked. Reports
-# go to files (tsan-report.PID, the test's and each peer's) that
-# scripts/tsan-reports.sh prints last, so a CI log's tail shows the race
-# itself; a peer's report fails the run as the test's own does. A hang
-# fails it too: past TSAN_TIMEOUT seconds (the test takes 2-3 minutes on
-# 2 cores) timeout sends SIGABRT to the test and its peers (SIGKILL 60 s
-# later if that does not end it), whose core files give the backtraces of
-# where they hung (one core file, the last, where the kernel does not name
-# them by pid), and that it hung is said again after the race reports.
+# that TSan reports as ecx's own unlocks of a mutex never locked.
+# scripts/tsan-run.sh runs the test: reports go to files (tsan-report.PID,
+# the test's and each peer's) printed last, so a CI log's tail shows the
+# race itself, and a peer's report fails the run as the test's own does;
+# past TSAN_TIMEOUT seconds (the test takes 2-3 minutes on 2 cores) a hang
+# fails it with the backtraces of where the test and its peers hung; a
+# Ctrl-C stops them all.
 TSAN_TIMEOUT ?= 1200
 tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DECX_TSAN=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build-tsan -j $(JOBS) --target test_transfer ecx-test-peer
-	cd build-tsan/tests && rm -f core core.[0-9]* tsan-report.* && \
-		{ ulimit -c unlimited || :; } && start=$$(date +%s) && \
-		{ TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp disable_coredump=0 log_path=$$PWD/tsan-report" \
-		UCX_USE_MT_MUTEX=n ECX_TEST_BIN=$$PWD \
-		timeout -s ABRT -k 60 $(TSAN_TIMEOUT) ./test_transfer || \
-		{ rc=$$?; hung=; \
-		if [ $$rc = 124 ] || { [ $$rc = 137 ] && \
-			[ $$(($$(date +%s) - start)) -ge $(TSAN_TIMEOUT) ]; }; then \
-		hung="make tsan: test_transfer HUNG: not done after $(TSAN_TIMEOUT) s (TSAN_TIMEOUT), killed by timeout (exit $$rc)"; \
-		echo "$$hung; backtraces of its core files follow"; fi; \
-		$(CURDIR)/scripts/backtraces.sh $$PWD; \
-		$(CURDIR)/scripts/tsan-reports.sh $$PWD; \
-		[ -z "$$hung" ] || echo "$$hung"; exit $$rc; }; } && \
-		$(CURDIR)/scripts/tsan-reports.sh $$PWD
+	scripts/tsan-run.sh build-tsan/tests $(TSAN_TIMEOUT) \
+		$(CURDIR)/tests/tsan.supp
 
 valgrind: deps build
 	cd $(BUILD)/tests && ECX_TEST_BIN=$$PWD ECX_TEST_TIME_SCALE=10 valgrind --error-exitcode=9 \
