@@ -78,10 +78,10 @@ static int hash_kind_of(const cJSON *h)
 /* ---- writing ---- */
 
 /* ",\"key\":" then v. */
-#define JS_KEY_U64(o, key, v)                                                 \
-	do {                                                                  \
-		js_lit((o), ",\"" key "\":");                                 \
-		js_u64((o), (v));                                             \
+#define JS_KEY_U64(o, key, v)                 \
+	do {                                  \
+		js_lit((o), ",\"" key "\":"); \
+		js_u64((o), (v));             \
 	} while (0)
 
 char *ecx_pull_req_encode(const ecx_pull_req *r)
@@ -146,8 +146,8 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 static void js_err(js_out *o, int e, const char *detail)
 {
 	js_lit(o, ",\"err\":");
-	js_str(o, detail != NULL && detail[0] != '\0' ? detail
-	                                              : core_strerror(e));
+	js_str(o,
+	       detail != NULL && detail[0] != '\0' ? detail : core_strerror(e));
 	js_lit(o, ",\"code\":");
 	js_str(o, core_err_name(e));
 }
@@ -184,7 +184,8 @@ char *ecx_pull_resp_encode(const ecx_pull_resp *r)
 		    (r->has_hash == NULL || r->has_hash[i])) {
 			char hex[16];
 			for (int k = 0; k < 16; k++)
-				hex[k] = hexd[(r->hash[i] >> (60 - 4 * k)) & 15];
+				hex[k] =
+				    hexd[(r->hash[i] >> (60 - 4 * k)) & 15];
 			js_raw(&o, hfield, strlen(hfield));
 			js_raw(&o, hex, sizeof(hex));
 			js_lit(&o, "\"");

@@ -622,8 +622,8 @@ static void test_pull_bytes(void **state)
 		assert_cjson_bytes(s);
 		ecx_pull_resp b;
 		char why[160];
-		assert_int_equal(ecx_pull_resp_decode(s, strlen(s), &b, why, 160),
-		                 0);
+		assert_int_equal(
+		    ecx_pull_resp_decode(s, strlen(s), &b, why, 160), 0);
 		assert_int_equal(b.err, p.err);
 		if (p.err == 0 && p.hash != NULL && p.nitems > 0 &&
 		    (p.has_hash == NULL || p.has_hash[0]))
