@@ -65,7 +65,7 @@ tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DECX_TSAN=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build-tsan -j $(JOBS) --target test_transfer ecx-test-peer
-	scripts/tsan-run.sh build-tsan/tests $(TSAN_TIMEOUT) \
+	$(CURDIR)/scripts/tsan-run.sh build-tsan/tests $(TSAN_TIMEOUT) \
 		$(CURDIR)/tests/tsan.supp
 
 valgrind: deps build

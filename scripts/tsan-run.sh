@@ -9,7 +9,8 @@
 # backtraces of their core files are printed (backtraces.sh; one core
 # file, the last, where the kernel does not name them by pid), and that it
 # hung is said again after the race reports. Exit status: the test's, 66
-# for a report, 124 or 137 for a hang, 130 when stopped by INT or TERM.
+# for a report, 124 or 137 for a hang, 130 or 143 when stopped by INT or
+# TERM.
 #
 # timeout runs the test in a process group of its own, which a Ctrl-C at
 # the terminal does not reach (it went on until TIMEOUT): this shell
@@ -23,23 +24,26 @@ cd "$dir" || exit 1
 rm -f core core.[0-9]* tsan-report.*
 ulimit -c unlimited 2>/dev/null || :
 start=$(date +%s)
+# Set before the test starts, so no signal falls between the two.
+tp= stopped=
+trap 'stopped=130; [ -z "$tp" ] || kill -INT "$tp" 2>/dev/null' INT
+trap 'stopped=143; [ -z "$tp" ] || kill -INT "$tp" 2>/dev/null' TERM
 TSAN_OPTIONS="suppressions=$supp disable_coredump=0 log_path=$PWD/tsan-report" \
 	UCX_USE_MT_MUTEX=n ECX_TEST_BIN=$PWD \
 	timeout -s ABRT -k 60 "$limit" ./test_transfer &
 tp=$!
-stopped=
-trap 'stopped=1; kill -INT $tp 2>/dev/null' INT TERM
+# (A signal before tp was set: the test is told now.)
+[ -z "$stopped" ] || kill -INT "$tp" 2>/dev/null
 rc=0
-wait $tp || rc=$?
+wait "$tp" || rc=$?
 # A trapped signal ends the wait early: wait again until timeout is done.
-while kill -0 $tp 2>/dev/null; do
-	rc=0
-	wait $tp || rc=$?
+while [ -n "$stopped" ] && kill -0 "$tp" 2>/dev/null; do
+	wait "$tp" || :
 done
 if [ -n "$stopped" ]; then
 	echo "make tsan: stopped (INT or TERM); test_transfer and its peers" \
 		"were told to stop too" >&2
-	exit 130
+	exit "$stopped"
 fi
 [ "$rc" = 0 ] && exec "$here/tsan-reports.sh" "$PWD"
 hung=

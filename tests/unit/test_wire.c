@@ -562,8 +562,104 @@ static void test_reader(void **state)
 	}
 }
 
-/* The pull and its reply are written without a tree: the bytes cJSON
- * printed for the same values, escapes included, for every field. */
+/* The pull as the tree codec wrote it before it was written without a
+ * tree (ecx_json_u64 nodes printed by cJSON_PrintUnformatted): the
+ * reference the writer's bytes must equal. */
+static char *ref_pull_req(const ecx_pull_req *r)
+{
+	static const char *const hn[] = {"", "none", "xxh64", "xxh3"};
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "op", "pullv");
+	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
+	if (r->expires_ms != 0)
+		cJSON_AddItemToObject(o, "expires_ms",
+		                      ecx_json_u64(r->expires_ms));
+	if (r->data_am)
+		cJSON_AddStringToObject(o, "data", "am");
+	if (r->hash >= ECX_HASH_NONE && r->hash <= ECX_HASH_XXH3)
+		cJSON_AddStringToObject(o, "hash", hn[r->hash]);
+	if (r->landed)
+		cJSON_AddBoolToObject(o, "landed", true);
+	if (r->fold)
+		cJSON_AddStringToObject(o, "reply", "data");
+	if (r->fold && r->lead)
+		cJSON_AddBoolToObject(o, "lead", true);
+	if (r->token[0] != '\0')
+		cJSON_AddStringToObject(o, "token", r->token);
+	cJSON *regs = cJSON_AddArrayToObject(o, "regions");
+	cJSON *items = cJSON_AddArrayToObject(o, "items");
+	for (size_t i = 0; i < r->nregions; i++) {
+		const ecx_region *g = &r->regions[i];
+		cJSON *x = cJSON_CreateObject();
+		cJSON_AddItemToArray(regs, x);
+		char b64[256];
+		ecx_b64_encode(g->rkey, g->rkey_len, b64);
+		cJSON_AddItemToObject(x, "base", ecx_json_u64(g->base));
+		cJSON_AddItemToObject(x, "len", ecx_json_u64(g->len));
+		cJSON_AddStringToObject(x, "rkey", b64);
+	}
+	for (size_t i = 0; i < r->nitems; i++) {
+		const ecx_pull_item *it = &r->items[i];
+		cJSON *x = cJSON_CreateObject();
+		cJSON_AddItemToArray(items, x);
+		cJSON_AddStringToObject(x, "id", it->id);
+		cJSON_AddItemToObject(x, "nbytes", ecx_json_u64(it->nbytes));
+		cJSON_AddItemToObject(x, "region", ecx_json_u64(it->region));
+		cJSON_AddItemToObject(x, "addr", ecx_json_u64(it->addr));
+		if (it->lease != 0)
+			cJSON_AddItemToObject(x, "lease",
+			                      ecx_json_u64(it->lease));
+	}
+	char *s = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	return s;
+}
+
+/* The reply as the tree codec wrote it (see ref_pull_req). */
+static char *ref_pull_resp(const ecx_pull_resp *r)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddItemToObject(o, "req", ecx_json_u64(r->req));
+	if (r->err != 0) {
+		cJSON_AddBoolToObject(o, "ok", false);
+		cJSON_AddStringToObject(
+		    o, "err",
+		    r->detail[0] != '\0' ? r->detail : core_strerror(r->err));
+		cJSON_AddStringToObject(o, "code", core_err_name(r->err));
+	} else {
+		cJSON_AddBoolToObject(o, "ok", true);
+		if (r->data_am)
+			cJSON_AddStringToObject(o, "data", "am");
+		cJSON *items = cJSON_AddArrayToObject(o, "items");
+		const char *hname =
+		    r->hash_kind == ECX_HASH_XXH3 ? "xxh3" : "xxh64";
+		for (size_t i = 0; i < r->nitems; i++) {
+			cJSON *x = cJSON_CreateObject();
+			cJSON_AddItemToArray(items, x);
+			cJSON_AddBoolToObject(x, "ok", r->status[i] == 0);
+			if (r->status[i] == 0 && r->hash != NULL &&
+			    (r->has_hash == NULL || r->has_hash[i])) {
+				char hex[17];
+				snprintf(hex, sizeof(hex), "%016llx",
+				         (unsigned long long)r->hash[i]);
+				cJSON_AddStringToObject(x, hname, hex);
+			}
+			if (r->status[i] != 0) {
+				cJSON_AddStringToObject(
+				    x, "err", core_strerror(r->status[i]));
+				cJSON_AddStringToObject(
+				    x, "code", core_err_name(r->status[i]));
+			}
+		}
+	}
+	char *s = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	return s;
+}
+
+/* The pull and its reply are written without a tree: the bytes the tree
+ * codec wrote for the same values, field by field, escapes included, in
+ * every combination of what is sent or left out; and they read back. */
 static void test_pull_bytes(void **state)
 {
 	(void)state;
@@ -576,34 +672,54 @@ static void test_pull_bytes(void **state)
 	items[0].nbytes = 1000;
 	items[0].addr = 8192;
 	strcpy(items[1].id, "q\"b\\s/\n\x01");
-	items[1].nbytes = 4096;
+	items[1].nbytes = 4000;
 	items[1].region = 1;
-	items[1].addr = 139637976727552ull;
+	items[1].addr = 139637976727553ull;
 	items[1].lease = 77;
 	strcpy(items[2].id, "\xc3\xa9t\xc3\xa9");
-	for (int m = 0; m < 32; m++) {
+	items[2].nbytes = 3;
+	items[2].addr = 4097;
+	items[2].lease = 1ull << 52;
+	for (int m = 0; m < 64; m++) {
 		ecx_pull_req r = {.req = m == 0 ? 0 : 123456789012345ull / m,
 		                  .expires_ms = m & 1 ? 1764521000123ull : 0,
 		                  .data_am = m & 2,
-		                  .hash = m % 4,
+		                  .hash = m % 5 - 1, /* -1 and 4: not sent */
 		                  .landed = m & 4,
 		                  .fold = m & 8,
 		                  .lead = m & 16,
 		                  .nregions = (size_t)m % 3,
 		                  .regions = regs,
-		                  .nitems = (size_t)m % 4,
+		                  .nitems = m % 3 == 0 ? 0 : (size_t)m % 4,
 		                  .items = items};
-		if (m & 1)
-			strcpy(r.token, "s3\"c\\ret\t");
-		char *s = ecx_pull_req_encode(&r);
+		if (m & 32)
+			strcpy(r.token, "s3\"c\\ret\t\x7f");
+		char *s = ecx_pull_req_encode(&r), *ref = ref_pull_req(&r);
 		assert_non_null(s);
-		assert_cjson_bytes(s);
+		assert_string_equal(s, ref);
+		free(ref);
+		ecx_pull_req b;
+		char why[160];
+		/* Read back where ids are ids (the others test escapes) and
+		 * items lie in their regions. */
+		if (r.nitems == 0 || (r.nitems == 1 && r.nregions >= 1)) {
+			assert_int_equal(
+			    ecx_pull_req_decode(s, strlen(s), &b, why, 160), 0);
+			assert_true(b.req == r.req &&
+			            b.expires_ms == r.expires_ms);
+			assert_int_equal(b.nitems, r.nitems);
+			for (size_t i = 0; i < r.nitems; i++)
+				assert_memory_equal(&b.items[i], &items[i],
+				                    sizeof(items[i]));
+			assert_string_equal(b.token, r.token);
+			ecx_pull_req_free(&b);
+		}
 		free(s);
 	}
 	int st[4] = {0, ECX_ENOTFOUND, 0, ECX_ESIZE};
-	uint64_t h[4] = {0xfedcba9876543210ull, 1, 0x0123456789abcdefull, 0};
+	uint64_t h[4] = {0xfedcba9876543219ull, 1, 0x0123456789abcdefull, 0xa5};
 	unsigned char has[4] = {1, 0, 0, 1};
-	for (int m = 0; m < 16; m++) {
+	for (int m = 0; m < 32; m++) {
 		ecx_pull_resp p = {.req = 42 + (uint64_t)m,
 		                   .data_am = m & 1,
 		                   .nitems = (size_t)m % 5,
@@ -611,23 +727,41 @@ static void test_pull_bytes(void **state)
 		                   .hash = m & 2 ? h : NULL,
 		                   .has_hash = m & 4 ? has : NULL,
 		                   .hash_kind = m & 8 ? ECX_HASH_XXH3 : 0};
-		if (m == 15) {
+		if (m == 31) {
 			p.err = ECX_EAUTH;
 			strcpy(p.detail, "bad \"token\"\n");
-		} else if (m == 14) {
+		} else if (m == 30) {
 			p.err = ECX_EPROTO;
+		} else if (m == 29) {
+			p.err = 12345; /* no name: "EIO"'s words */
 		}
-		char *s = ecx_pull_resp_encode(&p);
+		char *s = ecx_pull_resp_encode(&p), *ref = ref_pull_resp(&p);
 		assert_non_null(s);
-		assert_cjson_bytes(s);
+		assert_string_equal(s, ref);
+		free(ref);
 		ecx_pull_resp b;
 		char why[160];
 		assert_int_equal(
 		    ecx_pull_resp_decode(s, strlen(s), &b, why, 160), 0);
-		assert_int_equal(b.err, p.err);
-		if (p.err == 0 && p.hash != NULL && p.nitems > 0 &&
-		    (p.has_hash == NULL || p.has_hash[0]))
-			assert_true(b.hash[0] == h[0]);
+		if (p.err != 0) {
+			assert_string_equal(b.detail,
+			                    p.detail[0] != '\0'
+			                        ? p.detail
+			                        : core_strerror(p.err));
+			ecx_pull_resp_free(&b);
+			free(s);
+			continue;
+		}
+		assert_int_equal(b.nitems, p.nitems);
+		for (size_t i = 0; i < p.nitems; i++) {
+			assert_int_equal(b.status[i], st[i]);
+			bool sent = st[i] == 0 && p.hash != NULL &&
+			            (p.has_hash == NULL || p.has_hash[i]);
+			assert_int_equal(b.has_hash != NULL && b.has_hash[i],
+			                 sent);
+			if (sent)
+				assert_true(b.hash[i] == h[i]);
+		}
 		ecx_pull_resp_free(&b);
 		free(s);
 	}
