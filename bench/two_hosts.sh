@@ -6,16 +6,19 @@
 # take a shared-memory shortcut. Each run is `ecx bench transfer --via tcp`
 # in B with its producer and its raw TCP sender in A (--peer-wrap), so ecx
 # and its baseline are measured in the same run, interleaved; then UCX's
-# own ucx_perftest (ucp_put_bw and ucp_am_bw over TCP, with the segment sizes
-# ecx sets, 7 MiB and 64 KiB messages; ucp_am_lat, eager, 64 KiB and 256 B,
-# the floor of a single 64 KiB load carried by UCX) across
-# the same pair, for reference, and raw TCP with 1, 2 and 4 streams (would
-# more lanes help on this link?). Prints per row the min/median/max over
-# the runs of ecx's GB/s, raw TCP's and their ratio, and each run's ratio;
-# then ecx's 7 MiB rows against ucx_perftest's ucp_put_bw at 7 MiB of the
-# same run. Each run's load average is printed as it starts (the machine
-# may be shared). Needs root, ip, unshare, timeout, ucx_perftest and
-# /usr/bin/python3.
+# own ucx_perftest across the same pair, with the segment sizes ecx sets:
+# ucp_put_bw and ucp_am_bw at 7 MiB and 64 KiB, and ucp_am_lat (eager and
+# by rendezvous) at 1 MiB, 64 KiB and 256 B; then raw TCP with 1, 2 and 4
+# streams (would more lanes help on this link?). Prints per row the
+# min/median/max over the runs of ecx's GB/s, raw TCP's and their ratio,
+# and each run's ratio; then, per run, the floor of a load carried by UCX
+# against raw TCP's and ecx's: at 64 KiB and 1 MiB x1 UCX's two messages
+# (a pull of about 300 bytes and the data, one way each, the data the
+# faster of eager and rendezvous), at 7 MiB UCX's own stream (the faster
+# of ucp_put_bw and ucp_am_bw); and ecx's 7 MiB rows against ucp_put_bw of
+# the same run. Each run's load average is printed as it starts (the
+# machine may be shared). Needs root, ip, unshare, timeout, ucx_perftest
+# and /usr/bin/python3.
 #
 # VIA (default tcp) is the rows' --via: VIA=tcp,mooncake adds the rows over
 # Mooncake's wire (the reference's pull) beside them, same run. PUSH=1 adds
@@ -105,15 +108,16 @@ chmod +x "$work/in_ns" "$work/peer"
 
 # ucx_perftest with the segment sizes ecx sets (or those in the environment).
 seg="UCX_TCP_TX_SEG_SIZE=${UCX_TCP_TX_SEG_SIZE:-256k} UCX_TCP_RX_SEG_SIZE=${UCX_TCP_RX_SEG_SIZE:-1m}"
-# `perftest_client TEST SIZE PORT N RUN`: the client side in B, its last
-# result line appended to perftest$RUN.txt; fails if ucx_perftest did.
+# `perftest_client TEST SIZE PORT N RUN LABEL`: the client side in B, its
+# last result line appended to perftest$RUN.txt under LABEL; fails if
+# ucx_perftest did.
 perftest_client() {
 	set -o pipefail
 	# shellcheck disable=SC2086
 	"${T[@]}" env UCX_TLS=tcp $seg ${lat:-} UCX_NET_DEVICES=$VB "$work/in_ns" "$B" \
 		ucx_perftest 192.0.2.1 -p "$3" -t "$1" -s "$2" -n "$4" -w 20 \
 		-f 2>/dev/null |
-		awk -v t="$1" -v sz="$2" 'NF > 0 && $1 ~ /^[0-9]/ {
+		awk -v t="$6" -v sz="$2" 'NF > 0 && $1 ~ /^[0-9]/ {
 			last = $0 } END { print t, sz, last }' \
 			>>"$work/perftest$5.txt"
 }
@@ -151,13 +155,18 @@ for r in $(seq "$RUNS"); do
 		exit 1
 	}
 	for t in ucp_put_bw:7340032 ucp_put_bw:65536 ucp_am_bw:7340032 \
-		ucp_am_bw:65536 ucp_am_lat:65536 ucp_am_lat:256; do
-		test=${t%:*} sz=${t#*:}
-		# Latency: one message at a time each way, eagerly (as a single
-		# 64 KiB load's data and its pull of about 300 bytes go), both
-		# sides polling.
-		lat=
-		case $test in *_lat) lat=UCX_RNDV_THRESH=inf ;; esac
+		ucp_am_bw:65536 ucp_am_lat:1048576:rndv ucp_am_lat:1048576 \
+		ucp_am_lat:65536:rndv ucp_am_lat:65536 ucp_am_lat:256; do
+		IFS=: read -r test sz mode <<<"$t"
+		# Latency: one message at a time each way, both sides polling,
+		# eagerly (as a pull of about 300 bytes goes) or by rendezvous
+		# (as ecx sends data of 64 KiB and more); a load's floor takes
+		# the faster of the two.
+		lat= label=$test
+		case $test:$mode in
+		*_lat:rndv) lat=UCX_RNDV_THRESH=1k label=${test}_rndv ;;
+		*_lat:) lat=UCX_RNDV_THRESH=inf ;;
+		esac
 		port=$((20000 + RANDOM % 20000))
 		"${T[@]}" env UCX_TLS=tcp $seg $lat UCX_NET_DEVICES=$VA "$work/in_ns" "$A" \
 			ucx_perftest -p "$port" >/dev/null 2>&1 &
@@ -165,9 +174,10 @@ for r in $(seq "$RUNS"); do
 		srv=$!
 		sleep 0.5
 		n=$((sz > 1000000 ? 200 : 4000))
-		bg_wait perftest_client "$test" "$sz" "$port" "$n" "$r" ||
+		bg_wait perftest_client "$test" "$sz" "$port" "$n" "$r" \
+			"$label" ||
 			{
-				echo "two_hosts.sh: run $r: ucx_perftest $test" \
+				echo "two_hosts.sh: run $r: ucx_perftest $label" \
 					"$sz failed; its row is left out" >&2
 				kill "$srv" 2>/dev/null
 			}
@@ -243,7 +253,7 @@ for r in range(1, runs + 1):
         # average, overall, bandwidth (MB/s) average, overall, message
         # rate average, overall. A latency test: the median latency, one
         # way; else the overall bandwidth.
-        if len(f) >= 7 and f[0].endswith("_lat"):
+        if len(f) >= 7 and "_lat" in f[0]:
             rows.setdefault(("perftestlat", int(f[1]), f[0]), []).append(
                 (r, float(f[3])))
         elif len(f) >= 7:
@@ -271,27 +281,52 @@ for key in sorted(k for k in rows if k[0] == "perftest"):
                                 max(v)))
 for key in sorted(k for k in rows if k[0] == "perftestlat"):
     v = [u for _, u in rows[key]]
-    print("ucx_perftest %s %d B over TCP, eager, one way: %.1f %.1f %.1f us "
-          "(min/median/max)" % (key[2], key[1], min(v), statistics.median(v),
-                                max(v)))
-# A single 64 KiB load carried by UCX is at least two of its messages, the
-# pull (about 300 bytes) and the data: their one-way latencies summed, per
-# run, against the whole warm load of raw TCP and of ecx in the same run.
-l64 = dict(rows.get(("perftestlat", 65536, "ucp_am_lat"), []))
+    print("ucx_perftest %s %d B over TCP, %s, one way: %.1f %.1f %.1f us "
+          "(min/median/max)" % (
+              key[2].replace("_rndv", ""), key[1],
+              "rendezvous" if key[2].endswith("_rndv") else "eager", min(v),
+              statistics.median(v), max(v)))
+# A single load carried by UCX is at least two of its messages, the pull
+# (about 300 bytes, eager) and the data (the faster of eager and
+# rendezvous): their one-way latencies summed, per run, against the whole
+# warm load of raw TCP and of ecx in the same run (64 KiB and 1 MiB x1).
 l256 = dict(rows.get(("perftestlat", 256, "ucp_am_lat"), []))
-one = [o for o in rows.get(("64KiB", 1, "warm", "tcp"), [])
-       if o["run"] in l64 and o["run"] in l256]
-if one:
-    us = lambda gbps: 65536 / (gbps * 1e3)
-    fl = [l64[o["run"]] + l256[o["run"]] for o in one]
+for label, size in (("64KiB", 65536), ("1MiB", 1048576)):
+    eg = dict(rows.get(("perftestlat", size, "ucp_am_lat"), []))
+    rv = dict(rows.get(("perftestlat", size, "ucp_am_lat_rndv"), []))
+    ld = {r: min(u for u in (eg.get(r), rv.get(r)) if u is not None)
+          for r in set(eg) | set(rv)}
+    one = [o for o in rows.get((label, 1, "warm", "tcp"), [])
+           if o["run"] in ld and o["run"] in l256]
+    if not one:
+        continue
+    us = lambda gbps: size / (gbps * 1e3)
+    fl = [ld[o["run"]] + l256[o["run"]] for o in one]
     raw = [us(o["baseline_gbps"]) for o in one]
     ecx = [us(o["gbps"]) for o in one]
-    print("64KiB x1 warm, us per load, per run: UCX's two messages (256 B "
-          "+ 64 KiB one way) %s; raw TCP %s; ecx %s; raw TCP / UCX's two: "
-          "%s" % (" ".join("%.0f" % x for x in fl),
+    print("%s x1 warm, us per load, per run: UCX's two messages (256 B "
+          "+ %s one way, the faster way) %s; raw TCP %s; ecx %s; raw TCP / UCX's two: "
+          "%s" % (label, label, " ".join("%.0f" % x for x in fl),
                   " ".join("%.0f" % x for x in raw),
                   " ".join("%.0f" % x for x in ecx),
                   " ".join("%.2f" % (b / a) for a, b in zip(fl, raw))))
+# A 7 MiB load carried by UCX moves no faster than UCX's own stream of 7
+# MiB messages (the faster of ucp_put_bw and ucp_am_bw: many in flight,
+# no reply): per run against raw TCP's 7 MiB x1 warm load and ecx's.
+bw = {}
+for t in ("ucp_put_bw", "ucp_am_bw"):
+    for r, g in rows.get(("perftest", 7340032, t), []):
+        bw[r] = max(bw.get(r, 0.0), g)
+one = [o for o in rows.get(("7MiB", 1, "warm", "tcp"), []) if o["run"] in bw]
+if one:
+    print("7MiB x1 warm, GB/s per run: UCX's own stream (the faster of "
+          "ucp_put_bw and ucp_am_bw) %s; raw TCP %s; ecx %s; UCX's own / "
+          "raw TCP: %s" % (
+              " ".join("%.2f" % bw[o["run"]] for o in one),
+              " ".join("%.2f" % o["baseline_gbps"] for o in one),
+              " ".join("%.2f" % o["gbps"] for o in one),
+              " ".join("%.2f" % (bw[o["run"]] / o["baseline_gbps"])
+                       for o in one)))
 # ecx's warm 7 MiB loads against UCX's own puts of 7 MiB in the same run.
 put = dict(rows.get(("perftest", 7340032, "ucp_put_bw"), []))
 for key in sorted(k for k in rows if k[0] == "7MiB" and k[2] == "warm"):
