@@ -166,6 +166,11 @@ for r in $(seq "$RUNS"); do
 		case $test:$mode in
 		*_lat:rndv) lat=UCX_RNDV_THRESH=1k label=${test}_rndv ;;
 		*_lat:) lat=UCX_RNDV_THRESH=inf ;;
+		*_bw:) ;;
+		*)
+			echo "two_hosts.sh: $t: no such test" >&2
+			exit 2
+			;;
 		esac
 		port=$((20000 + RANDOM % 20000))
 		"${T[@]}" env UCX_TLS=tcp $seg $lat UCX_NET_DEVICES=$VA "$work/in_ns" "$A" \
@@ -300,13 +305,14 @@ for label, size in (("64KiB", 65536), ("1MiB", 1048576)):
            if o["run"] in ld and o["run"] in l256]
     if not one:
         continue
-    us = lambda gbps: size / (gbps * 1e3)
+    us = lambda gbps: size / (gbps * 1e3) if gbps > 0 else float("inf")
     fl = [ld[o["run"]] + l256[o["run"]] for o in one]
     raw = [us(o["baseline_gbps"]) for o in one]
     ecx = [us(o["gbps"]) for o in one]
-    print("%s x1 warm, us per load, per run: UCX's two messages (256 B "
+    print("%s x1 warm, us per load, runs %s: UCX's two messages (256 B "
           "+ %s one way, the faster way) %s; raw TCP %s; ecx %s; raw TCP / UCX's two: "
-          "%s" % (label, label, " ".join("%.0f" % x for x in fl),
+          "%s" % (label, " ".join(str(o["run"]) for o in one), label,
+                  " ".join("%.0f" % x for x in fl),
                   " ".join("%.0f" % x for x in raw),
                   " ".join("%.0f" % x for x in ecx),
                   " ".join("%.2f" % (b / a) for a, b in zip(fl, raw))))
@@ -319,14 +325,14 @@ for t in ("ucp_put_bw", "ucp_am_bw"):
         bw[r] = max(bw.get(r, 0.0), g)
 one = [o for o in rows.get(("7MiB", 1, "warm", "tcp"), []) if o["run"] in bw]
 if one:
-    print("7MiB x1 warm, GB/s per run: UCX's own stream (the faster of "
+    print("7MiB x1 warm, GB/s, runs %s: UCX's own stream (the faster of "
           "ucp_put_bw and ucp_am_bw) %s; raw TCP %s; ecx %s; UCX's own / "
-          "raw TCP: %s" % (
+          "raw TCP: %s" % (" ".join(str(o["run"]) for o in one),
               " ".join("%.2f" % bw[o["run"]] for o in one),
               " ".join("%.2f" % o["baseline_gbps"] for o in one),
               " ".join("%.2f" % o["gbps"] for o in one),
               " ".join("%.2f" % (bw[o["run"]] / o["baseline_gbps"])
-                       for o in one)))
+                       if o["baseline_gbps"] > 0 else "-" for o in one)))
 # ecx's warm 7 MiB loads against UCX's own puts of 7 MiB in the same run.
 put = dict(rows.get(("perftest", 7340032, "ucp_put_bw"), []))
 for key in sorted(k for k in rows if k[0] == "7MiB" and k[2] == "warm"):
