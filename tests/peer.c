@@ -342,7 +342,8 @@ static int run_consumer(int argc, char **argv)
 			fflush(stdout);
 			ecx_consumer_load_start(cons, it, n, &l);
 			/* Long enough for the pull to leave, far shorter than
-			 * the transfer of the test's 8 MiB over TCP. */
+			 * the transfer of the test's item (tens of MiB) over
+			 * TCP. */
 			struct timespec t0, t1;
 			clock_gettime(CLOCK_MONOTONIC, &t0);
 			do {

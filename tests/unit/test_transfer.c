@@ -439,16 +439,46 @@ static void test_eviction_order(void **state)
 	producer_stop(&p);
 }
 
+/* The most a TCP connection of this host can hold in flight: its send
+ * buffer's ceiling and its receive buffer's (autotuning grows both up to
+ * these while the reader reads), bytes; 36 MiB where they cannot be read. */
+static uint64_t tcp_buffers_max(void)
+{
+	static const char *files[] = {"/proc/sys/net/ipv4/tcp_wmem",
+	                              "/proc/sys/net/ipv4/tcp_rmem"};
+	uint64_t sum = 0;
+	for (int i = 0; i < 2; i++) {
+		unsigned long long lo, def, hi;
+		FILE *f = fopen(files[i], "r");
+		int got =
+		    f != NULL ? fscanf(f, "%llu %llu %llu", &lo, &def, &hi) : 0;
+		if (f != NULL)
+			fclose(f);
+		if (got != 3)
+			return (uint64_t)36 << 20;
+		sum += hi;
+	}
+	return sum;
+}
+
 /* A consumer that stalls mid-pull keeps its items pinned (never evicted,
  * and a put that needs their room fails) until it is killed; then the
- * producer has no pins and no endpoint left. */
+ * producer has no pins and no endpoint left. The stalled item is larger
+ * than the connection's buffers can hold, so its send cannot end while
+ * the consumer is stopped (an 8 MiB one could, into a receive buffer
+ * autotuned past it, and then its pin ended early). */
 static void test_pins_and_killed_consumer(void **state)
 {
 	const char *transport = transport_of(state);
+	uint64_t big = ((tcp_buffers_max() >> 20) + 4) << 20;
+	char bigs[32], caps[32];
+	snprintf(bigs, sizeof(bigs), "%llu", (unsigned long long)big);
+	snprintf(caps, sizeof(caps), "%llu",
+	         (unsigned long long)(big + ((uint64_t)4 << 20)));
 	producer p;
-	producer_start(&p, transport, "--capacity", "12582912", "--timeout",
-	               "20000", NULL);
-	producer_put(&p, "big", "uint8", "8388608", "ok");
+	producer_start(&p, transport, "--capacity", caps, "--timeout", "20000",
+	               NULL);
+	producer_put(&p, "big", "uint8", bigs, "ok");
 	char path[512];
 	peer_path(path, sizeof(path));
 	char *argv[] = {
