@@ -67,7 +67,7 @@ void prod_conns_reap(ecx_producer *p)
 {
 	uint64_t idle_ns = (uint64_t)p->idle_ms * 1000000u;
 	for (;;) {
-		conn *close_it = NULL, *free_it = NULL;
+		conn *close_it = NULL, *free_it = NULL, *drain_it = NULL;
 		pthread_mutex_lock(&p->lock);
 		uint64_t now = ecx_now_ns();
 		for (conn **cp = &p->conns; *cp != NULL; cp = &(*cp)->next) {
@@ -84,6 +84,16 @@ void prod_conns_reap(ecx_producer *p)
 			}
 			if (!__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
 				continue;
+			if (!c->closed && !c->drained &&
+			    prod_conn_goes_with_side(c)) {
+				/* Its worker progressed alone first (below,
+				 * out of the lock), while its jobs still
+				 * stand: what its endpoints had queued goes
+				 * out before no progress may run. */
+				c->drained = true;
+				drain_it = c;
+				break;
+			}
 			if (!c->closed) {
 				c->closed = true;
 				c->closed_ns = now;
@@ -108,6 +118,11 @@ void prod_conns_reap(ecx_producer *p)
 			}
 		}
 		pthread_mutex_unlock(&p->lock);
+		if (drain_it != NULL) {
+			/* Only this thread frees a connection: it stays. */
+			ecx_ucx_side_drain(drain_it->side);
+			continue;
+		}
 		if (close_it == NULL && free_it == NULL)
 			return;
 		if (close_it != NULL) {

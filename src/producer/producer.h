@@ -95,7 +95,8 @@ typedef struct conn {
 	 * progress: none starts, and a goodbye (ECX_AM_BYE) goes once the
 	 * progress thread has stopped (serve.c prod_serve_shutdown) */
 	bool closing;
-	bool closed; /* its endpoint is closed; freed when jobs is 0 */
+	bool drained; /* its side was drained before its close (conns.c) */
+	bool closed;  /* its endpoint is closed; freed when jobs is 0 */
 	uint64_t closed_ns;
 	unsigned jobs; /* active jobs on it */
 	rkey_ent rk[RKEY_CACHE];

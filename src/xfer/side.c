@@ -172,6 +172,26 @@ void ecx_ucx_sides_stop(ecx_ucx *u)
 		ecx_ucx_side_destroy(u, u->sides);
 }
 
+void ecx_ucx_side_drain(ecx_ucx_side *side)
+{
+	uint64_t start = ecx_now_ns(), quiet = start;
+	unsigned did = 0;
+	for (;;) {
+		uint64_t now = ecx_now_ns();
+		unsigned n = ucp_worker_progress(side->worker);
+		if (n > 0)
+			quiet = now;
+		did += n;
+		if (now - quiet >= ECX_SIDE_QUIET_NS ||
+		    now - start >= ECX_SIDE_DRAIN_NS) {
+			ecx_debug("ucx", "side drained: %u events in %llu us",
+			          did,
+			          (unsigned long long)(now - start) / 1000u);
+			return;
+		}
+	}
+}
+
 void ecx_ucx_side_destroy_forced(ecx_ucx *u, ecx_ucx_side *side, ucp_ep_h ep)
 {
 	if (ep != NULL) {

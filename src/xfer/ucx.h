@@ -167,6 +167,17 @@ int ecx_ucx_side_ep_create(ecx_ucx *u, ecx_ucx_side *side, const void *addr,
                            ucp_ep_h *ep, char *why, size_t whylen);
 void ecx_ucx_side_ep_close(ecx_ucx *u, ecx_ucx_side *side, ucp_ep_h ep,
                            unsigned transport, int timeout_ms);
+/* Progresses side's worker alone until it has had nothing to do for
+ * ECX_SIDE_QUIET_NS, at most ECX_SIDE_DRAIN_NS: what its endpoints still
+ * had to send meanwhile goes out. For a side about to be destroyed with no
+ * progress after its endpoint's close (ecx_ucx_side_destroy_forced): UCX
+ * 1.13 asserts (ucp_request_send_state_ff, "got REP message") when a
+ * worker is destroyed while a wireup reply waits on a TCP endpoint still
+ * connecting (fixed in UCX 1.14 by openucx/ucx#8175; Debian 12 has 1.13.1).
+ * Called from the one thread that progresses side. */
+#define ECX_SIDE_QUIET_NS 1000000u
+#define ECX_SIDE_DRAIN_NS 5000000u
+void ecx_ucx_side_drain(ecx_ucx_side *side);
 /* Closes ep (a TCP endpoint of side's worker, or NULL) forced, which
  * fails its requests in flight, and destroys side at once, with no
  * progress in between: UCX 1.13 crashes when a TCP endpoint closed forced

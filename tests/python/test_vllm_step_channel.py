@@ -119,9 +119,12 @@ def _rank_main(conn, cfg_blob):
 def test_ranks_in_processes_of_their_own(registry, producers):  # noqa: F811
     """As vLLM runs them: the scheduler here, each rank's worker connector
     in a process of its own, the step's metadata and reports pickled
-    between them."""
+    between them. The first item warms up: its pull is each rank process's
+    first, whose handshake with the producer (under ASan on a loaded
+    2-core machine) can outlast GAP_S, so only that it is scheduled is
+    checked (CI's ASan pass: [3, 2, 2] once, without it)."""
     reg = registry()
-    hashes = [steps.mm_hash(f"proc-{i}") for i in range(3)]
+    hashes = [steps.mm_hash(f"proc-{i}") for i in range(4)]
     producers(reg.url, hashes)
     cfg = steps.config(reg.url)
     cfg.parallel_config.tensor_parallel_size = 2
@@ -165,7 +168,8 @@ def test_ranks_in_processes_of_their_own(registry, producers):  # noqa: F811
                 time.sleep(GAP_S)
             sched.update_state_after_free(req, 0)
             sched.request_finished(req)
-        assert taken == [2] * len(hashes), taken
+        assert len(taken) == len(hashes), taken  # every one scheduled
+        assert taken[1:] == [2] * (len(hashes) - 1), taken
     finally:
         for a, p in ranks:
             if p.is_alive():
