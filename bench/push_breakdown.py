@@ -28,6 +28,7 @@ Run: PYTHONPATH=python ECX_LIBRARY=build/libecx.so /usr/bin/python3 \\
 import argparse
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -119,7 +120,17 @@ def main():
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     prod = pusher = sub = None
     try:
-        base = json.loads(child.stdout.readline())["base"]
+        def said(what):  # the child's next line, within 30 s
+            if not select.select([child.stdout], [], [], 30)[0]:
+                raise RuntimeError(f"the shard's process gave no {what} "
+                                   "in 30 s")
+            line = child.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the shard's process ended before "
+                                   f"its {what} (status {child.poll()})")
+            return json.loads(line)
+
+        base = said("endpoint")["base"]
         prod = ecx.Producer(capacity_bytes=cap, bind_host="127.0.0.1",
                             registry_port=0)
         pusher = Pusher(prod, control_timeout_s=5.0, send_hash=False)
@@ -129,7 +140,7 @@ def main():
         def marks():
             child.stdin.write("\n")
             child.stdin.flush()
-            return json.loads(child.stdout.readline())
+            return said("marks")
 
         rows = []
         for _ in range(a.n + 3):
@@ -175,7 +186,11 @@ def main():
     finally:
         if child.stdin:
             child.stdin.close()
-        child.wait(30)
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
         for x in (sub, pusher, prod):
             if x is not None:
                 x.close()
