@@ -1,6 +1,7 @@
 """benchkit: what the Python benchmarks here share (import it from a
 script in bench/, whose folder is on sys.path when it runs)."""
 import os
+import time
 
 
 def uptime():
@@ -8,11 +9,10 @@ def uptime():
     from uptime(1): a command started with the sanitizer's LD_PRELOAD of
     the tests' environment can hang (ctest bench.push_breakdown did,
     under make asan)."""
-    import time
     with open("/proc/loadavg") as f:
         load = ", ".join(f.read().split()[:3])
-    return time.strftime("%H:%M:%S UTC", time.gmtime()) + \
-        f", load average: {load}"
+    now = time.strftime("%H:%M:%S UTC", time.gmtime())
+    return f"{now}, load average: {load}"
 
 
 def put_random(prod, name, n):

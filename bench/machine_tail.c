@@ -22,8 +22,8 @@
  *
  *   ecx-bench-machine-tail [--n N] [--work-us US]   (defaults 2000, 9)
  *
- * Every wait is bounded (a peer that dies or stops ends the run with an
- * error, never a hang).
+ * Every wait is bounded: a peer that dies or stops ends the run with an
+ * error within 2 s (pong) or 30 s (wake), never a hang.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -60,12 +60,15 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* The q-th percentile of v[0..n), sorted in place. */
+/* The q-th percentile of v[0..n), sorted in place, as `ecx bench` takes
+ * it (tools/stats.c, samples_pct: the rank rounded up, so p99 of 200 is
+ * the third slowest). */
 static double pct_us(uint64_t *v, size_t n, int q)
 {
 	qsort(v, n, sizeof(*v), cmp_u64);
-	size_t k = n * (size_t)q / 100;
-	return (double)v[k < n ? k : n - 1] / 1e3;
+	size_t rank = (n * (size_t)q + 99) / 100;
+	rank = rank < 1 ? 1 : rank > n ? n : rank;
+	return (double)v[rank - 1] / 1e3;
 }
 
 static void die(const char *what)
@@ -97,8 +100,7 @@ static void *spin_main(void *p)
 static void run_spin(void)
 {
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	if (ncpu < 1 || ncpu > 256)
-		ncpu = 1;
+	ncpu = ncpu < 1 ? 1 : ncpu > 256 ? 256 : ncpu;
 	pthread_t th[256];
 	gaps g[256];
 	memset(g, 0, sizeof(g));
@@ -196,6 +198,8 @@ static void run_pong(int n, unsigned work_us)
 		v[i] = now_ns() - t0;
 	}
 	atomic_store(&s->quit, 1);
+	if (!ok) /* stopped, perhaps: it would not see quit */
+		kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	if (!ok)
 		die("pong: the other process did not answer within 2 s");
@@ -210,6 +214,23 @@ static void run_pong(int n, unsigned work_us)
 }
 
 /* --- wake -------------------------------------------------------------- */
+
+/* The wake test's round trips block in read(), so its bound is an alarm:
+ * the other process killed, an error said, exit 1. */
+#define WAKE_LIMIT_S 30
+static volatile sig_atomic_t wake_peer;
+
+static void wake_expired(int sig)
+{
+	(void)sig;
+	static const char m[] = "ecx-bench-machine-tail: wake: no answer "
+	                        "within the test's 30 s\n";
+	if (wake_peer > 0)
+		kill((pid_t)wake_peer, SIGKILL);
+	if (write(2, m, sizeof(m) - 1) < 0)
+		_exit(1);
+	_exit(1);
+}
 
 static void run_wake(int n)
 {
@@ -230,6 +251,9 @@ static void run_wake(int n)
 	}
 	close(a[0]);
 	close(b[1]);
+	wake_peer = pid;
+	signal(SIGALRM, wake_expired);
+	alarm(WAKE_LIMIT_S);
 	int m = n < 400 ? n : 400; /* 5 ms apart: 2 s at most */
 	uint64_t *v = calloc((size_t)m, sizeof(*v));
 	if (v == NULL)
@@ -255,6 +279,7 @@ static void run_wake(int n)
 	close(a[1]);
 	close(b[0]);
 	waitpid(pid, NULL, 0);
+	alarm(0);
 	free(v);
 }
 

@@ -14,8 +14,10 @@ come before or after landed):
 
   op_in    the shard's loop has the op (ZeroMQ, the JSON made here)
   checked  the entries are checked and marked fetching (the table)
-  start    Consumer.load_notify called: the destinations' C items made
-  started  load_notify returned: the pulls sent, the load's thread made
+  start    the fetch's load about to start (the entries' items and views
+           made, Fetches._go entered)
+  started  load_notify returned: the C items made, the pull sent, the
+           load's thread made
   reply    the op's answer is here (while the bytes move)
   landed   the shard hears the load's end (libecx's datagram)
   settled  every reservation settled READY and its event queued
@@ -52,12 +54,15 @@ import ecx
 from ecx.vllm.push import ArenaPool, ControlShard
 from ecx.vllm.push import events, fetch, shard
 
+import threading
 T = []  # (stage, time), the first of each stage kept
+L = threading.Lock()  # T is written by the shard's thread, read by this one
 pc = time.perf_counter
 
 
 def mark(name):
-    T.append((name, pc()))
+    with L:
+        T.append((name, pc()))
 
 
 def wrap(cls, attr, before=None, after=None, when=None):
@@ -84,17 +89,31 @@ wrap(events.EventQueue, "flush", after="sent",
      when=lambda self, ev: bool(self._frames))
 cons = ecx.Consumer(None, recv_capacity=int(sys.argv[2]))
 pool = ArenaPool(cons)
+sh = None
 for _ in range(50):
     try:
         sh = ControlShard(pool, ec_port=random.randint(20000, 60000))
         sh.start()
         break
     except RuntimeError:
-        pass
+        sh = None
+if sh is None:
+    sys.exit("no free control port in 50 tries")
 print(json.dumps({"base": sh.endpoint}), flush=True)
-for line in sys.stdin:  # each line: give the marks since the last one
-    print(json.dumps(T), flush=True)
-    T.clear()
+# Each line asks for the marks since the last, once the stage it names
+# (if any) is among them, or after 5 s: the shard's thread marks "sent"
+# after its send returns, which can be after the event is at the encoder.
+for line in sys.stdin:
+    want, until = line.strip(), time.monotonic() + 5
+    while want and time.monotonic() < until:
+        with L:
+            if any(n == want for n, _ in T):
+                break
+        time.sleep(0.0005)
+    with L:
+        out = list(T)
+        T.clear()
+    print(json.dumps(out), flush=True)
 sh.stop(0)
 cons.close()
 """
@@ -137,16 +156,25 @@ def main():
         sub = EventSubscriber(pusher.shards(base))
         mms = [put_random(prod, f"bd{i}", a.nbytes) for i in range(a.k)]
 
-        def marks():
-            child.stdin.write("\n")
+        def marks(want=""):
+            child.stdin.write(want + "\n")
             child.stdin.flush()
             return said("marks")
+
+        def failed(specs):  # a failure event for one of specs, if any
+            ids = {s.transfer_id for s in specs}
+            for raw in sub.frames:
+                ev = json.loads(raw)
+                if ev.get("transfer_id") in ids and ev.get("ready") is False:
+                    return ev
+            return None
 
         rows = []
         for _ in range(a.n + 3):
             specs = [PushSpec(uuid.uuid4().hex, m, a.nbytes, [a.nbytes],
                               "uint8") for m in mms]
-            assert pusher.reserve(base, specs) == specs, specs
+            if pusher.reserve(base, specs) != specs:
+                raise RuntimeError(f"the reservations failed: {specs}")
             addr = next(iter(specs[0].shards))
             marks()  # the reserve's, dropped
             t0 = time.perf_counter()
@@ -157,23 +185,31 @@ def main():
                                s.shards[addr]["reservation_id"]}
                           for s in specs]})
             t1 = time.perf_counter()
-            assert got["items"] == [{"fetching": True}] * a.k, got
+            if got.get("items") != [{"fetching": True}] * a.k:
+                raise RuntimeError(f"ecx_fetch was refused: {got}")
             deadline = time.monotonic() + 10
             while not all(sub.ready(s.transfer_id) for s in specs):
-                assert time.monotonic() < deadline, "no ready events"
+                ev = failed(specs)
+                if ev is not None:
+                    raise RuntimeError(f"a push failed: {ev}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no ready events within 10 s")
                 sub.drain(0.001)
             t2 = time.perf_counter()
             row = {"reply": t1 - t0, "event": t2 - t0}
-            # the shard's thread marks "sent" after its send returns, which
-            # can be after the event is here: let it finish (untimed)
-            time.sleep(0.005)
-            for name, t in marks():
+            for name, t in marks("sent"):
                 row.setdefault(name, t - t0)
+            missing = [st for st in STAGES if st not in row]
+            if missing:
+                raise RuntimeError(f"stages not seen in 5 s: {missing}")
             rows.append(row)
+            sub.frames.clear()
             for s in specs:
-                pusher.ctl.call(addr, {
+                got = pusher.ctl.call(addr, {
                     "op": "cancel", "transfer_id": s.transfer_id,
                     "reservation_id": s.shards[addr]["reservation_id"]})
+                if got.get("ok") is False:
+                    raise RuntimeError(f"cancel: {got}")
         print(f"# {uptime()}")
         print(f"# one ecx_fetch of {a.k} x {a.nbytes} B, medians of "
               f"{a.n}, ms from the op's send")
@@ -192,8 +228,11 @@ def main():
             child.kill()
             child.wait()
         for x in (sub, pusher, prod):
-            if x is not None:
-                x.close()
+            try:
+                if x is not None:
+                    x.close()
+            except Exception as e:  # the others are still closed
+                print(f"push_breakdown: closing: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

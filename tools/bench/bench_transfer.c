@@ -77,7 +77,7 @@ typedef struct bench_ctx {
  * UCX's receive FIFO and its descriptors are touched for the first time,
  * page by page, by each side over about the first 64 messages of a
  * connection: on this kind of machine a load then and again took 30-70
- * us instead of 9 (loads 18-19, 28-29, 40-41 and 60-62 of the
+ * us instead of 9 (loads 18-19, 28-29, 38-41 and 60-62 of the
  * connection, every run; docs/bench.md, "Where the small loads' tail
  * comes from"), a cost once per connection that the first row's tail
  * would otherwise carry. */
@@ -247,6 +247,9 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	/* Every ecx load of the row; every load of each repetition's
 	 * baseline (the faster mode's, for raw TCP). */
 	samples lat = {0}, blat = {0};
+	/* The untimed first loads of single-load blocks, ecx's and the
+	 * baseline's: what a load costs after the other's block (--json). */
+	samples first = {0}, bfirst = {0};
 	uint64_t ns;
 	bool ok = true;
 	x->wlooked = false;
@@ -307,10 +310,12 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		double bgb = 0;
 		for (int j = 0; j < nbase && ok; j++) {
 			int m = (j + r) % nbase; /* 0: IO_RECV, 1: IO_POLL */
-			if (nb == 1)
+			if (nb == 1) {
 				ok = base_load(x, s, nb, cold,
 				               m ? IO_POLL : IO_RECV, false,
 				               &ns);
+				samples_add(&bfirst, ns);
+			}
 			for (int i = 0; i < iters && ok; i++) {
 				ok = base_load(x, s, nb, cold,
 				               m ? IO_POLL : IO_RECV, false,
@@ -326,8 +331,10 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 		 * kind of machine (bench/machine_tail.c): five such first
 		 * loads of a row's 200 made its p99 the wake-up's, which a
 		 * row of back-to-back loads is not about. */
-		if (nb == 1 && ok)
+		if (nb == 1 && ok) {
 			ok = ecx_load_one(x, s, nb, cold, false, &ns);
+			samples_add(&first, ns);
+		}
 		for (int i = 0; i < iters && ok; i++) {
 			ok = ecx_load_one(x, s, nb, cold, false, &ns);
 			samples_add(&e, ns);
@@ -372,6 +379,8 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	if (!ok) {
 		samples_free(&lat);
 		samples_free(&blat);
+		samples_free(&first);
+		samples_free(&bfirst);
 		return false;
 	}
 	double p50 = (double)samples_pct(&lat, 50) / 1e3;
@@ -382,12 +391,20 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	double b50 = (double)samples_pct(&blat, 50) / 1e3;
 	double b99 = (double)samples_pct(&blat, 99) / 1e3;
 	const char *cache = cold ? "cold" : "warm";
-	char buf[96], row[96], modes[128] = "";
+	char buf[96], row[96], modes[256] = "";
+	size_t off = 0;
 	if (vias[x->v].raw_tcp)
-		snprintf(modes, sizeof(modes),
-		         ", \"baseline_blocking_gbps\": %.3f, "
-		         "\"baseline_polling_gbps\": %.3f",
-		         reps_med(&bmode[0]), reps_med(&bmode[1]));
+		off =
+		    (size_t)snprintf(modes, sizeof(modes),
+		                     ", \"baseline_blocking_gbps\": %.3f, "
+		                     "\"baseline_polling_gbps\": %.3f",
+		                     reps_med(&bmode[0]), reps_med(&bmode[1]));
+	if (nb == 1 && off < sizeof(modes))
+		snprintf(modes + off, sizeof(modes) - off,
+		         ", \"first_load_p50_us\": %.1f, "
+		         "\"baseline_first_load_p50_us\": %.1f",
+		         (double)samples_pct(&first, 50) / 1e3,
+		         (double)samples_pct(&bfirst, 50) / 1e3);
 	snprintf(row, sizeof(row), "transfer %s %s x%d %s", vias[x->v].label,
 	         sizes[s].name, nb, cache);
 	if (o->json)
@@ -453,6 +470,8 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	}
 	samples_free(&lat);
 	samples_free(&blat);
+	samples_free(&first);
+	samples_free(&bfirst);
 	return true;
 }
 
