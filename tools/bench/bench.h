@@ -5,14 +5,16 @@
  *                     chosen), JSON rows
  *   bench_registry.c  registry: lookups, the reference's way and ecx's
  *   bench_transfer.c  transfer: rows (one entry per transport, vias[]),
- *                     integrity, orchestration
+ *                     orchestration
+ *   bench_integrity.c transfer: the price of integrity (the hash rows)
  *   bench_buffers.c   transfer: item sizes, memory and socket I/O
  *   bench_peers.c     transfer: the producer and the raw TCP source it
  *                     runs as child processes (--producer-for-bench,
  *                     --tcp-source-for-bench), and starting them
  *   bench_file.c      file: the file-per-item baseline
- * Calls go one way: cmd_bench.c to the benchmarks, the benchmarks to
- * bench_buffers.c, bench_peers.c and bench_report.c, never back. */
+ * Calls go one way: cmd_bench.c to the benchmarks, bench_transfer.c to
+ * bench_integrity.c, the benchmarks to bench_buffers.c, bench_peers.c and
+ * bench_report.c, never back. */
 #ifndef ECX_TOOL_BENCH_H
 #define ECX_TOOL_BENCH_H
 
@@ -159,6 +161,15 @@ bool producer_settled(struct ecx_consumer *c);
 int bench_registry(const bench_opts *o); /* bench_registry.c */
 int bench_transfer(const bench_opts *o); /* bench_transfer.c */
 int bench_file(const bench_opts *o);     /* bench_file.c */
+/* The price of integrity (bench_integrity.c): warm loads of nb items (at
+ * most INTEGRITY_MAXBATCH) of size s into the receive arena by a consumer
+ * that checks each item's hash (hashed) beside the same loads by one that
+ * does not (plain), alternating blocks, each first in turn; a `hash` row
+ * labelled label (json in --json). False when a load fails. */
+#define INTEGRITY_MAXBATCH 32
+bool bench_integrity(const bench_opts *o, struct ecx_consumer *plain,
+                     struct ecx_consumer *hashed, const char *label,
+                     const char *json, int s, int nb);
 /* The transfer benchmark's child processes (bench_peers.c), run as
  * `ecx bench --producer-for-bench TRANSPORT` (serves until SIGTERM) and
  * `ecx bench --tcp-source-for-bench` (until its connection ends). */
