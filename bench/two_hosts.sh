@@ -23,7 +23,9 @@
 # VIA (default tcp) is the rows' --via: VIA=tcp,mooncake adds the rows over
 # Mooncake's wire (the reference's pull) beside them, same run. PUSH=1 adds
 # pushes over Mooncake's wire (bench/push_mooncake.py) after them, PUSH=only
-# runs those alone.
+# runs those alone. LEAD=1 adds the rendezvous lead's paired comparison
+# (bench/rndv_lead.py: 1 MiB single loads from a producer that pads and
+# one that does not) after them, LEAD=only runs that alone.
 #
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
@@ -138,6 +140,28 @@ push_runs() {
 		}
 	done
 }
+# LEAD=1 (or only): bench/rndv_lead.py RUNS times, its consumer in B,
+# its two producers in A.
+lead_runs() {
+	lib=${ECX_LIBRARY:-$(dirname "$ECX")/../libecx.so}
+	here=$(dirname "$(readlink -f "$0")")
+	for r in $(seq "$RUNS"); do
+		echo "## rendezvous lead run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+		bg_wait timeout -k 5 300 env ECX_LIBRARY="$(readlink -f "$lib")" \
+			PYTHONPATH="$here/../python" "$work/in_ns" "$B" "$PY" \
+			"$here/rndv_lead.py" --producer-wrap "$work/in_ns $A" \
+			--producer-host 192.0.2.1 || {
+			echo "two_hosts.sh: rendezvous lead run $r failed" >&2
+			exit 1
+		}
+	done
+}
+if [ "${LEAD:-0}" = only ]; then
+	echo "# the rendezvous lead across two hosts: namespaces joined by a" \
+		"veth, $(nproc) cores, $RUNS runs"
+	lead_runs
+	exit 0
+fi
 if [ "${PUSH:-0}" = only ]; then
 	echo "# pushes across two hosts: namespaces joined by a veth," \
 		"$(nproc) cores, $RUNS runs"
@@ -346,4 +370,7 @@ PY
 echo "$line (the streams are Python threads: the sending and receiving are system calls that run in parallel)"
 if [ "${PUSH:-0}" = 1 ]; then
 	push_runs
+fi
+if [ "${LEAD:-0}" = 1 ]; then
+	lead_runs
 fi

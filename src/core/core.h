@@ -157,6 +157,15 @@ bool ecx_pid_gone(int fd);
 int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
                  bool *sysv, char *why, size_t whylen);
 
+/* ---- copies (copy.c) ---- */
+
+/* ecx_copy_offset_slow says whether this CPU copies much more slowly (4x
+ * or more) into a destination 16 bytes past its source modulo 4 KiB than
+ * 64 bytes past it, measured once per process (a few hundred
+ * microseconds); *ratio, where not NULL, gets the measured slowdown (0 when
+ * it could not be measured, which counts as slow). */
+bool ecx_copy_offset_slow(double *ratio);
+
 /* ---- handles used after fork ---- */
 
 /* ecx_forked says whether the calling process is not owner (the process

@@ -243,6 +243,11 @@ struct ecx_producer {
 	 * pull with xxh64 and sends no landed notices, as one older than
 	 * XXH3 did. */
 	bool test_hash_legacy;
+	/* Whether a pull's only rendezvous message over TCP gets padding
+	 * before the items' bytes, where the pull asks for a lead
+	 * (serve_data.c): where this CPU copies slowly a few bytes off a page
+	 * (ecx_copy_offset_slow), or as ECX_TEST_RNDV_LEAD (0 or 1) says. */
+	bool rndv_lead;
 	/* The largest active-message header the workers take (UCX's
 	 * max_am_header), asked once by the progress thread; 0: not yet. */
 	size_t am_hdr_max;

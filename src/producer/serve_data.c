@@ -45,7 +45,10 @@ static bool run_is_last(const job *j, size_t k)
  * bytes starts 64 bytes into the kernel's socket buffer (the rest follow
  * at other distances, never a few bytes past their source). */
 #define RNDV_LEAD 43
-/* Padding only for messages up to this much: at 1 MiB (UCX's piece over
+/* Only where this CPU needs it (p->rndv_lead): on one without the
+ * penalty the two-part message cost about 25 us of a 1 MiB load across
+ * a veth (docs/deploy.md, "The rendezvous lead, where the CPU needs it").
+ * Padding only for messages up to this much: at 1 MiB (UCX's piece over
  * TCP, RX_SEG_SIZE 1m) the padded first piece is all of it; a 7 MiB item
  * padded (UCX then receives a body in two parts in pieces of 256 KiB)
  * moved less across the veth (docs/deploy.md). */
@@ -146,7 +149,8 @@ ucs_status_ptr_t prod_data_send(ecx_producer *p, job *j, size_t i, size_t k,
 	 * receive (UCX's for a body in two parts) moved batches less. */
 	int lead = !j->pr.lead || !fold    ? LEAD_NONE
 	           : len <= FOLD_EAGER_MAX ? LEAD_EAGER
-	           : (flags & UCP_AM_SEND_FLAG_RNDV) && len <= RNDV_LEAD_MAX
+	           : (flags & UCP_AM_SEND_FLAG_RNDV) && len <= RNDV_LEAD_MAX &&
+	                   p->rndv_lead
 	               ? LEAD_RNDV
 	               : LEAD_NONE;
 	size_t flen = fold ? job_fold(p, j, &s->h, lead, src, len) : 0;

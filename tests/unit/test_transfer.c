@@ -1257,12 +1257,17 @@ static void lead_load(ecx_consumer *c, const char *id, size_t nbytes, char *dst,
  * and the reply after the lead header; a pull of two messages, neither.
  * A consumer that does not ask for
  * lead, as an older one (ECX_TEST_NO_LEAD), gets the reply in the data
- * header, still one message each way, and no padding. */
+ * header, still one message each way, and no padding; so does a 1 MiB
+ * load from a producer whose CPU needs no padding (ECX_TEST_RNDV_LEAD=0:
+ * ecx_copy_offset_slow said no). */
 static void test_tcp_lead(void **state)
 {
 	(void)state;
 	producer p;
+	/* The rendezvous padding on, whatever this CPU (below: off). */
+	setenv("ECX_TEST_RNDV_LEAD", "1", 1);
 	producer_start(&p, "tcp", NULL);
+	unsetenv("ECX_TEST_RNDV_LEAD");
 	producer_put(&p, "l64", "uint8", "65536", "ok");
 	producer_put(&p, "l1m", "uint8", "1048576", "ok");
 	producer_put(&p, "l1n", "uint8", "1048576", "ok");
@@ -1304,6 +1309,29 @@ static void test_tcp_lead(void **state)
 	assert_int_equal(r, 0);
 	assert_int_equal(l, 0);
 	assert_int_equal(producer_stat(&p, "served"), 128 + 8 + 2 + 1 + 1);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+	/* A producer on a CPU that copies a few bytes off a page as fast
+	 * (ECX_TEST_RNDV_LEAD=0 here) still folds a small load's reply into
+	 * the front of its body, but sends a 1 MiB load unpadded: still one
+	 * message, the reply in its header, every byte checked. */
+	setenv("ECX_TEST_RNDV_LEAD", "0", 1);
+	producer_start(&p, "tcp", NULL);
+	unsetenv("ECX_TEST_RNDV_LEAD");
+	producer_put(&p, "l64", "uint8", "65536", "ok");
+	producer_put(&p, "l1m", "uint8", "1048576", "ok");
+	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	d = r = l = 0;
+	lead_load(c, "l64", 65536, buf + 16, &d, &r, &l);
+	assert_int_equal(d, 1);
+	assert_int_equal(r, 0);
+	assert_int_equal(l, 1);
+	d = r = l = 0;
+	for (int off = 0; off < 128; off += 16)
+		lead_load(c, "l1m", 1u << 20, buf + off, &d, &r, &l);
+	assert_int_equal(d, 8);
+	assert_int_equal(r, 0);
+	assert_int_equal(l, 0);
 	ecx_consumer_destroy(c);
 	free(buf);
 	producer_stop(&p);

@@ -1,0 +1,81 @@
+/*
+ * copy.c - whether this CPU copies slowly into a destination that lies a
+ * few bytes past its source modulo 4 KiB (ecx_copy_offset_slow).
+ *
+ * On some x86-64 CPUs (the AMD EPYC of docs/deploy.md) `rep movsb`, which
+ * glibc's memcpy and the kernel's copies into a socket use, runs many
+ * times slower at such a distance: 64 KiB took 34-107 us against 1.5-2.7
+ * us at 0 or 32 bytes and more. A producer pads a pull's only rendezvous
+ * message over TCP so that the kernel's copy of the arena's bytes into the
+ * socket avoids it; on a CPU without the penalty that padding costs (a
+ * two-part message on both sides: about 25 us of a 1 MiB load across a
+ * veth here), so the producer asks this first. The answer is measured
+ * once per process: a 64 KiB copy to 16 bytes past its source against
+ * one to 64 bytes past, the fastest of several of each, interleaved.
+ */
+#include "core/core.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROBE_LEN ((size_t)64 << 10)
+#define PROBE_REPS 12
+/* Slower than this many times the aligned copy counts as the penalty:
+ * the CPUs measured so far gave 1.3x (none) and 13-40x (the penalty). */
+#define PROBE_SLOW 4.0
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static double probe_ratio; /* 0: not measured (no memory) */
+
+/* The copy the kernel makes into a socket on x86-64 (rep movsb); memcpy
+ * elsewhere. */
+static void probe_copy(void *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__)
+	__asm__ volatile("rep movsb"
+	                 : "+D"(dst), "+S"(src), "+c"(n)
+	                 :
+	                 : "memory");
+#else
+	memcpy(dst, src, n);
+	__asm__ volatile("" : : "r"(dst) : "memory");
+#endif
+}
+
+static uint64_t probe_time(char *dst, const char *src)
+{
+	uint64_t t0 = ecx_now_ns();
+	probe_copy(dst, src, PROBE_LEN);
+	return ecx_now_ns() - t0;
+}
+
+static void probe(void)
+{
+	size_t len = PROBE_LEN + 4096;
+	char *src = aligned_alloc(4096, len);
+	char *dst = aligned_alloc(4096, len);
+	if (src != NULL && dst != NULL) {
+		memset(src, 0x5a, len);
+		memset(dst, 0, len);
+		uint64_t off = UINT64_MAX, on = UINT64_MAX;
+		for (int i = 0; i < PROBE_REPS; i++) {
+			uint64_t a = probe_time(dst + 16, src);
+			uint64_t b = probe_time(dst + 64, src);
+			off = a < off ? a : off;
+			on = b < on ? b : on;
+		}
+		probe_ratio = (double)off / (double)(on > 0 ? on : 1);
+	}
+	free(src);
+	free(dst);
+}
+
+bool ecx_copy_offset_slow(double *ratio)
+{
+	pthread_once(&probe_once, probe);
+	if (ratio != NULL)
+		*ratio = probe_ratio;
+	/* Not measured: as before the probe, the padding is kept. */
+	return probe_ratio == 0 || probe_ratio >= PROBE_SLOW;
+}
