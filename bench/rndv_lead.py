@@ -1,15 +1,19 @@
 """What the rendezvous lead costs or saves on this CPU: single warm loads
-over TCP of one item (1 MiB unless --nbytes) from two producer processes,
+over TCP of one item (1 MiB unless --nbytes; over 64 KiB and up to 2 MiB,
+the sizes that go by rendezvous with a lead) from two producer processes,
 one that pads a pull's only rendezvous message (ECX_TEST_RNDV_LEAD=1) and
-one that does not (ECX_TEST_RNDV_LEAD=0), into one consumer (this
-process), in interleaved blocks of --loads loads (each block after one
-untimed load; the order alternates), every load's bytes checked once per
-block. Left to itself a producer pads only where ecx_copy_offset_slow
-finds that the CPU copies slowly a few bytes off a page (its verdict:
-`ECX_LOG=debug ecx serve`; docs/deploy.md, "The rendezvous lead, where
-the CPU needs it"). Prints per producer the median, min and max of the
-blocks' medians, and the median of the paired differences (padded minus
-not), us: above 0, the padding costs here.
+one that does not (ECX_TEST_RNDV_LEAD=0), into one destination in this
+process's consumer. After 150 untimed loads from each: interleaved blocks
+of --loads timed loads (each block after one untimed load, the order
+alternating), each block followed by one untimed load into the
+destination cleared first, whose bytes are checked against the
+producer's XXH3. Left to itself a producer pads only where
+ecx_copy_offset_slow finds that the CPU copies slowly a few bytes off a
+page (its verdict: `ECX_LOG=debug ecx serve`; docs/deploy.md, "The
+rendezvous lead, where the CPU needs it"). Prints per producer the
+median, min and max of the blocks' medians, and the median of the paired
+differences (padded minus not, block by block), us: above 0, the padding
+costs here.
 
 On loopback:
   PYTHONPATH=python ECX_LIBRARY=build/libecx.so /usr/bin/python3 bench/rndv_lead.py
@@ -18,8 +22,10 @@ process in namespace B, the producers in A):
   bench/rndv_lead.py --producer-wrap 'CMD' --producer-host ADDR
 """
 import argparse
+import ctypes
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -28,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from benchkit import put_random, uptime  # noqa: E402
+from benchkit import uptime  # noqa: E402
 
 CHILD = r"""
 import json, sys
@@ -55,8 +61,14 @@ def main():
                     help="command (split on spaces) the producers run in")
     ap.add_argument("--producer-host", default="127.0.0.1")
     a = ap.parse_args()
-    if a.nbytes < 1 or a.blocks < 1 or a.loads < 1:
-        ap.error("--nbytes, --blocks and --loads must be positive")
+    if not (64 << 10) < a.nbytes <= (2 << 20):
+        ap.error("--nbytes must be over 64 KiB and at most 2 MiB (the "
+                 "loads that go by rendezvous with a lead)")
+    if a.blocks < 1 or a.loads < 1:
+        ap.error("--blocks and --loads must be positive")
+    if os.environ.get("ECX_TEST_NO_LEAD") is not None:
+        ap.error("ECX_TEST_NO_LEAD is set: the consumer would ask neither "
+                 "producer for a lead")
     import ecx
 
     kids, info = {}, {}
@@ -68,9 +80,12 @@ def main():
                                            a.producer_host, str(a.nbytes)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                 env=env)
-            line = kids[name].stdout.readline()
+            out = kids[name].stdout
+            ready, _, _ = select.select([out], [], [], 60)
+            line = out.readline() if ready else ""
             if not line:
-                sys.exit(f"rndv_lead.py: the {name} producer did not start")
+                sys.exit(f"rndv_lead.py: the {name} producer did not start "
+                         f"within 60 s (exit status {kids[name].poll()})")
             info[name] = json.loads(line)
         cons = ecx.Consumer(None, transport="tcp", recv_capacity=64 << 20)
         n = a.nbytes
@@ -81,7 +96,8 @@ def main():
         def load(k):
             errs = cons.load_into([(items[k], dst)])
             if errs != [None]:
-                sys.exit(f"rndv_lead.py: {k} load failed: {errs[0]}")
+                sys.exit(f"rndv_lead.py: {k} load failed: {errs[0]} (its "
+                         f"producer's exit status: {kids[k].poll()})")
 
         for k in items:  # the connection's first loads, untimed
             for _ in range(150):
@@ -96,6 +112,8 @@ def main():
                     t0 = time.perf_counter()
                     load(k)
                     ts.append(time.perf_counter() - t0)
+                ctypes.memset(dst.data_ptr(), 0, n)
+                load(k)
                 if ecx.xxh3(dst.data_ptr(), n) != info[k]["xxh3"]:
                     sys.exit(f"rndv_lead.py: {k}: bytes differ")
                 res[k].append(statistics.median(ts) * 1e6)
@@ -108,7 +126,7 @@ def main():
         print(f"padded - unpadded, paired by block: median "
               f"{statistics.median(diff):+.0f} us "
               f"(min {min(diff):+.0f}, max {max(diff):+.0f})")
-        del dst
+        dst = None  # the arena tensor freed before the consumer closes
         cons.close()
     finally:
         for p in kids.values():

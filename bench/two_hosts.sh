@@ -38,8 +38,14 @@ case "$RUNS" in '' | *[!0-9]* | 0)
 	exit 2
 	;;
 esac
+if [ "${PUSH:-0}" = only ] && [ "${LEAD:-0}" = only ]; then
+	echo "two_hosts.sh: PUSH=only and LEAD=only: choose one" >&2
+	exit 2
+fi
+perftest=ucx_perftest
+[ "${PUSH:-0}" = only ] || [ "${LEAD:-0}" = only ] && perftest=
 missing=
-for c in ucx_perftest unshare ip timeout "$PY"; do
+for c in $perftest unshare ip timeout "$PY"; do
 	command -v "$c" >/dev/null || missing="$missing $c"
 done
 if [ -n "$missing" ]; then

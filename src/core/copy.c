@@ -2,16 +2,17 @@
  * copy.c - whether this CPU copies slowly into a destination that lies a
  * few bytes past its source modulo 4 KiB (ecx_copy_offset_slow).
  *
- * On some x86-64 CPUs (the AMD EPYC of docs/deploy.md) `rep movsb`, which
- * glibc's memcpy and the kernel's copies into a socket use, runs many
- * times slower at such a distance: 64 KiB took 34-107 us against 1.5-2.7
- * us at 0 or 32 bytes and more. A producer pads a pull's only rendezvous
- * message over TCP so that the kernel's copy of the arena's bytes into the
- * socket avoids it; on a CPU without the penalty that padding costs (a
- * two-part message on both sides: about 25 us of a 1 MiB load across a
- * veth here), so the producer asks this first. The answer is measured
- * once per process: a 64 KiB copy to 16 bytes past its source against
- * one to 64 bytes past, the fastest of several of each, interleaved.
+ * On some x86-64 CPUs `rep movsb`, which glibc's memcpy and the kernel's
+ * copies into a socket use, runs many times slower at such a distance
+ * (the AMD EPYC of docs/deploy.md: 64 KiB in 34-107 us against 1.5-2.7).
+ * A producer pads a pull's only rendezvous message over TCP so that the
+ * kernel's copy of the arena's bytes does not land 21 bytes (UCX 1.13's
+ * headers) into the socket's page; on a CPU without that penalty the
+ * padding only costs (docs/deploy.md, "The rendezvous lead, where the CPU
+ * needs it"), so the producer asks this first. Measured once per process:
+ * a 64 KiB copy to 21 bytes past its source against one to 64 bytes past,
+ * the fastest of several of each, interleaved. Elsewhere than x86-64 the
+ * copy timed is memcpy's, a stand-in for the kernel's.
  */
 #include "core/core.h"
 
@@ -21,8 +22,12 @@
 
 #define PROBE_LEN ((size_t)64 << 10)
 #define PROBE_REPS 12
-/* Slower than this many times the aligned copy counts as the penalty:
- * the CPUs measured so far gave 1.3x (none) and 13-40x (the penalty). */
+/* Where UCX 1.13 over TCP puts a rendezvous body's first byte in the
+ * socket's buffer (serve_data.c, RNDV_LEAD). */
+#define PROBE_OFF 21
+/* Slower than this many times the copy 64 bytes off counts as the
+ * penalty: far from both the CPUs without it (1.0-1.3x) and the one with
+ * it (13x or more). */
 #define PROBE_SLOW 4.0
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
@@ -60,12 +65,13 @@ static void probe(void)
 		memset(dst, 0, len);
 		uint64_t off = UINT64_MAX, on = UINT64_MAX;
 		for (int i = 0; i < PROBE_REPS; i++) {
-			uint64_t a = probe_time(dst + 16, src);
+			uint64_t a = probe_time(dst + PROBE_OFF, src);
 			uint64_t b = probe_time(dst + 64, src);
 			off = a < off ? a : off;
 			on = b < on ? b : on;
 		}
-		probe_ratio = (double)off / (double)(on > 0 ? on : 1);
+		if (on > 0) /* else a clock too coarse to tell: unmeasured */
+			probe_ratio = (double)off / (double)on;
 	}
 	free(src);
 	free(dst);

@@ -100,9 +100,12 @@ int prod_create(const ecx_producer_params *pp, ecx_producer **out, char *why,
 	if (lead != NULL)
 		ecx_debug(MOD, "rendezvous lead %s (ECX_TEST_RNDV_LEAD)",
 		          p->rndv_lead ? "on" : "off");
+	else if (slow == 0)
+		ecx_debug(MOD, "rendezvous lead on (this CPU's copies not "
+		               "measured)");
 	else
 		ecx_debug(MOD,
-		          "rendezvous lead %s (a copy 16 bytes off a page: "
+		          "rendezvous lead %s (a copy 21 bytes off a page: "
 		          "%.1fx one 64 bytes off)",
 		          p->rndv_lead ? "on" : "off", slow);
 	p->st.capacity = cap;

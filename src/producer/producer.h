@@ -246,7 +246,8 @@ struct ecx_producer {
 	/* Whether a pull's only rendezvous message over TCP gets padding
 	 * before the items' bytes, where the pull asks for a lead
 	 * (serve_data.c): where this CPU copies slowly a few bytes off a page
-	 * (ecx_copy_offset_slow), or as ECX_TEST_RNDV_LEAD (0 or 1) says. */
+	 * (ecx_copy_offset_slow), or as ECX_TEST_RNDV_LEAD says (tests: "0"
+	 * off, any other value on). */
 	bool rndv_lead;
 	/* The largest active-message header the workers take (UCX's
 	 * max_am_header), asked once by the progress thread; 0: not yet. */
@@ -394,7 +395,8 @@ void prod_serve_shutdown(ecx_producer *p);
  * and go eagerly up to FOLD_EAGER_MAX (the reply at the front of the
  * body, for a pull with lead): the load is then one message each way, as
  * a socket's request and answer are. For a pull with lead, its only
- * message, sent by rendezvous, has padding before the items' bytes. */
+ * message, sent by rendezvous, has padding before the items' bytes where
+ * this CPU needs it (p->rndv_lead). */
 ucs_status_ptr_t prod_data_send(ecx_producer *p, job *j, size_t i, size_t k,
                                 void *src, uint64_t len);
 

@@ -3,8 +3,9 @@
  * with data_am; serve.c posts them): one ECX_AM_DATA message per run of
  * neighbouring items, the reply folded into the pull's only one (in its
  * header, or at the front of its body for a pull with lead), and, for a
- * pull with lead, the only message of a pull, sent by rendezvous, with
- * padding before the items' bytes.
+ * pull with lead from a producer whose CPU needs it (p->rndv_lead), the
+ * only message of a pull, sent by rendezvous, with padding before the
+ * items' bytes.
  */
 #include "producer/producer.h"
 
@@ -43,12 +44,12 @@ static bool run_is_last(const job *j, size_t k)
  * bytes of padding before the items' that UCX 1.13 over TCP writes after
  * its 21 bytes of headers (5 + 16), so that the first piece of the items'
  * bytes starts 64 bytes into the kernel's socket buffer (the rest follow
- * at other distances, never a few bytes past their source). */
+ * at other distances, never a few bytes past their source). Sent only
+ * where this CPU copies slowly there (p->rndv_lead): on one that does not,
+ * the two-part message cost 19-47 us of a 1 MiB load across a veth
+ * (docs/deploy.md, "The rendezvous lead, where the CPU needs it"). */
 #define RNDV_LEAD 43
-/* Only where this CPU needs it (p->rndv_lead): on one without the
- * penalty the two-part message cost about 25 us of a 1 MiB load across
- * a veth (docs/deploy.md, "The rendezvous lead, where the CPU needs it").
- * Padding only for messages up to this much: at 1 MiB (UCX's piece over
+/* Padding only for messages up to this much: at 1 MiB (UCX's piece over
  * TCP, RX_SEG_SIZE 1m) the padded first piece is all of it; a 7 MiB item
  * padded (UCX then receives a body in two parts in pieces of 256 KiB)
  * moved less across the veth (docs/deploy.md). */

@@ -1,5 +1,6 @@
 /* Unit tests for src/core: errors, version, ids, dtypes, descriptors,
- * base64, constant-time compare, log level names, page size. */
+ * base64, constant-time compare, log level names, page size, the copy
+ * probe. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -208,6 +209,21 @@ static void test_page_size(void **state)
 	assert_int_equal(ecx_page_size() & (ecx_page_size() - 1), 0);
 }
 
+/* The copy probe measures (a ratio, not the 0 of "not measured" that
+ * would have every producer pad again), once: the same answer each call,
+ * and the verdict the ratio gives. */
+static void test_copy_probe(void **state)
+{
+	(void)state;
+	double r1 = 0, r2 = 0;
+	bool slow = ecx_copy_offset_slow(&r1);
+	assert_true(r1 > 0.1 && r1 < 1000);
+	assert_true(ecx_copy_offset_slow(&r2) == slow);
+	assert_true(r1 == r2);
+	assert_true(slow == (r1 >= 4.0));
+	assert_true(ecx_copy_offset_slow(NULL) == slow);
+}
+
 /* A NULL handle is a bad argument, not a crash: the fork check each
  * public call makes first must not read it. */
 static void test_null_handles(void **state)
@@ -236,6 +252,7 @@ int main(void)
 	    cmocka_unit_test(test_ct_equal),
 	    cmocka_unit_test(test_log_names),
 	    cmocka_unit_test(test_page_size),
+	    cmocka_unit_test(test_copy_probe),
 	    cmocka_unit_test(test_null_handles),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
