@@ -129,38 +129,36 @@ perftest_client() {
 			last = $0 } END { print t, sz, last }' \
 			>>"$work/perftest$5.txt"
 }
-# PUSH=1 (or only): pushes over Mooncake's wire across the same pair,
-# bench/push_mooncake.py RUNS times, its consumer side in B, its producer
-# and raw TCP sender in A (PUSH=only: nothing else).
-push_runs() {
+# `py_runs WHAT NS SCRIPT ARGS...`: bench/SCRIPT RUNS times under
+# /usr/bin/python3 in namespace NS, with this build's library, each run
+# headed "## WHAT run N"; the first that fails ends the script.
+py_runs() {
+	what=$1 ns=$2 script=$3
+	shift 3
 	lib=${ECX_LIBRARY:-$(dirname "$ECX")/../libecx.so}
 	here=$(dirname "$(readlink -f "$0")")
 	for r in $(seq "$RUNS"); do
-		echo "## push run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+		echo "## $what run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 		bg_wait timeout -k 5 300 env ECX_LIBRARY="$(readlink -f "$lib")" \
-			PYTHONPATH="$here/../python" "$work/in_ns" "$A" "$PY" \
-			"$here/push_mooncake.py" --consumer-wrap "$work/in_ns $B" \
-			--consumer-host 192.0.2.2 --producer-host 192.0.2.1 || {
-			echo "two_hosts.sh: push run $r failed" >&2
+			PYTHONPATH="$here/../python" "$work/in_ns" "$ns" "$PY" \
+			"$here/$script" "$@" || {
+			echo "two_hosts.sh: $what run $r failed" >&2
 			exit 1
 		}
 	done
 }
+# PUSH=1 (or only): pushes over Mooncake's wire across the same pair,
+# bench/push_mooncake.py RUNS times, its consumer side in B, its producer
+# and raw TCP sender in A (PUSH=only: nothing else).
+push_runs() {
+	py_runs push "$A" push_mooncake.py --consumer-wrap "$work/in_ns $B" \
+		--consumer-host 192.0.2.2 --producer-host 192.0.2.1
+}
 # LEAD=1 (or only): bench/rndv_lead.py RUNS times, its consumer in B,
 # its two producers in A.
 lead_runs() {
-	lib=${ECX_LIBRARY:-$(dirname "$ECX")/../libecx.so}
-	here=$(dirname "$(readlink -f "$0")")
-	for r in $(seq "$RUNS"); do
-		echo "## rendezvous lead run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-		bg_wait timeout -k 5 300 env ECX_LIBRARY="$(readlink -f "$lib")" \
-			PYTHONPATH="$here/../python" "$work/in_ns" "$B" "$PY" \
-			"$here/rndv_lead.py" --producer-wrap "$work/in_ns $A" \
-			--producer-host 192.0.2.1 || {
-			echo "two_hosts.sh: rendezvous lead run $r failed" >&2
-			exit 1
-		}
-	done
+	py_runs "rendezvous lead" "$B" rndv_lead.py \
+		--producer-wrap "$work/in_ns $A" --producer-host 192.0.2.1
 }
 if [ "${LEAD:-0}" = only ]; then
 	echo "# the rendezvous lead across two hosts: namespaces joined by a" \

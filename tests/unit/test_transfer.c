@@ -1249,6 +1249,20 @@ static void lead_load(ecx_consumer *c, const char *id, size_t nbytes, char *dst,
 	assert_true(tu_check(id, dst, nbytes));
 }
 
+/* Loads of id (nbytes) into buf at offsets from, from + step, ... below
+ * to, every byte checked: each one data message with the reply in it
+ * (none apart), in the lead form where lead. */
+static void lead_loads(ecx_consumer *c, const char *id, size_t nbytes,
+                       char *buf, int from, int to, int step, bool lead)
+{
+	uint64_t d = 0, r = 0, l = 0, n = 0;
+	for (int off = from; off < to; off += step, n++)
+		lead_load(c, id, nbytes, buf + off, &d, &r, &l);
+	assert_int_equal(d, n);
+	assert_int_equal(r, 0);
+	assert_int_equal(l, lead ? n : 0);
+}
+
 /* A pull of one 64 KiB item over TCP ("lead": true) gets its reply at
  * the front of the data message's body, whatever the destination's
  * alignment (the consumer copies out of UCX's segment downwards at some
@@ -1275,20 +1289,10 @@ static void test_tcp_lead(void **state)
 	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
 	char *buf = aligned_alloc(4096, (1u << 20) + 8192);
 	assert_non_null(buf);
-	uint64_t d = 0, r = 0, l = 0;
-	for (int off = 0; off < 128; off++)
-		lead_load(c, "l64", 65536, buf + off, &d, &r, &l);
-	assert_int_equal(d, 128);
-	assert_int_equal(r, 0);
-	assert_int_equal(l, 128);
-	d = r = l = 0;
-	for (int off = 0; off < 128; off += 16)
-		lead_load(c, "l1m", 1u << 20, buf + off, &d, &r, &l);
-	assert_int_equal(d, 8);
-	assert_int_equal(r, 0);
-	assert_int_equal(l, 8);
+	lead_loads(c, "l64", 65536, buf, 0, 128, 1, true);
+	lead_loads(c, "l1m", 1u << 20, buf, 0, 128, 16, true);
 	/* A pull of two messages: neither padded, the reply apart. */
-	uint64_t l0 = lead_messages();
+	uint64_t l0 = lead_messages(), d = 0, r = 0;
 	const char *two[] = {"l1m", "l1n"};
 	const int ok2[] = {0, 0};
 	fold_load(c, two, 2, ok2, &d, &r);
@@ -1299,16 +1303,8 @@ static void test_tcp_lead(void **state)
 	setenv("ECX_TEST_NO_LEAD", "1", 1);
 	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
 	unsetenv("ECX_TEST_NO_LEAD");
-	d = r = l = 0;
-	lead_load(c, "l64", 65536, buf + 16, &d, &r, &l);
-	assert_int_equal(d, 1);
-	assert_int_equal(r, 0);
-	assert_int_equal(l, 0);
-	d = r = l = 0;
-	lead_load(c, "l1m", 1u << 20, buf + 16, &d, &r, &l);
-	assert_int_equal(d, 1);
-	assert_int_equal(r, 0);
-	assert_int_equal(l, 0);
+	lead_loads(c, "l64", 65536, buf, 16, 17, 1, false);
+	lead_loads(c, "l1m", 1u << 20, buf, 16, 17, 1, false);
 	assert_int_equal(producer_stat(&p, "served"), 128 + 8 + 2 + 1 + 1);
 	ecx_consumer_destroy(c);
 	producer_stop(&p);
@@ -1323,17 +1319,8 @@ static void test_tcp_lead(void **state)
 	producer_put(&p, "l64", "uint8", "65536", "ok");
 	producer_put(&p, "l1m", "uint8", "1048576", "ok");
 	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
-	d = r = l = 0;
-	lead_load(c, "l64", 65536, buf + 16, &d, &r, &l);
-	assert_int_equal(d, 1);
-	assert_int_equal(r, 0);
-	assert_int_equal(l, 1);
-	d = r = l = 0;
-	for (int off = 0; off < 128; off += 16)
-		lead_load(c, "l1m", 1u << 20, buf + off, &d, &r, &l);
-	assert_int_equal(d, 8);
-	assert_int_equal(r, 0);
-	assert_int_equal(l, 0);
+	lead_loads(c, "l64", 65536, buf, 16, 17, 1, true);
+	lead_loads(c, "l1m", 1u << 20, buf, 0, 128, 16, false);
 	ecx_consumer_destroy(c);
 	free(buf);
 	producer_stop(&p);
