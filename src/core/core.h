@@ -160,12 +160,12 @@ int ecx_mem_fits(const char *what, uint64_t len, const char *posix_dir,
 /* ---- copies (copy.c) ---- */
 
 /* ecx_copy_offset_slow says whether this CPU copies much more slowly (4x
- * or more) into a destination 21 bytes past its source modulo 4 KiB than
- * 64 bytes past it, measured once per process (24 copies of 64 KiB: well
- * under a millisecond where there is no penalty); *ratio, where not NULL,
- * gets the measured slowdown (0 when it could not be measured, which
- * counts as slow). */
-bool ecx_copy_offset_slow(double *ratio);
+ * or more) into a destination off bytes (1-63) past its source modulo 4 KiB
+ * than 64 bytes past it, measured at the first call (24 copies of 64 KiB:
+ * well under a millisecond where there is no penalty) and kept; *ratio,
+ * where not NULL, gets the measured slowdown (0 when it could not be
+ * measured, which counts as slow). */
+bool ecx_copy_offset_slow(size_t off, double *ratio);
 
 /* ---- handles used after fork ---- */
 

@@ -93,21 +93,7 @@ int prod_create(const ecx_producer_params *pp, ecx_producer **out, char *why,
 	p->test_delay_ms = delay != NULL ? (unsigned)atoi(delay) : 0;
 	p->test_put_only = getenv("ECX_TEST_PUT_ONLY") != NULL;
 	p->test_hash_legacy = getenv("ECX_TEST_HASH_XXH64") != NULL;
-	double slow = 0;
-	const char *lead = getenv("ECX_TEST_RNDV_LEAD");
-	p->rndv_lead =
-	    lead != NULL ? strcmp(lead, "0") != 0 : ecx_copy_offset_slow(&slow);
-	if (lead != NULL)
-		ecx_debug(MOD, "rendezvous lead %s (ECX_TEST_RNDV_LEAD)",
-		          p->rndv_lead ? "on" : "off");
-	else if (slow == 0)
-		ecx_debug(MOD, "rendezvous lead on (this CPU's copies not "
-		               "measured)");
-	else
-		ecx_debug(MOD,
-		          "rendezvous lead %s (a copy 21 bytes off a page: "
-		          "%.1fx one 64 bytes off)",
-		          p->rndv_lead ? "on" : "off", slow);
+	p->rndv_lead = prod_rndv_lead();
 	p->st.capacity = cap;
 	p->lease_max_ms = (uint64_t)lease_ms;
 	p->lease_cap = cap * (uint64_t)lease_pct / 100;

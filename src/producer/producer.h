@@ -399,6 +399,10 @@ void prod_serve_shutdown(ecx_producer *p);
  * this CPU needs it (p->rndv_lead). */
 ucs_status_ptr_t prod_data_send(ecx_producer *p, job *j, size_t i, size_t k,
                                 void *src, uint64_t len);
+/* Whether a producer pads a pull's only rendezvous message (p->rndv_lead):
+ * where this CPU copies slowly to where UCX puts the body's first byte
+ * (ecx_copy_offset_slow), or as ECX_TEST_RNDV_LEAD says; logged at debug. */
+bool prod_rndv_lead(void);
 
 /* Gives up the unfinished jobs of closed connection c (unpins, counts
  * failed, frees each at its last callback). Called with p->lock, on the

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define MOD "producer"
+
 /* Data sends (a pull with data_am) of at least this much are forced to
  * rendezvous, so the consumer receives them in place; UCX chooses for
  * smaller ones (eager, mostly). Eager 2 MiB messages were slower across
@@ -39,16 +41,18 @@ static bool run_is_last(const job *j, size_t k)
  * page-aligned arena, 64-byte aligned in the kernel's socket buffer too.
  * Another UCX may frame differently: then only the speed changes. */
 #define UCX_EAGER_PREFIX 13
+/* Bytes UCX 1.13 over TCP writes before a rendezvous body's (its TCP
+ * header, 5, and its put header, 16). */
+#define UCX_RNDV_PREFIX 21
 /* The lead of a pull's only data message sent by rendezvous (a pull with
  * lead):
- * bytes of padding before the items' that UCX 1.13 over TCP writes after
- * its 21 bytes of headers (5 + 16), so that the first piece of the items'
- * bytes starts 64 bytes into the kernel's socket buffer (the rest follow
- * at other distances, never a few bytes past their source). Sent only
+ * bytes of padding before the items' after UCX's, so that the first piece of
+ * the items' bytes starts 64 bytes into the kernel's socket buffer (the rest
+ * follow at other distances, never a few bytes past their source). Sent only
  * where this CPU copies slowly there (p->rndv_lead): on one that does not,
  * the two-part message cost 19-47 us of a 1 MiB load across a veth
  * (docs/deploy.md, "The rendezvous lead, where the CPU needs it"). */
-#define RNDV_LEAD 43
+#define RNDV_LEAD (64 - UCX_RNDV_PREFIX)
 /* Padding only for messages up to this much: at 1 MiB (UCX's piece over
  * TCP, RX_SEG_SIZE 1m) the padded first piece is all of it; a 7 MiB item
  * padded (UCX then receives a body in two parts in pieces of 256 KiB)
@@ -57,6 +61,28 @@ static bool run_is_last(const job *j, size_t k)
 
 /* The padding a rendezvous lead sends (never written). */
 static char rndv_pad[RNDV_LEAD];
+
+bool prod_rndv_lead(void)
+{
+	const char *env = getenv("ECX_TEST_RNDV_LEAD");
+	if (env != NULL) {
+		bool on = strcmp(env, "0") != 0;
+		ecx_debug(MOD, "rendezvous lead %s (ECX_TEST_RNDV_LEAD)",
+		          on ? "on" : "off");
+		return on;
+	}
+	double r = 0;
+	bool on = ecx_copy_offset_slow(UCX_RNDV_PREFIX, &r);
+	if (r == 0)
+		ecx_debug(MOD, "rendezvous lead on (this CPU's copies not "
+		               "measured)");
+	else
+		ecx_debug(MOD,
+		          "rendezvous lead %s (a copy %d bytes off a page: "
+		          "%.1fx one 64 bytes off)",
+		          on ? "on" : "off", UCX_RNDV_PREFIX, r);
+	return on;
+}
 
 /* A folded reply at the front of an eager data message's body (lead):
  * its header, the body's two parts, and the lead's bytes, which UCX may

@@ -216,12 +216,15 @@ static void test_copy_probe(void **state)
 {
 	(void)state;
 	double r1 = 0, r2 = 0;
-	bool slow = ecx_copy_offset_slow(&r1);
+	bool slow = ecx_copy_offset_slow(21, &r1);
 	assert_true(r1 > 0.1 && r1 < 1000);
-	assert_true(ecx_copy_offset_slow(&r2) == slow);
+	assert_true(ecx_copy_offset_slow(21, &r2) == slow);
 	assert_true(r1 == r2);
 	assert_true(slow == (r1 >= 4.0));
-	assert_true(ecx_copy_offset_slow(NULL) == slow);
+	assert_true(ecx_copy_offset_slow(21, NULL) == slow);
+	/* A distance outside 1-63 is not measured: counted slow. */
+	assert_true(ecx_copy_offset_slow(0, &r2));
+	assert_true(r2 == 0);
 }
 
 /* A NULL handle is a bad argument, not a crash: the fork check each
