@@ -1,30 +1,44 @@
 """Pushes over Mooncake's TCP wire against raw TCP, same run.
 
-For each size (64 KiB, 1 MiB, 7 MiB): an ecx Producer in this process holds
-the item; an ecx Consumer's receive arena behind a ControlShard
-(ArenaPool), in a process of its own (the consumer side, as a prefill is),
-gives a reservation; rows:
+For each size (64 KiB, 1 MiB, 7 MiB; SIZES=bytes,bytes,... for others):
+an ecx Producer in this process holds the item; an ecx Consumer's receive
+arena behind a ControlShard (ArenaPool), in a process of its own (the
+consumer side, as a prefill is), gives a reservation. Per size, a line of
+baselines:
+  tcp    raw TCP to the same consumer process: n bytes sent, received in
+         full into a preallocated buffer, one byte back (Python sockets),
+         median of N;
   write  Producer.push into a reservation of its own, made beforehand
          and abandoned after (untimed): one acknowledged Mooncake WRITE
          from the C writer into the C receiver, which hashes the bytes as
          they land as it does for every push, median of N;
-  push   the whole push through ecx.vllm.push.pusher (reserve, write,
-         complete_batch) of a fresh transfer_id each time, median of N;
-  bound  the same push reserved beforehand (untimed): the write and the
-         complete_batch, what follows the encoder's output being bound
-         (the connector reserves when the step plans the item,
-         pushflow/pushes.py), median of N;
-  bound-h the bound push without the hash (Pusher(send_hash=False): the
-         consumer checks no XXH3 at the complete), median of N;
   8x     eight writes of the item one after another (Producer.push) and
          as one Producer.push_batch (up to four in flight), all into one
          reservation (the receiver hashes only its first write);
-  tcp    raw TCP to the same consumer process: n bytes sent, received in
-         full into a preallocated buffer, one byte back (Python sockets),
-         median of N.
-The write, push, bound, bound-h and tcp rows are interleaved, one of each
-in turn, so drift on a shared machine falls on all of them alike.
-Ratios are tcp_time / ecx_time (1.0: as fast as raw TCP).
+then a line per kind of push, each with two times, medians of N: `push`,
+until Pusher.push returns (what the encoder waits for), and `ready`,
+until the item's ready event is heard here (what the consumer's
+scheduler waits for; a thread of this process that only reads the
+shard's event socket and notes the time):
+  push    the whole push through ecx.vllm.push.pusher (reserve, write,
+          complete_batch) of a fresh transfer_id each time, as the
+          connector makes it by default (no hash, as pulls);
+  bound   the same push reserved beforehand (untimed): the write and the
+          complete_batch, what follows the encoder's output being bound
+          (the connector reserves when the step plans the item,
+          pushflow/pushes.py);
+  bound-i the bound push with the connector's integrity key on: the
+          item's XXH3 made at put by a Producer(integrity=True) (untimed,
+          as the put is), the reserve asking for a hashed window (the
+          consumer's receiver hashes the bytes as they land) and the
+          complete carrying the hash, which the consumer checks;
+  bound-h the bound push with the hash made at the push (a Producer
+          without integrity, Pusher(send_hash=True): the encoder hashes
+          the item beside its write), as every push did before the hash
+          followed the integrity key.
+The write, tcp and push rows are interleaved, one of each in turn, so
+drift on a shared machine falls on all of them alike. Ratios are
+tcp_time / ecx_time (1.0: as fast as raw TCP).
 
 On loopback:
   PYTHONPATH=python ECX_LIBRARY=build/libecx.so /usr/bin/python3 bench/push_mooncake.py
@@ -46,6 +60,8 @@ import threading
 import time
 import uuid
 
+import zmq
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "interop"))
@@ -56,7 +72,8 @@ from ecx.vllm.push import ArenaPool, ControlShard  # noqa: E402
 from ecx.vllm.push.pusher import PushSpec, Pusher  # noqa: E402
 from benchkit import put_random, uptime  # noqa: E402
 
-SIZES = [64 << 10, 1 << 20, 7 << 20]
+SIZES = [int(x) for x in os.environ.get(
+    "SIZES", f"{64 << 10},{1 << 20},{7 << 20}").split(",")]
 N = int(os.environ.get("N", "40"))
 
 
@@ -127,6 +144,52 @@ class TcpBaseline:
         self.s.close()
 
 
+class ReadyEvents:
+    """A thread that reads the shards' event sockets (PULL, as a consumer
+    scheduler does) and notes when each ready event came
+    (time.perf_counter); wait(transfer_id) returns that time."""
+
+    def __init__(self, endpoint, shards):
+        host = endpoint.rsplit(":", 1)[0]
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.IPV6, 1)
+        self.sock.linger = 0
+        self.sock.rcvtimeo = 100
+        for _, port in shards:
+            self.sock.connect(f"{host}:{port}")
+        self.at = {}
+        self.cv = threading.Condition()
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop:
+            try:
+                raw = self.sock.recv()
+            except zmq.Again:
+                continue
+            t = time.perf_counter()
+            ev = json.loads(raw)
+            if ev.get("ready") is True:
+                with self.cv:
+                    self.at[ev["transfer_id"]] = t
+                    self.cv.notify_all()
+
+    def wait(self, tid, timeout_s=10.0):
+        with self.cv:
+            assert self.cv.wait_for(lambda: tid in self.at, timeout_s), \
+                f"{tid}: no ready event within {timeout_s} s"
+            return self.at.pop(tid)
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.sock.close(0)
+        self.ctx.term()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--consumer-wrap", default="",
@@ -149,15 +212,22 @@ def main():
     prod = ecx.Producer(capacity_bytes=64 << 20, bind_host=a.producer_host,
                         registry_port=0, mooncake=True)
     # Mooncake's wire, not ecx's fetch (bench/push_shm.py)
-    pusher = Pusher(prod, control_timeout_s=5.0, fetch=False)
-    bare = Pusher(prod, control_timeout_s=5.0, fetch=False, send_hash=False)
+    prod_i = ecx.Producer(capacity_bytes=64 << 20, bind_host=a.producer_host,
+                          registry_port=0, mooncake=True, integrity=True)
+    plain = Pusher(prod, control_timeout_s=5.0, fetch=False,
+                   send_hash=False)
+    kinds = {  # name -> (Pusher, reserved beforehand)
+        "push": (plain, False), "bound": (plain, True),
+        "bound-i": (Pusher(prod_i, control_timeout_s=5.0, fetch=False),
+                    True),
+        "bound-h": (Pusher(prod, control_timeout_s=5.0, fetch=False), True)}
+    pusher = plain
+    events = ReadyEvents(endpoint, pusher.shards(endpoint))
     print(f"# {uptime()}; producer "
           f"{a.producer_host}, consumer {a.consumer_host}")
-    print("size      write_ms  push_ms  bound_ms  bound-h_ms  tcp_ms  "
-          "tcp/write  tcp/push  tcp/bound  tcp/bound-h  8x_seq_ms  "
-          "8x_batch_ms")
     for n in SIZES:
         mm = put_random(prod, f"bench{n}", n)
+        assert put_random(prod_i, f"bench{n}", n) == mm
         spec = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
         assert pusher.reserve(endpoint, [spec]) == [spec]
         r = next(iter(spec.shards.values()))
@@ -172,17 +242,20 @@ def main():
             assert prod.push_batch(eight) == [0] * 8
             par.append(time.perf_counter() - t0)
         pusher.abandon(endpoint, [spec])
+
         def timed_push(via, reserved):
             """One push of a fresh transfer_id (reserved beforehand,
-            untimed, or not), abandoned after; its seconds."""
+            untimed, or not), abandoned after its ready event; its
+            seconds until push returned and until that event."""
             s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
             if reserved:
                 assert via.reserve(endpoint, [s]) == [s], s.error
             t0 = time.perf_counter()
             assert via.push(endpoint, [s]) == [], s.error
             took = time.perf_counter() - t0
+            ready = events.wait(s.transfer_id) - t0
             via.abandon(endpoint, [s])
-            return took
+            return took, ready
 
         def timed_write():
             """One Producer.push into a fresh reservation (made before and
@@ -197,25 +270,29 @@ def main():
             return took
 
         base = TcpBaseline(side["tcp"], n, N)
-        w, p, bound, bare_bound, t = [], [], [], [], []
+        w, t = [], []
+        got = {k: [] for k in kinds}
         for _ in range(N):  # interleaved
             w.append(timed_write())
-            p.append(timed_push(pusher, False))
-            bound.append(timed_push(pusher, True))
-            bare_bound.append(timed_push(bare, True))
+            for k, kind in kinds.items():
+                got[k].append(timed_push(*kind))
             t.append(base.one())
         base.close()
-        tcp = statistics.median(t)
-        wm, pm = statistics.median(w), statistics.median(p)
-        bm, hm = statistics.median(bound), statistics.median(bare_bound)
-        print(f"{n >> 10:>6} KiB {wm * 1e3:8.3f} {pm * 1e3:8.3f} "
-              f"{bm * 1e3:9.3f} {hm * 1e3:11.3f} {tcp * 1e3:7.3f} "
-              f"{tcp / wm:9.2f}x {tcp / pm:9.2f}x {tcp / bm:10.2f}x "
-              f"{tcp / hm:12.2f}x "
-              f"{statistics.median(seq) * 1e3:10.3f} "
-              f"{statistics.median(par) * 1e3:12.3f}", flush=True)
-    pusher.close()
-    bare.close()
+        tcp, wm = statistics.median(t), statistics.median(w)
+        print(f"{n >> 10} KiB: tcp {tcp * 1e3:.3f} ms, write "
+              f"{wm * 1e3:.3f} ms (tcp/write {tcp / wm:.2f}x), 8x "
+              f"{statistics.median(seq) * 1e3:.3f} ms one by one, "
+              f"{statistics.median(par) * 1e3:.3f} ms as a batch")
+        print("  kind     push_ms  ready_ms  tcp/push  tcp/ready")
+        for k, rows in got.items():
+            pm = statistics.median(x for x, _ in rows)
+            rm = statistics.median(y for _, y in rows)
+            print(f"  {k:<7} {pm * 1e3:8.3f} {rm * 1e3:9.3f} "
+                  f"{tcp / pm:8.2f}x {tcp / rm:9.2f}x", flush=True)
+    events.close()
+    for via in {id(v): v for v, _ in kinds.values()}.values():
+        via.close()
+    prod_i.close()
     prod.close()
     child.stdin.close()
     child.wait(30)

@@ -726,7 +726,11 @@ ECX_API void *ecx_consumer_arena(ecx_consumer *c, uint64_t *capacity);
  * must lie inside one allocation of ecx_consumer_alloc, for timeout_ms
  * from now; nothing else of the arena takes a write. *id names the window
  * (never 0). ECX_EINVAL for a range outside one allocation,
- * ECX_EUNSUPPORTED with the Mooncake wire off.
+ * ECX_EUNSUPPORTED with the Mooncake wire off. Its bytes are hashed as
+ * they land (see ecx_consumer_push_close_hashed);
+ * ecx_consumer_push_open_unhashed opens one whose bytes are not (where no
+ * writer's hash will come to check them against, the receiver then spends
+ * nothing on them; close_hashed sets *hashed to 0).
  * ecx_consumer_push_renew moves an open window's deadline to timeout_ms
  * from now (ECX_ENOTFOUND: not open).
  * ecx_consumer_push_close ends the window: once it returns, no byte lands
@@ -746,6 +750,9 @@ ECX_API int ecx_consumer_mooncake_session(ecx_consumer *c,
 ECX_API int ecx_consumer_push_open(ecx_consumer *c, const void *dst,
                                    uint64_t nbytes, uint64_t timeout_ms,
                                    uint64_t *id);
+ECX_API int ecx_consumer_push_open_unhashed(ecx_consumer *c, const void *dst,
+                                            uint64_t nbytes,
+                                            uint64_t timeout_ms, uint64_t *id);
 ECX_API int ecx_consumer_push_renew(ecx_consumer *c, uint64_t id,
                                     uint64_t timeout_ms);
 ECX_API int ecx_consumer_push_close(ecx_consumer *c, uint64_t id,

@@ -213,6 +213,8 @@ _proto("ecx_consumer_arena", ctypes.c_void_p, P, _ptr(_u64))
 _proto("ecx_consumer_mooncake_session", _int, P, _ptr(ctypes.c_char_p))
 _proto("ecx_consumer_push_open", _int, P, ctypes.c_void_p, _u64, _u64,
        _ptr(_u64))
+_proto("ecx_consumer_push_open_unhashed", _int, P, ctypes.c_void_p, _u64,
+       _u64, _ptr(_u64))
 _proto("ecx_consumer_push_renew", _int, P, _u64, _u64)
 _proto("ecx_consumer_push_close", _int, P, _u64, _ptr(_u64))
 _proto("ecx_consumer_push_close_hashed", _int, P, _u64, _ptr(_u64),

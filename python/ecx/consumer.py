@@ -294,12 +294,15 @@ class Consumer:
             raise error(rc)
         return s.value.decode()
 
-    def push_open(self, ptr, nbytes, timeout_s):
+    def push_open(self, ptr, nbytes, timeout_s, hashed=True):
         """Lets writes over Mooncake's wire land in [ptr, ptr + nbytes)
-        (inside one alloc) for timeout_s; returns the window's id."""
+        (inside one alloc) for timeout_s; returns the window's id. hashed:
+        the receiver hashes the bytes as they land (push_close_hashed)."""
         wid = ctypes.c_uint64()
-        rc = C.ecx_consumer_push_open(self._handle(), ptr, int(nbytes),
-                                      _ms(timeout_s), ctypes.byref(wid))
+        open_ = (C.ecx_consumer_push_open if hashed
+                 else C.ecx_consumer_push_open_unhashed)
+        rc = open_(self._handle(), ptr, int(nbytes), _ms(timeout_s),
+                   ctypes.byref(wid))
         if rc != 0:
             raise error(rc)
         return wid.value

@@ -191,8 +191,8 @@ int ecx_consumer_mooncake_session(ecx_consumer *c, const char **session)
 	return cons_mc_session(c, session);
 }
 
-int ecx_consumer_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
-                           uint64_t timeout_ms, uint64_t *id)
+static int push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
+                     uint64_t timeout_ms, bool hashed, uint64_t *id)
 {
 	if (c == NULL || dst == NULL || id == NULL || nbytes == 0)
 		return ecx_set_error(
@@ -201,7 +201,20 @@ int ecx_consumer_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
 	if (ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	*id = 0;
-	return cons_push_open(c, dst, nbytes, timeout_ms, id);
+	return cons_push_open(c, dst, nbytes, timeout_ms, hashed, id);
+}
+
+int ecx_consumer_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
+                           uint64_t timeout_ms, uint64_t *id)
+{
+	return push_open(c, dst, nbytes, timeout_ms, true, id);
+}
+
+int ecx_consumer_push_open_unhashed(ecx_consumer *c, const void *dst,
+                                    uint64_t nbytes, uint64_t timeout_ms,
+                                    uint64_t *id)
+{
+	return push_open(c, dst, nbytes, timeout_ms, false, id);
 }
 
 int ecx_consumer_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms)

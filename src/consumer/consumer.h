@@ -493,7 +493,7 @@ void cons_mc_destroy(ecx_consumer *c);
  * where *whole (ecx_mc_recv_release_hashed). */
 int cons_mc_session(ecx_consumer *c, const char **session);
 int cons_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
-                   uint64_t timeout_ms, uint64_t *id);
+                   uint64_t timeout_ms, bool hashed, uint64_t *id);
 int cons_push_renew(ecx_consumer *c, uint64_t id, uint64_t timeout_ms);
 uint64_t cons_push_close(ecx_consumer *c, uint64_t id, uint64_t *xxh3,
                          bool *whole);

@@ -5,9 +5,10 @@
  * land bytes into exactly that reservation's range, before its deadline.
  * The control protocol (which reservation, when) is the caller's; this
  * file only opens and closes the receiver's windows (mooncake/receiver.h)
- * over memory ecx_consumer_alloc handed out. Each window is hashed as its
- * bytes land (XXH3, the receiver's thread), so a caller that checks a
- * writer's hash need not read the bytes again where they came in order.
+ * over memory ecx_consumer_alloc handed out. A window opened hashed has
+ * its bytes hashed as they land (XXH3, the receiver's thread), so a caller
+ * that checks a writer's hash need not read the bytes again where they
+ * came in order.
  */
 #include "consumer/consumer.h"
 
@@ -62,7 +63,7 @@ static uint64_t expiry(uint64_t timeout_ms)
 }
 
 int cons_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
-                   uint64_t timeout_ms, uint64_t *id)
+                   uint64_t timeout_ms, bool hashed, uint64_t *id)
 {
 	pthread_mutex_lock(&c->lock);
 	int rc = receiver(c);
@@ -73,9 +74,11 @@ int cons_push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
 		                  "the receive arena (ecx_consumer_alloc)",
 		                  dst, (unsigned long long)nbytes);
 	if (rc == 0) {
-		*id =
-		    ecx_mc_recv_reserve_hashed(c->mc, (uint64_t)(uintptr_t)dst,
-		                               nbytes, expiry(timeout_ms));
+		uint64_t at = (uint64_t)(uintptr_t)dst;
+		*id = hashed ? ecx_mc_recv_reserve_hashed(c->mc, at, nbytes,
+		                                          expiry(timeout_ms))
+		             : ecx_mc_recv_reserve(c->mc, at, nbytes,
+		                                   expiry(timeout_ms));
 		if (*id == 0)
 			rc = ecx_set_error(ECX_ENOMEM, "out of memory");
 	}

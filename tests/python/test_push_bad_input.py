@@ -102,6 +102,18 @@ def test_bad_values(env, change):
     refused(reply["items"][0])
 
 
+@pytest.mark.parametrize("value", ["yes", 1, None, {}])
+def test_bad_hashed_ask(env, value):
+    """ecx_hashed is true, false or absent; anything else is refused with
+    nothing reserved, alone or for a whole batch."""
+    s, c, _, _ = env
+    refused(c.call("reserve", **item("hx"), ecx_hashed=value),
+            "ecx_hashed must be true or false")
+    refused(c.call("reserve_batch", items=[item("hx")], ecx_hashed=value),
+            "ecx_hashed must be true or false")
+    assert c.result("status", transfer_id="hx") is None
+
+
 @pytest.mark.parametrize("missing", ["transfer_id", "mm_hash", "nbytes",
                                      "shape", "dtype"])
 def test_missing_reserve_fields(env, missing):

@@ -207,9 +207,10 @@ def xxh3_of(data):
 
 def test_landed_bytes_are_hashed_as_they_come(prefill):
     """A writer's ecx_xxh3 is checked against the receiver's hash, made as
-    the bytes came in order (none made again at the complete); where they
-    came out of order the shard hashes the range itself; a hash that does
-    not match cancels either way."""
+    the bytes came in order (none made again at the complete) where its
+    reserve said ecx_hashed; where they came out of order, or the reserve
+    did not say it (an older ecx writer), the shard hashes the range
+    itself; a hash that does not match cancels either way."""
     p = prefill()
     pool = p.pools[0]
     told = []
@@ -227,10 +228,11 @@ def test_landed_bytes_are_hashed_as_they_come(prefill):
     n = 96 << 10
     data = payload(7, n)
 
-    def reserve(k):
+    def reserve(k, hashed=True):
         return ctl.result("reserve", transfer_id=f"h{k}".ljust(32, "0"),
                           mm_hash=f"hm{k}".ljust(64, "x"), nbytes=n,
-                          shape=[n // 1024, 512], dtype="bfloat16")
+                          shape=[n // 1024, 512], dtype="bfloat16",
+                          **({"ecx_hashed": True} if hashed else {}))
 
     def complete(k, res, h):
         return ctl.result("complete", transfer_id=f"h{k}".ljust(32, "0"),
@@ -256,4 +258,11 @@ def test_landed_bytes_are_hashed_as_they_come(prefill):
     got = complete(2, res, xxh3_of(data) ^ 1)
     assert not got["completed"] and not got["became_ready"]
     assert told[2] == xxh3_of(data)
+    # Not asked for: the receiver spent nothing, the shard hashed.
+    for k, h, ok in ((3, xxh3_of(data), True), (4, xxh3_of(data) ^ 1, False)):
+        res = reserve(k, hashed=False)
+        assert mcwire.write(*args, data, res["dst_ptr"], 5.0) is None
+        got = complete(k, res, h)
+        assert got["completed"] is ok and got["became_ready"] is ok
+        assert told[-1] is None
     ctl.close()

@@ -93,7 +93,7 @@ class Worker(NoWorker):
             self._pushes = EncoderPushes(
                 self._producer, push.control_timeout_s, push.token, stats,
                 wait_saved=lambda h, t: self._saves is None or
-                self._saves.wait_for(h, t))
+                self._saves.wait_for(h, t), integrity=cfg.integrity)
         # Push mode: this rank's control shard, serving from now (ranks of
         # the first pipeline stage only, as upstream's).
         if is_consumer and push is not None and push.enabled and rank < tp:

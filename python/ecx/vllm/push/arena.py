@@ -5,8 +5,9 @@ and open_write/close_write are the C receiver's windows
 (ecx_consumer_push_open/close), so a write lands only inside a WRITING
 reservation's exact range and before its deadline; anything else is
 refused on the wire with Mooncake's rejected status and writes nothing.
-The receiver hashes each window as its bytes land (XXH3): close_write
-returns that hash where every byte came once, in order.
+The receiver hashes a window as its bytes land (XXH3) where the
+reservation says its writer will send a hash to check (ecx_hashed):
+close_write returns that hash where every byte came once, in order.
 """
 import ctypes
 import threading
@@ -64,7 +65,8 @@ class ArenaPool(ReceivePool):
         if wid is not None:
             self._c.push_renew(wid, self._left(r))
         else:
-            wid = self._c.push_open(r.dst_ptr, r.nbytes, self._left(r))
+            wid = self._c.push_open(r.dst_ptr, r.nbytes, self._left(r),
+                                    hashed=r.hashed)
             with self._lock:
                 self._windows[r.reservation_id] = wid
         return self.session, r.dst_ptr

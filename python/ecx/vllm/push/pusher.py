@@ -16,11 +16,13 @@ Pusher.push(consumer_zmq, specs) does, for one consumer:
   completed:true). Any failure cancels every known reservation of the
   failed items with abandon (up to 2 tries each).
 
-ecx's own (upstream's consumer ignores both): each complete_batch entry
-carries the item's XXH3 as "ecx_xxh3" (16 hex digits; the hash made at
-put where the Producer has integrity on, else made from its bytes just
-before the write), which an ecx consumer checks the landed bytes against;
-and a token as "ecx_token". And ecx's fetch: every reserve asks
+ecx's own (upstream's consumer ignores them): with send_hash, every
+reserve says "ecx_hashed": true (so an ecx consumer's receiver hashes the
+bytes as they land) and each complete_batch entry carries the item's
+XXH3 as "ecx_xxh3" (16 hex digits; the hash made at put where the
+Producer has integrity on, else made from its bytes while they are
+written), which an ecx consumer checks the landed bytes against; and a
+token as "ecx_token". And ecx's fetch: every reserve asks
 "ecx_fetch": true; a shard that answers "ecx_fetch": true in a writable
 reservation (an ecx consumer over its receive arena) is sent, instead of
 a write and a complete, one ecx_fetch naming this Producer's address:
@@ -45,7 +47,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import zmq
 
-from .wire import FETCH_FIELD, HASH_FIELD, LEASE_FIELD, TOKEN_FIELD
+from .wire import (FETCH_FIELD, HASH_FIELD, HASHED_FIELD, LEASE_FIELD,
+                   TOKEN_FIELD)
 
 TTL_S = 300.0
 
@@ -254,6 +257,8 @@ class Pusher:
 
     def _reserve_on(self, addr, specs):
         ask = {FETCH_FIELD: True} if self.fetch else {}
+        if self.send_hash:
+            ask[HASHED_FIELD] = True
         if len(specs) == 1:
             try:
                 return [(True, self.ctl.call(

@@ -21,7 +21,7 @@ class Reservation:
     __slots__ = ("transfer_id", "mm_hash", "nbytes", "shape", "dtype",
                  "reservation_id", "state", "expires_at", "dst_session",
                  "dst_ptr", "buf", "writer", "followers", "resident",
-                 "open", "ended_at", "fetching", "told")
+                 "open", "ended_at", "fetching", "told", "hashed")
 
     def __init__(self, spec, state, now, ttl):
         self.transfer_id = spec.transfer_id
@@ -42,6 +42,8 @@ class Reservation:
         self.ended_at = None
         self.fetching = False   # an ecx_fetch load writes its buffer
         self.told = False       # a failure event went out for it (ecx)
+        # its writer sends a hash: the pool hashes the bytes as they land
+        self.hashed = getattr(spec, "hashed", False)
 
     def status(self):
         return {"mm_hash": self.mm_hash, "ready": self.state == READY,

@@ -291,16 +291,19 @@ class ControlShard:
 
     def _op_reserve(self, req):
         spec = wire.reserve_spec(req, self.pool.size)
+        spec.hashed = wire.hashed(req)
         self.table.reap()
         return self._advert(req, spec, self.table.reserve(spec))
 
     def _op_reserve_batch(self, req):
         items = wire.batch_items(req)
+        hashed = wire.hashed(req)
         self.table.reap()
         out = []
         for item in items:
             try:
                 spec = wire.reserve_spec(item, self.pool.size)
+                spec.hashed = hashed
                 out.append(ok(self._advert(req, spec,
                                            self.table.reserve(spec))))
             except (BadRequest, Refused) as e:

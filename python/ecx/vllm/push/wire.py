@@ -25,6 +25,7 @@ MAX_HASH = 1024           # characters of an mm_hash
 MAX_DIMS = 8
 TOKEN_FIELD = "ecx_token"
 HASH_FIELD = "ecx_xxh3"     # a complete item's hash of the bytes (ecx)
+HASHED_FIELD = "ecx_hashed"  # a reserve's: hash the bytes as they land
 FAILED_FIELD = "ecx_failed"  # a failure event's reason (ecx)
 FETCH_FIELD = "ecx_fetch"    # the fetch advert, asked and told (ecx)
 LEASE_FIELD = "ecx_lease"    # a fetch entry's lease at its producer (ecx)
@@ -100,15 +101,19 @@ def _ident(req, name, limit, empty=False):
 
 class ReserveSpec:
     """A checked reserve request: transfer_id, mm_hash, nbytes, shape
-    (tuple), dtype."""
-    __slots__ = ("transfer_id", "mm_hash", "nbytes", "shape", "dtype")
+    (tuple), dtype, and hashed (ecx: its writer will send the bytes'
+    XXH3 with its complete, so a pool that can hashes them as they land)."""
+    __slots__ = ("transfer_id", "mm_hash", "nbytes", "shape", "dtype",
+                 "hashed")
 
-    def __init__(self, transfer_id, mm_hash, nbytes, shape, dtype):
+    def __init__(self, transfer_id, mm_hash, nbytes, shape, dtype,
+                 hashed=False):
         self.transfer_id = transfer_id
         self.mm_hash = mm_hash
         self.nbytes = nbytes
         self.shape = tuple(shape)
         self.dtype = dtype
+        self.hashed = hashed
 
 
 def reserve_spec(item, pool_size):
@@ -140,6 +145,16 @@ def reserve_spec(item, pool_size):
         raise BadRequest(f"nbytes {nbytes} is larger than the receive pool "
                          f"({pool_size} bytes)")
     return ReserveSpec(tid, mm, nbytes, shape, dtype)
+
+
+def hashed(req):
+    """Whether a reserve (or reserve_batch, for all its items) says its
+    writer will send "ecx_xxh3" ("ecx_hashed": true; false or absent:
+    not)."""
+    v = req.get(HASHED_FIELD, False)
+    if not isinstance(v, bool):
+        raise BadRequest(f"{HASHED_FIELD} must be true or false")
+    return v
 
 
 def complete_args(item):

@@ -50,12 +50,13 @@ class EncoderPushes:
     """producer: the rank's ecx.Producer; control_timeout_s, token: the
     control wire's (PushConfig); stats: Counters; wait_saved(mm_hash,
     timeout_s): where saves commit later (a device copy), waits for that
-    one, True once it has."""
+    one, True once it has; integrity: the connector's key, whether pushes
+    carry the hash the producer made at put (as pulls do only with it)."""
 
     def __init__(self, producer, control_timeout_s, token, stats,
-                 wait_saved=None):
+                 wait_saved=None, integrity=False):
         self.pusher = Pusher(producer, control_timeout_s=control_timeout_s,
-                             token=token)
+                             token=token, send_hash=integrity)
         self._bound_s = float(control_timeout_s)
         self._stats = stats
         self._wait_saved = wait_saved
