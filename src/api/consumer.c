@@ -195,9 +195,11 @@ static int push_open(ecx_consumer *c, const void *dst, uint64_t nbytes,
                      uint64_t timeout_ms, bool hashed, uint64_t *id)
 {
 	if (c == NULL || dst == NULL || id == NULL || nbytes == 0)
-		return ecx_set_error(
-		    ECX_EINVAL, "push_open needs a consumer, a destination, "
-		                "nbytes > 0 and a place for the id");
+		return ecx_set_error(ECX_EINVAL,
+		                     "push_open%s needs a consumer, a "
+		                     "destination, nbytes > 0 and a place for "
+		                     "the id",
+		                     hashed ? "" : "_unhashed");
 	if (ecx_forked(c->pid, "consumer"))
 		return ECX_EFORK;
 	*id = 0;

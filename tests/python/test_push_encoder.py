@@ -282,11 +282,22 @@ def test_request_without_ec_transfer_params_is_pulled_as_before(encoder):
         assert out.view(torch.uint8).numpy().tobytes() == data
 
 
-@pytest.mark.parametrize("token", [None, "s3cret"])
-def test_whole_flow_through_the_proxy(encoder, prefill, token):
+@pytest.mark.parametrize("token,integrity", [(None, False), ("s3cret", False),
+                                             (None, True)])
+def test_whole_flow_through_the_proxy(encoder, prefill, token, integrity):
+    """With the integrity key the ecx_fetch entries carry the hash made at
+    put, which each shard checks against the bytes it pulled; without it
+    nothing is hashed (as for pulls)."""
     extra = {"push_token": token} if token else {}
     p = prefill(tp=2, **extra)
-    enc = encoder(**extra)
+    enc = encoder(**extra, **({"integrity": True} if integrity else {}))
+    checked = []
+    for sh in p.shards():
+        def spy(addr, nbytes, f=sh.pool.xxh3):
+            h = f(addr, nbytes)
+            checked.append(h)
+            return h
+        sh.pool.xxh3 = spy
     proxy = Proxy([p.base])
     names = [(f"flow{k}".ljust(64, "f"), t) for k, t in
              enumerate((4, 1024, 3584))]
@@ -320,6 +331,8 @@ def test_whole_flow_through_the_proxy(encoder, prefill, token):
     for sh in p.shards():  # ecx into ecx: fetched over UCX, every window
         assert len(sh.pool.landed) == 3  # closed with nothing from
         assert set(sh.pool.landed.values()) == {0}  # Mooncake's wire
+    want = sorted(xxh3_of(outs[h][1]) for h, _ in names) * 2  # two ranks
+    assert sorted(checked) == (sorted(want) if integrity else [])
     eng.finish(preq)
 
 
@@ -441,6 +454,12 @@ def test_bytes_changed_after_put_fail_the_item(prefill):
     prod = ecx.Producer(capacity_bytes=8 << 20, bind_host="127.0.0.1",
                         registry_port=0, integrity=True)
     pusher = Pusher(prod, control_timeout_s=2, fetch=False)  # the wire's
+    told = []  # what each window's close gave: the receiver's hash
+    for sh in p.shards():
+        def spy(r, f=sh.pool.close_write):
+            told.append(f(r))
+            return told[-1]
+        sh.pool.close_write = spy
     try:
         h = "flipped".ljust(64, "x")
         t, data = tensor_of(h, 512)
@@ -469,6 +488,10 @@ def test_bytes_changed_after_put_fail_the_item(prefill):
         for sh in p.shards():
             assert sh.table.state(tid) == "CANCELLED"
             assert sh.pool.used_bytes() == 0
+        changed = bytearray(data)
+        changed[1000] ^= 0x40
+        # each rank's window hashed as the bytes landed (ecx_hashed)
+        assert told == [xxh3_of(bytes(changed))] * 2
         # Clean bytes with their hash pass.
         h2 = "clean".ljust(64, "c")
         t2, data2 = tensor_of(h2, 64)
@@ -676,10 +699,10 @@ def test_worker_reports_merge_to_the_oldest_pusher():
 @pytest.mark.parametrize("integrity", [True, False])
 def test_integrity_key_pushes_the_hash_made_at_put(encoder, integrity):
     """integrity: true turns on the encoder Producer's integrity, and a
-    push asks for a hashed window and sends the hash made at put, so a
-    byte changed in the arena after the put, before the push, is caught
-    at the consumer; without it (the default, as for pulls) a push sends
-    no hash and asks for none."""
+    push asks for a hashed window and sends the hash made at put (which an
+    ecx consumer checks: test_bytes_changed_after_put_fail_the_item; this
+    one is upstream's stand-in, which checks nothing); without it (the
+    default, as for pulls) a push sends no hash and asks for none."""
     shards = upstream_consumer(1)
     try:
         base = f"tcp://127.0.0.1:{shards[0].port}"

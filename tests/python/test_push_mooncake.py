@@ -194,8 +194,9 @@ def test_mooncake_off_is_said(registry):
         ArenaPool(c)
     c.close()
     c = ecx.Consumer(registry().url, recv_capacity=1 << 20)
-    with pytest.raises(ecx.EcxError, match="not inside one allocation"):
-        c.push_open(1 << 40, 16, 1.0)
+    for hashed in (True, False):
+        with pytest.raises(ecx.EcxError, match="not inside one allocation"):
+            c.push_open(1 << 40, 16, 1.0, hashed=hashed)
     c.close()
 
 
@@ -265,4 +266,15 @@ def test_landed_bytes_are_hashed_as_they_come(prefill):
         got = complete(k, res, h)
         assert got["completed"] is ok and got["became_ready"] is ok
         assert told[-1] is None
+    # reserve_batch: its top-level ecx_hashed is each item's.
+    for k, hashed in ((5, True), (6, False)):
+        got = ctl.result("reserve_batch", items=[dict(
+            transfer_id=f"h{k}".ljust(32, "0"),
+            mm_hash=f"hm{k}".ljust(64, "x"), nbytes=n,
+            shape=[n // 1024, 512], dtype="bfloat16")],
+            **({"ecx_hashed": True} if hashed else {}))
+        res = got["items"][0]["result"]
+        assert mcwire.write(*args, data, res["dst_ptr"], 5.0) is None
+        assert complete(k, res, xxh3_of(data))["became_ready"]
+        assert told[-1] == (xxh3_of(data) if hashed else None)
     ctl.close()

@@ -131,8 +131,9 @@ class Config:
         self.lease_share_pct = extra.get("lease_share_pct")
         self.log_interval_s = float(extra.get("log_interval_s", 60))
         # An encoder's Producer hashes each item at put (XXH3): consumers
-        # that check pulls can, and a push sends that hash as ecx_xxh3
-        # instead of reading the bytes again just before its write.
+        # that check pulls can, and a push asks for a hashed window and
+        # sends that hash as ecx_xxh3; without it a push is unchecked, as
+        # a pull is.
         self.integrity = extra.get("integrity", False)
         if not isinstance(self.integrity, bool):
             raise ValueError("ECXConnector: integrity is true or false, "

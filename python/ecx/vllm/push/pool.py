@@ -39,7 +39,9 @@ class ReceivePool:
 
     def open_write(self, reservation):
         """Called when reservation (a Reservation: dst_ptr, nbytes,
-        transfer_id, reservation_id, expires_at on the shard's clock)
+        transfer_id, reservation_id, expires_at on the shard's clock, and
+        hashed: its writer will send a hash, so a pool that can hashes
+        the bytes as they land)
         enters WRITING as the owner of a fresh allocation, and again, with
         the same range, when a repeated reserve moves its expires_at.
         From then until close_write, writes into exactly [dst_ptr,
@@ -52,7 +54,8 @@ class ReceivePool:
         refresh, the reaper, shutdown). After it returns no write into its
         range may land, so the shard can hand the bytes to a reader or
         free them. Returns the XXH3 of the range where the pool made it
-        as the bytes landed (each byte once, in order: ArenaPool), else
+        as the bytes landed (a hashed reservation, each byte once, in
+        order: ArenaPool), else
         None (the shard then hashes the range, xxh3())."""
         raise NotImplementedError
 

@@ -187,8 +187,10 @@ class Pusher:
     control_timeout_s: the REQ timeout (upstream's extra config key);
     write_timeout_s: the bound of one batch of writes (default
     control_timeout_s); token: ecx's control token, sent as "ecx_token"
-    (None for none, as upstream); send_hash: whether completes carry
-    "ecx_xxh3"; fetch: whether shards that offer ecx's fetch are sent
+    (None for none, as upstream); send_hash: whether reserves say
+    "ecx_hashed": true and complete and ecx_fetch entries carry
+    "ecx_xxh3" (true by default here; the connector passes its integrity
+    key, false by default); fetch: whether shards that offer ecx's fetch are sent
     ecx_fetch instead of writes; fetch_hold_ms: how long the producer
     holds an item sent in an ecx_fetch for the shard's pull at most (a
     lease; 0: the producer's lease_max_ms, which also cuts a longer one);

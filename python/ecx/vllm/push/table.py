@@ -134,7 +134,10 @@ class ReservationTable:
         if r.state == WRITING:
             r.expires_at = now + self.ttl
             if r.open:
-                self.pool.open_write(r)  # the same range, a later deadline
+                # the same range, a later deadline; hashed or not as the
+                # first reserve said (a hash sent anyway is checked from
+                # the arena at complete)
+                self.pool.open_write(r)
         if r.state == READY:
             self._emit(r)
         return self._reply(r, False)
