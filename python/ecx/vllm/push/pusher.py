@@ -20,8 +20,8 @@ ecx's own (upstream's consumer ignores them): with send_hash, every
 reserve says "ecx_hashed": true (so an ecx consumer's receiver hashes the
 bytes as they land) and each complete_batch entry carries the item's
 XXH3 as "ecx_xxh3" (16 hex digits; the hash made at put where the
-Producer has integrity on, else made from its bytes while they are
-written), which an ecx consumer checks the landed bytes against; and a
+Producer has integrity on, else made from its bytes on the Pusher's
+hashing threads while the write goes), which an ecx consumer checks the landed bytes against; and a
 token as "ecx_token". And ecx's fetch: every reserve asks
 "ecx_fetch": true; a shard that answers "ecx_fetch": true in a writable
 reservation (an ecx consumer over its receive arena) is sent, instead of
@@ -190,8 +190,8 @@ class Pusher:
     (None for none, as upstream); send_hash: whether reserves say
     "ecx_hashed": true and complete and ecx_fetch entries carry
     "ecx_xxh3" (true by default here; the connector passes its integrity
-    key, false by default); fetch: whether shards that offer ecx's fetch are sent
-    ecx_fetch instead of writes; fetch_hold_ms: how long the producer
+    key, false by default); fetch: whether shards that offer ecx's fetch
+    are sent ecx_fetch instead of writes; fetch_hold_ms: how long the producer
     holds an item sent in an ecx_fetch for the shard's pull at most (a
     lease; 0: the producer's lease_max_ms, which also cuts a longer one);
     threads: the pool's threads for control calls to several shards at

@@ -43,7 +43,7 @@ class Reservation:
         self.fetching = False   # an ecx_fetch load writes its buffer
         self.told = False       # a failure event went out for it (ecx)
         # its writer sends a hash: the pool hashes the bytes as they land
-        self.hashed = getattr(spec, "hashed", False)
+        self.hashed = spec.hashed
 
     def status(self):
         return {"mm_hash": self.mm_hash, "ready": self.state == READY,
@@ -82,3 +82,4 @@ class TombSpec:
         self.nbytes = 0
         self.shape = ()
         self.dtype = ""
+        self.hashed = False

@@ -290,8 +290,7 @@ class ControlShard:
         return result
 
     def _op_reserve(self, req):
-        spec = wire.reserve_spec(req, self.pool.size)
-        spec.hashed = wire.hashed(req)
+        spec = wire.reserve_spec(req, self.pool.size, wire.hashed(req))
         self.table.reap()
         return self._advert(req, spec, self.table.reserve(spec))
 
@@ -302,8 +301,7 @@ class ControlShard:
         out = []
         for item in items:
             try:
-                spec = wire.reserve_spec(item, self.pool.size)
-                spec.hashed = hashed
+                spec = wire.reserve_spec(item, self.pool.size, hashed)
                 out.append(ok(self._advert(req, spec,
                                            self.table.reserve(spec))))
             except (BadRequest, Refused) as e:

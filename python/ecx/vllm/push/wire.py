@@ -116,10 +116,11 @@ class ReserveSpec:
         self.hashed = hashed
 
 
-def reserve_spec(item, pool_size):
-    """The ReserveSpec of one reserve request (or reserve_batch item);
-    BadRequest on a missing or mistyped field, an unknown dtype, a shape
-    whose size is not nbytes, or nbytes the pool could never hold."""
+def reserve_spec(item, pool_size, hashed=False):
+    """The ReserveSpec of one reserve request (or reserve_batch item),
+    hashed as the request said (hashed()); BadRequest on a missing or
+    mistyped field, an unknown dtype, a shape whose size is not nbytes,
+    or nbytes the pool could never hold."""
     if not isinstance(item, dict):
         raise BadRequest("a reserve item must be a JSON object")
     tid = _ident(item, "transfer_id", MAX_ID)
@@ -144,7 +145,7 @@ def reserve_spec(item, pool_size):
     if nbytes > pool_size:
         raise BadRequest(f"nbytes {nbytes} is larger than the receive pool "
                          f"({pool_size} bytes)")
-    return ReserveSpec(tid, mm, nbytes, shape, dtype)
+    return ReserveSpec(tid, mm, nbytes, shape, dtype, hashed)
 
 
 def hashed(req):

@@ -11,8 +11,8 @@ in the Producer, starts each push of that mm_hash: it waits for its
 reservation (bounded), for a device save's commit (bounded), and runs
 Pusher.push (a stale reservation refreshed, the writes over Mooncake's
 wire, complete_batch (with the item's XXH3 where integrity is on), or
-cancel with abandon on any
-failure, which an ecx consumer hears as a failure event). finished(ids)
+cancel with abandon on any failure, which an ecx consumer hears as a
+failure event). finished(ids)
 abandons the pushes of finished requests whose output was never bound.
 pending() counts the pushes planned and not ended: what
 has_pending_push_work reports.
