@@ -15,6 +15,13 @@ baselines:
   8x     eight writes of the item one after another (Producer.push) and
          as one Producer.push_batch (up to four in flight), all into one
          reservation (a window not hashed);
+  floor  the write, then one round trip of a complete_batch frame
+         (pyzmq REQ, as the Pusher's) to ecx-bench-zmq-echo, a C REP
+         server beside the shard that only answers (bench/zmq_echo.c):
+         the least a push on upstream's wire can take here with no
+         control work at the far end, median of N (skipped, and said,
+         where the program is not built: ECX_ZMQ_ECHO, else
+         bench/ecx-bench-zmq-echo beside ECX_LIBRARY);
 then a line per kind of push, each with two times, medians of N: `push`,
 until Pusher.push returns (what the encoder waits for), and `ready`,
 until the item's ready event is heard here (what the consumer's
@@ -36,7 +43,7 @@ shard's event socket and notes the time):
           without integrity, Pusher(send_hash=True): the encoder hashes
           the item beside its write), as every push did before the hash
           followed the integrity key.
-The write, tcp and push rows are interleaved, one of each in turn, so
+The write, floor, tcp and push rows are interleaved, one of each in turn, so
 drift on a shared machine falls on all of them alike. Ratios are
 tcp_time / ecx_time (1.0: as fast as raw TCP).
 
@@ -97,10 +104,19 @@ def tcp_sink(ls):
         c.close()
 
 
+def echo_path():
+    """ecx-bench-zmq-echo's path, or None where it is not built."""
+    path, lib = os.environ.get("ECX_ZMQ_ECHO"), os.environ.get("ECX_LIBRARY")
+    if not path and lib:
+        path = os.path.join(os.path.dirname(os.path.realpath(lib)), "bench",
+                            "ecx-bench-zmq-echo")
+    return path if path and os.access(path, os.X_OK) else None
+
+
 def consumer_side(host):
-    """Runs a ControlShard over a Consumer's receive arena and the raw TCP
-    sink, both on host; prints their addresses as one JSON line; serves
-    until stdin closes."""
+    """Runs a ControlShard over a Consumer's receive arena, the raw TCP
+    sink and ecx-bench-zmq-echo (where built), all on host; prints their
+    addresses as one JSON line; serves until stdin closes."""
     import random
     cons = ecx.Consumer(None, recv_capacity=32 << 20, mooncake_host=host)
     pool = ArenaPool(cons)
@@ -112,13 +128,26 @@ def consumer_side(host):
             break
         except RuntimeError:
             pass
-    ls = socket.socket()
+    ls = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     ls.bind((host, 0))
     ls.listen(1)
     threading.Thread(target=tcp_sink, args=(ls,), daemon=True).start()
+    echo, echo_port = None, None
+    if echo_path():
+        echo = subprocess.Popen([echo_path(), host], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        line = echo.stdout.readline().strip()
+        if not line.isdigit():
+            sys.exit(f"push_mooncake.py: {echo_path()} could not bind "
+                     f"{host}")
+        echo_port = int(line)
     print(json.dumps({"endpoint": shard.endpoint,
-                      "tcp": [host, ls.getsockname()[1]]}), flush=True)
+                      "tcp": [host, ls.getsockname()[1]],
+                      "echo": echo_port}), flush=True)
     sys.stdin.read()
+    if echo is not None:
+        echo.stdin.close()
+        echo.wait(10)
     ls.close()
     shard.stop(0)
     cons.close()
@@ -223,8 +252,19 @@ def main():
         "bound-p": (Pusher(prod, control_timeout_s=5.0, fetch=False), True)}
     pusher = plain
     events = ReadyEvents(endpoint, pusher.shards(endpoint))
+    zctx = zmq.Context()
+    echo = None
+    if side["echo"] is not None:
+        echo = zctx.socket(zmq.REQ)
+        echo.linger = 0
+        echo.rcvtimeo = echo.sndtimeo = 5000
+        echo.setsockopt(zmq.IPV6, 1)
+        echo.connect(f"{endpoint.rsplit(':', 1)[0]}:{side['echo']}")
     print(f"# {uptime()}; producer "
           f"{a.producer_host}, consumer {a.consumer_host}")
+    if echo is None:
+        print("# floor: skipped, ecx-bench-zmq-echo is not built (make "
+              "build; or ECX_ZMQ_ECHO=its path)")
     for n in SIZES:
         mm = put_random(prod, f"bench{n}", n)
         put_random(prod_i, f"bench{n}", n)  # the same id, in prod_i
@@ -269,18 +309,43 @@ def main():
             pusher.abandon(endpoint, [s])
             return took
 
+        def timed_floor():
+            """One write into a fresh reservation (made before and
+            abandoned after, untimed), then one complete_batch frame's
+            round trip to the echo; its seconds."""
+            s = PushSpec(uuid.uuid4().hex, mm, n, [n], "uint8")
+            assert pusher.reserve(endpoint, [s]) == [s], s.error
+            d = next(iter(s.shards.values()))
+            frame = json.dumps({"op": "complete_batch", "items": [{
+                "transfer_id": s.transfer_id,
+                "reservation_id": d["reservation_id"]}]},
+                separators=(",", ":")).encode()
+            t0 = time.perf_counter()
+            prod.push(mm, d["dst_session"], d["dst_ptr"], n)
+            echo.send(frame)
+            echo.recv()
+            took = time.perf_counter() - t0
+            pusher.abandon(endpoint, [s])
+            return took
+
         base = TcpBaseline(side["tcp"], n, N)
-        w, t = [], []
+        w, f, t = [], [], []
         got = {k: [] for k in kinds}
         for _ in range(N):  # interleaved
             w.append(timed_write())
+            if echo is not None:
+                f.append(timed_floor())
             for k, kind in kinds.items():
                 got[k].append(timed_push(*kind))
             t.append(base.one())
         base.close()
         tcp, wm = statistics.median(t), statistics.median(w)
+        floor = ""
+        if f:
+            fm = statistics.median(f)
+            floor = f", floor {fm * 1e3:.3f} ms (tcp/floor {tcp / fm:.2f}x)"
         print(f"{n >> 10} KiB: tcp {tcp * 1e3:.3f} ms, write "
-              f"{wm * 1e3:.3f} ms (tcp/write {tcp / wm:.2f}x), 8x "
+              f"{wm * 1e3:.3f} ms (tcp/write {tcp / wm:.2f}x){floor}, 8x "
               f"{statistics.median(seq) * 1e3:.3f} ms one by one, "
               f"{statistics.median(par) * 1e3:.3f} ms as a batch")
         print("  kind     push_ms  ready_ms  tcp/push  tcp/ready")
@@ -290,6 +355,9 @@ def main():
             print(f"  {k:<7} {pm * 1e3:8.3f} {rm * 1e3:9.3f} "
                   f"{tcp / pm:8.2f}x {tcp / rm:9.2f}x", flush=True)
     events.close()
+    if echo is not None:
+        echo.close(0)
+    zctx.term()
     for via in {id(v): v for v, _ in kinds.values()}.values():
         via.close()
     prod_i.close()
