@@ -71,3 +71,40 @@ def test_a_silent_shard_does_not_hide_the_live_ones():
             th2.join()
             late.close(0)
         ctx.term()
+
+
+def test_close_waits_for_no_gone_shard():
+    """vLLM stops its workers (the shards) before the scheduler: cancels
+    queued for shards that are gone must not hold close() for their
+    timeouts (2 tries x shards x cancels x control_timeout_s)."""
+    ctx = zmq.Context()
+    stop = threading.Event()
+    base = ctx.socket(zmq.REP)
+    p0 = base.bind_to_random_port("tcp://127.0.0.1")
+    th = threading.Thread(target=serve, args=(ctx, base, {
+        "peers": {"ports": [p0]}, "event_port": 40001}, stop))
+    th.start()
+    got = []
+    c = Control(f"tcp://127.0.0.1:{p0}", 2.0, None,
+                lambda found, n: got.append(found))
+    try:
+        t0 = time.monotonic()
+        while not got and time.monotonic() - t0 < 3 * SCALE:
+            time.sleep(0.01)
+        assert got, "the shard was never handed over"
+    finally:
+        stop.set()
+        th.join()
+        base.close(0)  # the shard is gone
+    c.cancel([f"t{k}" for k in range(5)])
+    t0 = time.monotonic()
+    while c.pending == 5 and time.monotonic() - t0 < 0.5:
+        time.sleep(0.01)  # until the first cancel waits for its reply
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    c.close()
+    took = time.monotonic() - t0
+    ctx.term()
+    # 5 cancels x 2 tries x 2 s before; now the call in flight gives up
+    assert took < 1.0 * SCALE, f"close took {took:.2f} s"
+    assert not c._thread.is_alive()

@@ -4,11 +4,15 @@ shard's address by replacing the port, event_port of each) and cancels
 (every shard, {"op":"cancel","transfer_id":...,"reservation_id":""}, up
 to 2 tries each), on a thread of its own so that no scheduler step waits
 on a socket. REQ sockets time out after control_timeout_s and are thrown
-away after any error."""
+away after any error. close() returns within about POLL_S: the call in
+flight gives up and the cancels still queued are dropped (their
+reservations end at the shards' TTL), so a scheduler that stops after its
+shards (as vLLM's does) waits for no dead peer."""
 import json
 import logging
 import queue
 import threading
+import time
 
 import zmq
 
@@ -18,6 +22,7 @@ from ..push.wire import TOKEN_FIELD
 logger = logging.getLogger("ecx.vllm")
 
 RETRY_S = 0.1
+POLL_S = 0.05  # how often a call waiting for its reply looks at close()
 
 
 def replace_port(addr, port):
@@ -67,6 +72,15 @@ class Control:
             req = dict(req, **{TOKEN_FIELD: self._token})
         try:
             s.send(json.dumps(req).encode())
+            # the reply awaited in slices, so that close() need not wait
+            # out control_timeout_s for a peer that is gone
+            until = time.monotonic() + self._timeout_ms / 1000
+            while not s.poll(int(POLL_S * 1000)):
+                if self._stop.is_set():
+                    raise zmq.ZMQError(msg="stopped")
+                if time.monotonic() >= until:
+                    raise zmq.ZMQError(msg=f"no reply within "
+                                       f"{self._timeout_ms} ms")
             reply = json.loads(s.recv())
         except (zmq.ZMQError, ValueError) as e:
             self._socks.pop(addr).close(0)
@@ -112,6 +126,8 @@ class Control:
             for tid in ids:
                 for a in self.shards:
                     for _ in range(2):
+                        if self._stop.is_set():
+                            break  # the rest dropped (close())
                         try:
                             self._call(a, {"op": "cancel",
                                            "transfer_id": tid,
