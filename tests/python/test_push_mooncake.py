@@ -278,3 +278,29 @@ def test_landed_bytes_are_hashed_as_they_come(prefill):
         assert complete(k, res, xxh3_of(data))["became_ready"]
         assert told[-1] == (xxh3_of(data) if hashed else None)
     ctl.close()
+
+
+def test_what_landed_is_kept_for_the_newest_windows_only(prefill, encoder,
+                                                         monkeypatch):
+    """A prefill runs for weeks: the pool's record of what landed in each
+    window (kept for tests) holds only the newest LANDED_KEPT, as the
+    encoder's record of its cancels holds only the newest CANCELS_KEPT."""
+    from ecx.vllm.push import arena
+    from ecx.vllm.push import pusher
+    monkeypatch.setattr(arena, "LANDED_KEPT", 3)
+    p = prefill()
+    enc = encoder()
+    items = [item(k, 4) for k in range(5)]
+    for it in items:
+        assert enc.push(p.base, [it]) == []
+    kept = list(p.pools[0].landed)
+    assert len(kept) == 3
+    assert kept == [it.shards[p.base]["reservation_id"] for it in items[2:]]
+    ecx_pusher = pusher.Pusher(ecx.Producer(capacity_bytes=1 << 20,
+                                            registry_port=0),
+                               control_timeout_s=1.0)
+    try:
+        assert ecx_pusher.cancels.maxlen == pusher.CANCELS_KEPT
+    finally:
+        ecx_pusher.producer.close()
+        ecx_pusher.close()

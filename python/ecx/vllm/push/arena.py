@@ -12,8 +12,11 @@ close_write returns that hash where every byte came once, in order.
 import ctypes
 import threading
 import time
+from collections import OrderedDict
 
 from .pool import ALIGN, ReceivePool
+
+LANDED_KEPT = 1024
 
 
 class ArenaPool(ReceivePool):
@@ -35,7 +38,10 @@ class ArenaPool(ReceivePool):
         self._lock = threading.Lock()
         self._used = {}  # addr -> rounded length
         self._windows = {}  # reservation_id -> window id
-        self.landed = {}  # reservation_id -> bytes landed, at close_write
+        # reservation_id -> bytes landed, at close_write: the newest
+        # LANDED_KEPT only (for tests and debugging; a prefill runs for
+        # weeks)
+        self.landed = OrderedDict()
 
     def _left(self, r):
         return max(0.0, r.expires_at - self._clock())
@@ -78,6 +84,8 @@ class ArenaPool(ReceivePool):
             return None
         landed, xxh3 = self._c.push_close_hashed(wid)
         self.landed[r.reservation_id] = landed
+        while len(self.landed) > LANDED_KEPT:
+            self.landed.popitem(last=False)
         return xxh3
 
     def is_open(self, reservation_id):

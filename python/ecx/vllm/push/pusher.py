@@ -43,6 +43,7 @@ proxy; ../pushflow/pushes.py drives them from ECXConnector's encoder.
 import json
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import zmq
@@ -51,6 +52,7 @@ from .wire import (FETCH_FIELD, HASH_FIELD, HASHED_FIELD, LEASE_FIELD,
                    TOKEN_FIELD)
 
 TTL_S = 300.0
+CANCELS_KEPT = 1024  # Pusher.cancels
 
 
 class ControlError(RuntimeError):
@@ -214,7 +216,9 @@ class Pusher:
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="push")
         self.hasher = ThreadPoolExecutor(hash_threads,
                                          thread_name_prefix="push-hash")
-        self.cancels = []  # (shard, cancel request) sent, newest last
+        # (shard, cancel request) sent, newest last: the last
+        # CANCELS_KEPT only (for tests and debugging)
+        self.cancels = deque(maxlen=CANCELS_KEPT)
 
     def close(self):
         self.pool.shutdown()
