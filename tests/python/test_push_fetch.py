@@ -298,8 +298,12 @@ def test_token_is_needed_for_fetch(prefill, child):
         entry = fetch_entry(ctl, "f" * 32, 16)
         refused = bare.call("ecx_fetch", ecx_producer=addr, items=[entry])
         assert refused["ok"] is False and "unauthorized" in refused["error"]
+        # with a token every entry carries its writer's hash
+        unhashed = ctl.call("ecx_fetch", ecx_producer=addr, items=[entry])
+        assert unhashed["ok"] is False and "ecx_xxh3" in unhashed["error"]
         time.sleep(0.2)
         assert p.shards[0].table.state("f" * 32) == "WRITING"
+        entry["ecx_xxh3"] = f"{h:016x}"
         assert ctl.result("ecx_fetch", ecx_producer=addr,
                           items=[entry]) == {"items": [{"fetching": True}]}
         [e] = recv_events(ev, 1)

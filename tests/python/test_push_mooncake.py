@@ -45,7 +45,8 @@ class Prefill:
     """tp shards, each over the arena of its own ecx Consumer (as each rank
     of a prefill instance has its own)."""
 
-    def __init__(self, registry_url, tp=1, ttl=300.0, clock=time.monotonic):
+    def __init__(self, registry_url, tp=1, ttl=300.0, clock=time.monotonic,
+                 token=None):
         self.consumers = [ecx.Consumer(registry_url, recv_capacity=ARENA)
                           for _ in range(tp)]
         self.pools = [ArenaPool(c, clock=clock) for c in self.consumers]
@@ -56,7 +57,7 @@ class Prefill:
                 for r, pool in enumerate(self.pools):
                     self.shards.append(ControlShard(
                         pool, ec_port=port, tp_size=tp, tp_rank=r,
-                        clock=clock, ttl=ttl).start())
+                        clock=clock, ttl=ttl, token=token).start())
                 break
             except RuntimeError:
                 for s in self.shards:
@@ -304,3 +305,51 @@ def test_what_landed_is_kept_for_the_newest_windows_only(prefill, encoder,
     finally:
         ecx_pusher.producer.close()
         ecx_pusher.close()
+
+
+def test_a_strangers_write_never_becomes_ready_with_a_token(prefill):
+    """Mooncake's wire carries no token: a peer without it that reaches
+    the data port learns the arena from the handshake and can write into
+    a window its writer has open. With a token every window is hashed as
+    it lands and every complete must carry its writer's hash, so such
+    bytes end the transfer CANCELLED (its failure event sent), never
+    READY."""
+    import ctypes
+    from pushkit import Ctl, pull, recv_events
+    token = "s3cret"
+    p = prefill(token=token)
+    ctl = Ctl(p.base, {"ecx_token": token})
+    sub = pull(p.shards[0].event_endpoint, password=token)
+    data = payload(7, 4096)
+    buf = ctypes.create_string_buffer(data, len(data))
+    want = f"{ecx.xxh3(ctypes.addressof(buf), len(data)):016x}"
+    res = ctl.result("reserve", transfer_id="s" * 32, mm_hash="m" * 64,
+                     nbytes=4096, shape=[2048], dtype="bfloat16")
+    assert p.pools[0].is_open(res["reservation_id"])
+    host, seg = session_of(p)  # no token asked: the stranger's view
+    port, ver = seg["tcp_data_port"], seg["tcp_proto_version"]
+    assert mcwire.write(host, port, ver, data, res["dst_ptr"], 5.0) is None
+    assert mcwire.write(host, port, ver, b"EVIL", res["dst_ptr"],
+                        5.0) is None  # the stranger, after the writer
+    # without the hash the complete is refused and nothing changes
+    reply = ctl.call("complete", transfer_id="s" * 32,
+                     reservation_id=res["reservation_id"])
+    assert reply["ok"] is False and "ecx_xxh3" in reply["error"]
+    assert ctl.result("status", transfer_id="s" * 32)["ready"] is False
+    assert p.pools[0].is_open(res["reservation_id"])  # still writing
+    done = ctl.result("complete", transfer_id="s" * 32,
+                      reservation_id=res["reservation_id"], ecx_xxh3=want)
+    assert done == {"completed": False, "became_ready": False}
+    assert ctl.result("status", transfer_id="s" * 32) is None  # CANCELLED
+    ev = recv_events(sub, 1)
+    assert [(e["transfer_id"], e["ready"]) for e in ev] == [("s" * 32,
+                                                            False)]
+    # the writer's own bytes alone complete, as always
+    res = ctl.result("reserve", transfer_id="g" * 32, mm_hash="n" * 64,
+                     nbytes=4096, shape=[2048], dtype="bfloat16")
+    assert mcwire.write(host, port, ver, data, res["dst_ptr"], 5.0) is None
+    done = ctl.result("complete", transfer_id="g" * 32,
+                      reservation_id=res["reservation_id"], ecx_xxh3=want)
+    assert done == {"completed": True, "became_ready": True}
+    sub.close(0)
+    ctl.close()

@@ -54,13 +54,20 @@ def test_malformed_frames_still_get_the_envelope(shard):
     c.close()
 
 
+def landed_hash(shard, r):
+    """The hash of what a reservation's range holds, as its writer
+    would send it ("ecx_xxh3")."""
+    return f"{shard.pool.xxh3(r['dst_ptr'], r['nbytes']):016x}"
+
+
 def test_every_op_served_with_the_token(shard):
     c = Ctl(shard.endpoint, {"ecx_token": TOKEN})
     assert c.result("peers") == {"ports": [shard.port]}
     assert c.result("event_port") == shard.event_port
     r = c.result("reserve", **item("t1"))
     assert c.result("complete", transfer_id="t1",
-                    reservation_id=r["reservation_id"]) == {
+                    reservation_id=r["reservation_id"],
+                    ecx_xxh3=landed_hash(shard, r)) == {
         "completed": True, "became_ready": True}
     assert c.result("status", transfer_id="t1")["ready"] is True
     assert c.result("cancel", transfer_id="t1", reservation_id="") == {
@@ -68,11 +75,35 @@ def test_every_op_served_with_the_token(shard):
     c.close()
 
 
-def complete_n(c, n):
+def test_completes_need_the_hash_with_a_token(shard):
+    """Mooncake's wire carries no token, so with one every complete entry
+    must carry its writer's hash (test_push_mooncake.py shows a
+    stranger's write then caught); one without is refused whole, and
+    nothing completes."""
+    c = Ctl(shard.endpoint, {"ecx_token": TOKEN})
+    r = c.result("reserve", **item("t1"))
+    r2 = c.result("reserve", **item("t2", mm="n" * 64))
+    for op, fields in [
+            ("complete", {"transfer_id": "t1",
+                          "reservation_id": r["reservation_id"]}),
+            ("complete_batch", {"items": [
+                {"transfer_id": "t2", "reservation_id": r2["reservation_id"],
+                 "ecx_xxh3": landed_hash(shard, r2)},
+                {"transfer_id": "t1",
+                 "reservation_id": r["reservation_id"]}]})]:
+        reply = c.call(op, **fields)
+        assert reply["ok"] is False and "ecx_xxh3" in reply["error"], op
+    for tid in ("t1", "t2"):
+        assert c.result("status", transfer_id=tid)["ready"] is False
+    c.close()
+
+
+def complete_n(shard, c, n):
     for k in range(n):
         r = c.result("reserve", **item(f"t{k}", mm=f"m{k}"))
         c.result("complete", transfer_id=f"t{k}",
-                 reservation_id=r["reservation_id"])
+                 reservation_id=r["reservation_id"],
+                 ecx_xxh3=landed_hash(shard, r))
 
 
 def test_events_only_to_the_token_holder(shard):
@@ -80,7 +111,7 @@ def test_events_only_to_the_token_holder(shard):
     guesser = pull(shard.event_endpoint, password="guess")  # wrong PLAIN
     good = pull(shard.event_endpoint, password=TOKEN)
     c = Ctl(shard.endpoint, {"ecx_token": TOKEN})
-    complete_n(c, 6)
+    complete_n(shard, c, 6)
     got = recv_events(good, 6)
     assert sorted(e["transfer_id"] for e in got) == [f"t{k}"
                                                     for k in range(6)]

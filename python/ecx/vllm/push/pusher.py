@@ -22,7 +22,8 @@ bytes as they land) and each complete_batch entry carries the item's
 XXH3 as "ecx_xxh3" (16 hex digits; the hash made at put where the
 Producer has integrity on, else made from its bytes on the Pusher's
 hashing threads while the write goes), which an ecx consumer checks the landed bytes against; and a
-token as "ecx_token". And ecx's fetch: every reserve asks
+token as "ecx_token" (with the hash always: a shard with a token checks
+every push, as a stranger can write on Mooncake's wire). And ecx's fetch: every reserve asks
 "ecx_fetch": true; a shard that answers "ecx_fetch": true in a writable
 reservation (an ecx consumer over its receive arena) is sent, instead of
 a write and a complete, one ecx_fetch naming this Producer's address:
@@ -192,7 +193,8 @@ class Pusher:
     (None for none, as upstream); send_hash: whether reserves say
     "ecx_hashed": true and complete and ecx_fetch entries carry
     "ecx_xxh3" (true by default here; the connector passes its integrity
-    key, false by default); fetch: whether shards that offer ecx's fetch
+    key, false by default; always true with a token, whose shards refuse
+    entries without the hash); fetch: whether shards that offer ecx's fetch
     are sent ecx_fetch instead of writes; fetch_hold_ms: how long the producer
     holds an item sent in an ecx_fetch for the shard's pull at most (a
     lease; 0: the producer's lease_max_ms, which also cuts a longer one);
@@ -208,7 +210,7 @@ class Pusher:
         self.producer = producer
         self.fetch = fetch
         self.fetch_hold_ms = int(fetch_hold_ms)
-        self.send_hash = send_hash
+        self.send_hash = bool(send_hash or token)
         self.ctl = _Control(control_timeout_s, token)
         self.write_timeout_s = write_timeout_s or control_timeout_s
         self.clock = clock

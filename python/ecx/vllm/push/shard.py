@@ -289,14 +289,31 @@ class ControlShard:
             result[wire.FETCH_FIELD] = True
         return result
 
+    def _hashed(self, req):
+        """Whether a reserve's window is hashed as its bytes land: where
+        its writer says it will send the hash, and always with a token
+        (whose completes must carry one, _need_hashes)."""
+        return wire.hashed(req) or bool(self._token)
+
+    def _need_hashes(self, hashes, op):
+        """With a token, every complete and ecx_fetch entry must carry
+        its writer's hash: Mooncake's wire carries no token, so a peer
+        without it that reaches the data port could write into an open
+        window, and only the check against the hash (made by a writer
+        that has the token) keeps those bytes from becoming ready."""
+        if self._token and any(h is None for h in hashes):
+            raise Refused(f"this EC consumer has a token: every {op} "
+                          f"entry must carry {wire.HASH_FIELD} (its "
+                          f"writer's hash of the bytes)")
+
     def _op_reserve(self, req):
-        spec = wire.reserve_spec(req, self.pool.size, wire.hashed(req))
+        spec = wire.reserve_spec(req, self.pool.size, self._hashed(req))
         self.table.reap()
         return self._advert(req, spec, self.table.reserve(spec))
 
     def _op_reserve_batch(self, req):
         items = wire.batch_items(req)
-        hashed = wire.hashed(req)
+        hashed = self._hashed(req)
         self.table.reap()
         out = []
         for item in items:
@@ -309,12 +326,14 @@ class ControlShard:
         return {"items": out}
 
     def _op_complete(self, req):
-        return self._complete(wire.complete_args(req),
-                              wire.complete_hash(req))
+        args, want = wire.complete_args(req), wire.complete_hash(req)
+        self._need_hashes([want], "complete")
+        return self._complete(args, want)
 
     def _op_complete_batch(self, req):
         args = [(wire.complete_args(i), wire.complete_hash(i))
                 for i in wire.batch_items(req)]
+        self._need_hashes([h for _, h in args], "complete_batch")
         return {"items": [self._complete(a, h) for a, h in args]}
 
     def _complete(self, args, want, fetched=None):
@@ -388,6 +407,7 @@ class ControlShard:
         producer, epoch = wire.fetch_source(req)
         args = [(wire.complete_args(i), wire.complete_hash(i),
                  wire.fetch_lease(i)) for i in wire.batch_items(req)]
+        self._need_hashes([h for _, h, _ in args], "ecx_fetch")
         picked = []  # per entry: the record it started, or None
         with self.table.lock:
             for (tid, rid), _, _ in args:
