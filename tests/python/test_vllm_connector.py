@@ -216,6 +216,20 @@ def test_misconfiguration_is_an_error_at_construction():
         ECXConnector(VllmConfig(ec_transfer_config=ECTransferConfig(
             ec_connector="ECXConnector", ec_role="ec_consumer",
             ec_port=65536)), ECConnectorRole.SCHEDULER)
+    for port in ("abc", True, 14579.5):
+        with pytest.raises(ValueError, match="ec_port is a port number"):
+            ECXConnector(VllmConfig(ec_transfer_config=ECTransferConfig(
+                ec_connector="ECXConnector", ec_role="ec_consumer",
+                ec_port=port)), ECConnectorRole.SCHEDULER)
+    # each wrong type named by its key, never a bare Python error
+    for key, value in (("push_token", 12345), ("push", 1),
+                       ("control_timeout_s", True),
+                       ("push_wait_timeout_s", "soon"),
+                       ("push_fallback_ms", "100")):
+        with pytest.raises(ValueError, match=key):
+            ECXConnector(consumer_config("", async_load="auto",
+                                         **{key: value}),
+                         ECConnectorRole.SCHEDULER)
     bad = VllmConfig(ec_transfer_config=ECTransferConfig(
         ec_connector="ECXConnector", ec_role="ec_observer"))
     with pytest.raises(ValueError, match="unknown ec_role"):

@@ -160,7 +160,12 @@ class _Control:
     def call(self, addr, req):
         if self.token:
             req = dict(req, **{TOKEN_FIELD: self.token})
-        s = self._sock(addr)
+        try:
+            s = self._sock(addr)
+        except zmq.ZMQError as e:  # not an endpoint: "tcp://host:port"
+            raise ControlError(f"{req['op']} to {addr!r}: {e} (a consumer's "
+                               f"control address is tcp://HOST:PORT)") \
+                from None
         try:
             s.send(json.dumps(req, separators=(",", ":")).encode())
             reply = json.loads(s.recv())
@@ -172,7 +177,9 @@ class _Control:
             self._drop(addr)
             raise ControlError(f"{req['op']} to {addr}: {e}") from None
         if not isinstance(reply, dict) or reply.get("ok") is not True:
-            err = reply.get("error") if isinstance(reply, dict) else reply
+            err = reply
+            if isinstance(reply, dict):  # upstream's envelope, or another
+                err = reply.get("error", reply.get("err", reply))
             raise ControlError(f"{req['op']} on {addr}: {err}")
         return reply.get("result")
 
@@ -254,10 +261,15 @@ class Pusher:
         asked once per base address."""
         topo = self.topologies.get(consumer_zmq)
         if topo is None:
-            ports = self.ctl.call(consumer_zmq, {"op": "peers"})["ports"]
-            addrs = [_shard_addr(consumer_zmq, p) for p in ports]
-            topo = [(a, int(self.ctl.call(a, {"op": "event_port"})))
-                    for a in addrs]
+            got = self.ctl.call(consumer_zmq, {"op": "peers"})
+            try:
+                addrs = [_shard_addr(consumer_zmq, p) for p in got["ports"]]
+                topo = [(a, int(self.ctl.call(a, {"op": "event_port"})))
+                        for a in addrs]
+            except (KeyError, TypeError, ValueError) as e:
+                raise ControlError(
+                    f"peers on {consumer_zmq}: not an EC consumer's answer "
+                    f"({type(e).__name__}: {e})") from None
             self.topologies[consumer_zmq] = topo
         return topo
 

@@ -16,6 +16,8 @@ FALLBACK_MS = 100
 def _positive(extra, key, default):
     v = extra.get(key, default)
     try:
+        if isinstance(v, bool):  # float(True) is 1.0: a mistake, not 1 s
+            raise TypeError
         f = float(v)
     except (TypeError, ValueError):
         raise ValueError(f"ECXConnector: {key} is a number of seconds > 0, "
@@ -43,13 +45,19 @@ class PushConfig:
     def __init__(self, ec, extra, has_registry):
         extra = dict(extra or {})
         mode = extra.get("push", "auto")
-        if mode not in ("auto", True, False):
+        if mode is not True and mode is not False and mode != "auto":
             raise ValueError("ECXConnector: push is \"auto\", true or false, "
                              f"not {mode!r}")
         self.enabled = (not has_registry) if mode == "auto" else mode
         self.ec_ip = str(getattr(ec, "ec_ip", None) or "127.0.0.1")
         port = getattr(ec, "ec_port", None)
-        self.ec_port = 14579 if port is None else int(port)
+        try:
+            if isinstance(port, bool) or isinstance(port, float):
+                raise ValueError
+            self.ec_port = 14579 if port is None else int(port)
+        except (TypeError, ValueError):
+            raise ValueError(f"ECXConnector: ec_port is a port number (an "
+                             f"integer), not {port!r}") from None
         size = getattr(ec, "ec_buffer_size", None)
         self.buffer_size = buffer_size(1e9 if size is None else size) \
             if self.enabled else None
@@ -59,6 +67,9 @@ class PushConfig:
         self.push_wait_timeout_s = _positive(extra, "push_wait_timeout_s",
                                              60)
         self.token = extra.get("push_token") or None
+        if self.token is not None and not isinstance(self.token, str):
+            raise ValueError(f"ECXConnector: push_token is a string (the "
+                             f"shared secret), not {self.token!r}")
         fb = extra.get("push_fallback_ms", FALLBACK_MS)
         if isinstance(fb, bool) or not isinstance(fb, (int, float)) or \
                 not (fb >= 0 and math.isfinite(fb)):
