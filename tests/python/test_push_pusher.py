@@ -5,6 +5,7 @@ consumer side (tests/interop/upstream_consumer.py, written from PUSH.md,
 behind mcwire's Mooncake servers). Bytes checked; faults each bounded and
 ending in cancels with abandon. Real sockets on 127.0.0.1."""
 import random
+import threading
 import time
 
 import pytest
@@ -378,3 +379,37 @@ def test_specs_from_params():
         {"transfer_id": "t0"}]}, feats)
     assert c == "tcp://h:1"
     assert [(s.mm_hash, s.transfer_id) for s in specs] == [("h0", "t0")]
+
+
+def test_a_wrong_consumer_address_is_the_specs_error(producer):
+    """A mistyped consumer_zmq (no tcp://, no port), or an address where
+    something else answers, fails the push's specs with a message that
+    says so, at once; it never raises out of push."""
+    p = Pusher(producer, control_timeout_s=2.0)
+    ctx = zmq.Context()
+    other = ctx.socket(zmq.REP)  # answers, but not as an EC consumer
+    port = other.bind_to_random_port("tcp://127.0.0.1")
+
+    def answer():
+        if other.poll(2000):
+            other.recv()
+            other.send(b'{"ok": true, "result": {}}')
+    try:
+        for addr, why in (("127.0.0.1:14579", "tcp://HOST:PORT"),
+                          ("tcp://127.0.0.1", "tcp://HOST:PORT"),
+                          (f"tcp://127.0.0.1:{port}",
+                           "not an EC consumer's answer")):
+            spec = PushSpec(uuid_hex("bad", 0), "x" * 64, 16, [16], "uint8")
+            t0 = time.monotonic()
+            if "not an" in why:
+                th = threading.Thread(target=answer)
+                th.start()
+            assert p.push(addr, [spec]) == [spec]
+            if "not an" in why:
+                th.join()
+            assert why in spec.error, spec.error
+            assert time.monotonic() - t0 < 1.5
+    finally:
+        p.close()
+        other.close(0)
+        ctx.term()
