@@ -353,3 +353,27 @@ def test_a_strangers_write_never_becomes_ready_with_a_token(prefill):
     assert done == {"completed": True, "became_ready": True}
     sub.close(0)
     ctl.close()
+
+
+def test_a_reserve_above_the_pools_limit_is_never_full():
+    """An arena larger than the pool's size (recv_capacity_bytes above
+    ec_buffer_size): a reserve the pool can never hold is refused as
+    too large, not as "full" (which a writer may wait out)."""
+    from pushkit import Ctl, start_pool_shards
+    cons = ecx.Consumer(None, recv_capacity=1 << 20)
+    try:
+        (sh,) = start_pool_shards([ArenaPool(cons, size=64 << 10)])
+        ctl = Ctl(sh.endpoint)
+        reply = ctl.call("reserve", transfer_id="l" * 32, mm_hash="m" * 64,
+                         nbytes=128 << 10, shape=[64 << 10],
+                         dtype="bfloat16")
+        assert reply["ok"] is False
+        assert "larger than the receive pool (65536 bytes)" in \
+            reply["error"], reply
+        assert ctl.result("reserve", transfer_id="s" * 32, mm_hash="n" * 64,
+                          nbytes=64 << 10, shape=[32 << 10],
+                          dtype="bfloat16")["write"] is True
+        ctl.close()
+        sh.stop(0)
+    finally:
+        cons.close()

@@ -43,6 +43,10 @@ class ArenaPool(ReceivePool):
         # weeks)
         self.landed = OrderedDict()
 
+    @property
+    def limit(self):
+        return self._limit
+
     def _left(self, r):
         return max(0.0, r.expires_at - self._clock())
 

@@ -18,14 +18,20 @@ ALIGN = 256  # sizes are rounded up to this, as upstream's allocator does
 
 class ReceivePool:
     """What a ControlShard calls. Attributes: base (int, the absolute
-    address of the pool's first byte), size (int, bytes), session (str,
-    the dst_session a reply carries where nothing is written: followers,
-    resident copies). Every method is called by the shard with its table
-    lock held, so none may call back into the shard."""
+    address of the pool's first byte), size (int, bytes), limit (the most
+    bytes it lends at once, at most size: a reserve above it can never
+    be served), session (str, the dst_session a reply carries where
+    nothing is written: followers, resident copies). Every method is
+    called by the shard with its table lock held, so none may call back
+    into the shard."""
 
     base = 0
     size = 0
     session = ""
+
+    @property
+    def limit(self):
+        return self.size
 
     def allocate(self, nbytes):
         """An absolute address of nbytes free bytes (inside

@@ -307,7 +307,7 @@ class ControlShard:
                           f"writer's hash of the bytes)")
 
     def _op_reserve(self, req):
-        spec = wire.reserve_spec(req, self.pool.size, self._hashed(req))
+        spec = wire.reserve_spec(req, self.pool.limit, self._hashed(req))
         self.table.reap()
         return self._advert(req, spec, self.table.reserve(spec))
 
@@ -318,7 +318,7 @@ class ControlShard:
         out = []
         for item in items:
             try:
-                spec = wire.reserve_spec(item, self.pool.size, hashed)
+                spec = wire.reserve_spec(item, self.pool.limit, hashed)
                 out.append(ok(self._advert(req, spec,
                                            self.table.reserve(spec))))
             except (BadRequest, Refused) as e:
