@@ -4,6 +4,7 @@ own ControlShards over ArenaPools, and into a stand-in of upstream's
 consumer side (tests/interop/upstream_consumer.py, written from PUSH.md,
 behind mcwire's Mooncake servers). Bytes checked; faults each bounded and
 ending in cancels with abandon. Real sockets on 127.0.0.1."""
+import os
 import random
 import threading
 import time
@@ -21,6 +22,9 @@ from upstream_consumer import Shard
 from upstream_encoder import EventSubscriber
 
 HIDDEN = 512
+
+
+SCALE = float(os.environ.get("ECX_TEST_TIME_SCALE", "1"))
 
 
 def payload(seed, n):
@@ -412,4 +416,39 @@ def test_a_wrong_consumer_address_is_the_specs_error(producer):
     finally:
         p.close()
         other.close(0)
+        ctx.term()
+
+
+def test_a_silent_shard_costs_a_push_two_timeouts_not_three(producer):
+    """A shard that answered discovery and then went silent (stopped,
+    wedged): the reserve waits control_timeout_s, the abandon's cancel
+    once more, and no second try of it (upstream's 2 tries would make
+    it three timeouts)."""
+    p = Pusher(producer, control_timeout_s=1.0)
+    ctx = zmq.Context()
+    rep = ctx.socket(zmq.REP)
+    port = rep.bind_to_random_port("tcp://127.0.0.1")
+    addr = f"tcp://127.0.0.1:{port}"
+
+    def discovery():
+        for reply in (b'{"ok": true, "result": {"ports": [%d]}}' % port,
+                      b'{"ok": true, "result": 40001}'):
+            assert rep.poll(2000)
+            rep.recv()
+            rep.send(reply)
+    th = threading.Thread(target=discovery)
+    th.start()
+    try:
+        assert p.shards(addr) == [(addr, 40001)]
+        th.join()
+        spec, _ = hold(producer, 0, 4, prefix="silent")
+        t0 = time.monotonic()
+        assert p.push(addr, [spec]) == [spec]
+        took = time.monotonic() - t0
+        assert "no reply within 1000 ms" in spec.error
+        assert 1.9 < took < 2.0 + 0.8 * SCALE, took
+        assert [r["op"] for _, r in p.cancels] == ["cancel"]
+    finally:
+        p.close()
+        rep.close(0)
         ctx.term()

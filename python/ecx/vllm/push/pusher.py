@@ -60,6 +60,10 @@ class ControlError(RuntimeError):
     """An ok:false reply, or no reply within control_timeout_s."""
 
 
+class ControlTimeout(ControlError):
+    """No reply within control_timeout_s (the peer gone or stuck)."""
+
+
 class PushSpec:
     """One item to push: its transfer_id, mm_hash (the id it is held under
     in the Producer), nbytes, shape [tokens, hidden] and dtype name."""
@@ -171,8 +175,8 @@ class _Control:
             reply = json.loads(s.recv())
         except zmq.Again:
             self._drop(addr)
-            raise ControlError(f"{req['op']} to {addr}: no reply within "
-                               f"{self.timeout_ms} ms") from None
+            raise ControlTimeout(f"{req['op']} to {addr}: no reply within "
+                                 f"{self.timeout_ms} ms") from None
         except (zmq.ZMQError, ValueError) as e:
             self._drop(addr)
             raise ControlError(f"{req['op']} to {addr}: {e}") from None
@@ -330,10 +334,15 @@ class Pusher:
         return good
 
     def _cancel(self, addr, req):
+        """Up to 2 tries, as upstream's; not a second after no reply
+        within control_timeout_s (a peer gone would only take as long
+        again: a failed push then blocks for at most one more timeout)."""
         self.cancels.append((addr, req))
         for _ in range(2):
             try:
                 return self.ctl.call(addr, req).get("cancelled")
+            except ControlTimeout:
+                return None
             except (ControlError, AttributeError):
                 continue
         return None
@@ -413,7 +422,9 @@ class Pusher:
         """Reserves (where not yet), writes and completes specs; returns
         the specs that failed (each with .error), their reservations
         cancelled with abandon. Blocks for at most the reserve, the writes
-        (write_timeout_s) and the completes, each bounded."""
+        (write_timeout_s) and the completes, each bounded, and where one
+        fails the abandon's cancels (control_timeout_s, the shards in
+        parallel)."""
         fresh = [s for s in specs if not s.shards and s.error is None]
         if fresh:
             self.reserve(consumer_zmq, fresh)
