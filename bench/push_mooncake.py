@@ -53,7 +53,10 @@ Across two hosts (bench/two_hosts.sh runs it so with PUSH=1: the consumer
 side in namespace B, this process in A):
   bench/push_mooncake.py --consumer-wrap 'CMD' --consumer-host ADDR \
       --producer-host ADDR
-where CMD (split on spaces) starts the consumer side where it should run.
+where CMD (split on spaces) starts the consumer side where it should run,
+and each ADDR is an IP address (v4 or v6) of the side it names.
+Environment: SIZES (bytes, comma-separated), N (repetitions, default
+40), ECX_LIBRARY (libecx.so), ECX_ZMQ_ECHO (ecx-bench-zmq-echo).
 """
 import argparse
 import json
@@ -126,8 +129,12 @@ def consumer_side(host):
                                  ec_port=random.randint(20000, 60000))
             shard.start()
             break
-        except RuntimeError:
-            pass
+        except RuntimeError as e:
+            if "in use" not in str(e):  # not a port taken: the host
+                sys.exit(f"push_mooncake.py: the consumer side: {e}")
+    else:
+        sys.exit("push_mooncake.py: the consumer side: no free control "
+                 "port in 50 tries")
     ls = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     ls.bind((host, 0))
     ls.listen(1)
@@ -220,12 +227,21 @@ class ReadyEvents:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Environment: SIZES=bytes,bytes,... (default 64 KiB, 1 MiB "
+        "and 7 MiB), N=repetitions (40), ECX_LIBRARY=libecx.so's path, "
+        "ECX_ZMQ_ECHO=ecx-bench-zmq-echo's path (default: bench/ beside "
+        "the library). Runs on loopback unless told the hosts.")
     ap.add_argument("--consumer-wrap", default="",
                     help="command (split on spaces) that starts the "
                     "consumer side where it runs (default: none)")
-    ap.add_argument("--consumer-host", default="127.0.0.1")
-    ap.add_argument("--producer-host", default="127.0.0.1")
+    ap.add_argument("--consumer-host", default="127.0.0.1",
+                    help="IP address the consumer side binds (default "
+                    "127.0.0.1)")
+    ap.add_argument("--producer-host", default="127.0.0.1",
+                    help="IP address the producer binds (default "
+                    "127.0.0.1)")
     ap.add_argument("--consumer-side", action="store_true",
                     help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -236,7 +252,12 @@ def main():
                                    "--consumer-side", "--consumer-host",
                                    a.consumer_host],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    side = json.loads(child.stdout.readline())
+    line = child.stdout.readline()
+    if not line:  # it said why on its stderr
+        sys.exit(f"push_mooncake.py: the consumer side on "
+                 f"{a.consumer_host} did not start (exit status "
+                 f"{child.wait()})")
+    side = json.loads(line)
     endpoint = side["endpoint"]
     prod = ecx.Producer(capacity_bytes=64 << 20, bind_host=a.producer_host,
                         registry_port=0, mooncake=True)

@@ -37,8 +37,14 @@ int main(int argc, char **argv)
 	char ep[300], last[300];
 	size_t len = sizeof(last);
 	int one = 1, zero = 0;
+	/* An IPv6 address goes in brackets (given with them or not). */
+	const char *h = argv[1];
+	size_t hl = strlen(h);
+	if (h[0] == '[' && hl > 1 && h[hl - 1] == ']')
+		h++, hl -= 2;
 	snprintf(ep, sizeof(ep),
-	         strchr(argv[1], ':') ? "tcp://[%s]:*" : "tcp://%s:*", argv[1]);
+	         memchr(h, ':', hl) ? "tcp://[%.*s]:*" : "tcp://%.*s:*",
+	         (int)hl, h);
 	if (rep == NULL ||
 	    zmq_setsockopt(rep, ZMQ_IPV6, &one, sizeof(one)) != 0 ||
 	    zmq_setsockopt(rep, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||

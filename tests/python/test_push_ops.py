@@ -195,6 +195,11 @@ def test_bind_failure_reported():
         s = ControlShard(BufferPool(bytearray(4096), "x:1"), ec_port=port)
         with pytest.raises(RuntimeError, match=str(port)):
             s.start()
+    # a host name: ZeroMQ takes it for an interface, and the error says so
+    s = ControlShard(BufferPool(bytearray(4096), "x:1"), ec_ip="localhost",
+                     ec_port=14579)
+    with pytest.raises(RuntimeError, match="does not look up host names"):
+        s.start()
 
 
 def test_one_frame_replies_to_raw_json(one):

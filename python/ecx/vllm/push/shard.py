@@ -18,6 +18,7 @@ ecx_fetch has the shard pull the named writers' bytes from an ecx producer
 into their ranges, settling each reservation as complete would (or failing
 it, with a failure event) when its load ends.
 """
+import errno
 import hmac
 import logging
 import threading
@@ -184,7 +185,12 @@ class ControlShard:
         except zmq.ZMQError as e:
             for s in socks:
                 s.close(0)
-            raise RuntimeError(f"{where}: {e}") from None
+            hint = ""
+            if e.errno == errno.ENODEV:  # ZeroMQ took the host for a NIC
+                hint = (f" (ec_ip {self.host!r}: an IP address of this "
+                        f"host or an interface's name; ZeroMQ does not "
+                        f"look up host names)")
+            raise RuntimeError(f"{where}: {e}{hint}") from None
         return zap, rep, ev
 
     def _run(self):
