@@ -167,8 +167,9 @@ class ECXConnector(ECConnectorBase):
         return None, None
 
     def start_worker_services(self) -> None:
-        # The push control shard serves from the worker's construction;
-        # this starts it again where vLLM calls it after a stop.
+        # The push control shard serves from the worker's construction,
+        # so where vLLM calls this the shard is up already (a no-op; a
+        # shard is started once and never restarted after shutdown).
         self._worker.start_worker_services()
 
     # ---- scheduler side ----
