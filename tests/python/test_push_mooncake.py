@@ -377,3 +377,70 @@ def test_a_reserve_above_the_pools_limit_is_never_full():
         sh.stop(0)
     finally:
         cons.close()
+
+
+KILLED_WRITER = r"""
+import socket, sys, time
+sys.path.insert(0, sys.argv[1])
+import mcwire
+host, port, ver, dst, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
+    int(sys.argv[5]), int(sys.argv[6])
+s = socket.create_connection((host, port))
+op = mcwire.OP_WRITE | (mcwire.OP_V2 if ver >= 2 else 0)
+s.sendall(mcwire.HEADER.pack(n, dst, op))
+s.sendall(b"\x5a" * (n // 2))  # half the body, then killed
+print("half", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_writer_killed_mid_write_never_becomes_ready(prefill):
+    """A writer process SIGKILLed with half its WRITE sent: the half that
+    came is never made READY (no ready event; nothing completes it), at
+    the TTL the record is EXPIRE_PENDING with its window closed (no whole
+    write landed in it), and one TTL later (ecx's bound; upstream keeps it until the
+    shard stops) EXPIRED with its memory freed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pushkit import Ctl, pull, recv_events
+    p = prefill(ttl=1.0)
+    sh, pool = p.shards[0], p.pools[0]
+    ctl = Ctl(p.base)
+    sub = pull(sh.event_endpoint)
+    n = 4 << 20
+    res = ctl.result("reserve", transfer_id="k" * 32, mm_hash="m" * 64,
+                     nbytes=n, shape=[n // 2], dtype="bfloat16")
+    host, seg = session_of(p)
+    here = os.path.dirname(os.path.abspath(__file__))
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER,
+         os.path.join(here, "..", "interop"), host,
+         str(seg["tcp_data_port"]), str(seg["tcp_proto_version"]),
+         str(res["dst_ptr"]), str(n)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "half"
+        time.sleep(0.1)  # the half in the receiver
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+    assert sh.table.state("k" * 32) == "WRITING"
+    assert ctl.result("status", transfer_id="k" * 32)["ready"] is False
+    deadline = time.monotonic() + 5
+    while sh.table.state("k" * 32) == "WRITING" and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sh.table.state("k" * 32) == "EXPIRE_PENDING"
+    assert pool.used_bytes() >= n  # kept one TTL more
+    # its first bytes are in the arena, but no whole write landed
+    assert pool.read(res["dst_ptr"], 4096) == b"\x5a" * 4096
+    assert pool.landed[res["reservation_id"]] == 0
+    while sh.table.state("k" * 32) == "EXPIRE_PENDING" and \
+            time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+    assert sh.table.state("k" * 32) == "EXPIRED"
+    assert pool.used_bytes() == 0
+    assert recv_events(sub, 1, 0.2) == []
+    sub.close(0)
+    ctl.close()

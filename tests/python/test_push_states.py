@@ -387,9 +387,33 @@ def test_reaper_rows(env):
     assert env.state("t2") == EXPIRE_PENDING
     assert env.state("t3") == CANCELLED
     assert env.used() == 256  # t2's, kept for its writer
-    env.later(300)  # tombstones gone; EXPIRE_PENDING has no deadline
+    env.later(299)  # upstream: EXPIRE_PENDING has no deadline
+    assert env.state("t2") == EXPIRE_PENDING and env.used() == 256
+    env.later(1)  # tombstones gone; ecx: a deferred writer one TTL more
     assert env.state("t1") is None and env.state("t3") is None
-    assert env.state("t2") == EXPIRE_PENDING
+    assert env.state("t2") == EXPIRED and env.used() == 0
+
+
+def test_a_writer_that_never_returns_holds_memory_one_ttl(env):
+    """ecx's bound on the deferred states (upstream keeps their memory
+    until the shard stops): a cancel without abandon, or the TTL, while
+    its writer is gone (killed mid-write) frees the memory one TTL later;
+    a complete that comes after that finds nothing."""
+    r = env.reserve("t1", mm="a")
+    env.cancel("t1")
+    assert env.state("t1") == CANCEL_PENDING and env.used() == 256
+    env.later(299)
+    assert env.state("t1") == CANCEL_PENDING and env.used() == 256
+    env.later(2)
+    assert env.state("t1") == CANCELLED and env.used() == 0
+    assert env.complete("t1", r["reservation_id"]) == (False, False)
+    r2 = env.reserve("t2", mm="b")
+    env.reserve("t3", mm="b")  # a follower, ended with it
+    env.later(301)
+    assert env.state("t2") == EXPIRE_PENDING and env.used() == 256
+    env.later(301)
+    assert env.state("t2") == EXPIRED and env.used() == 0
+    assert env.complete("t2", r2["reservation_id"]) == (False, False)
 
 
 def test_loop_runs_the_reaper_by_itself(env):

@@ -213,6 +213,7 @@ class ReservationTable:
                 return True
             if r.state == WRITING and not abandon:
                 r.state = CANCEL_PENDING
+                r.expires_at = now + self.ttl  # ecx: not forever (reap)
                 self._close(r)
                 self._unwrite(r)
                 return True
@@ -258,9 +259,13 @@ class ReservationTable:
     def reap(self):
         """Ends what has expired: READY → EXPIRED, a WRITING follower →
         CANCELLED, a WRITING writer → EXPIRE_PENDING (its memory kept for
-        complete or an abandoning cancel; one whose ecx_fetch runs is
-        reported to on_failed, as its load's landing only ends it EXPIRED);
-        drops tombstones older than TTL. Returns the records it moved."""
+        complete or an abandoning cancel, one TTL more; one whose
+        ecx_fetch runs is reported to on_failed, as its load's landing
+        only ends it EXPIRED), a deferred writer whose TTL more has passed
+        (ecx's bound: upstream keeps it until the shard stops) →
+        EXPIRE_PENDING → EXPIRED, CANCEL_PENDING → CANCELLED, its memory
+        freed; drops tombstones older than TTL. Returns the records it
+        moved."""
         with self.lock:
             now = self.clock()
             moved = 0
@@ -273,12 +278,19 @@ class ReservationTable:
                     self._end(r, CANCELLED, now)
                 elif r.state == WRITING:
                     r.state = EXPIRE_PENDING
-                    r.expires_at = None
+                    r.expires_at = now + self.ttl  # ecx: one TTL more
                     self._close(r)
                     self._unwrite(r)
                     if r.fetching:
                         self._on_failed(r, "its reservation expired (TTL) "
                                            "while its ecx_fetch ran")
+                elif r.state in DEFERRED:
+                    # ecx: a writer that never came back (killed
+                    # mid-write) holds its memory one TTL, not until the
+                    # shard stops; its window is closed, so no byte can
+                    # land in the memory once freed
+                    self._end(r, CANCELLED if r.state == CANCEL_PENDING
+                              else EXPIRED, now)
                 else:
                     continue
                 moved += 1
