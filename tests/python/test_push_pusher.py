@@ -452,3 +452,39 @@ def test_a_silent_shard_costs_a_push_two_timeouts_not_three(producer):
         p.close()
         rep.close(0)
         ctx.term()
+
+
+def test_consumer_restarted_between_reserve_and_push(registry, producer,
+                                                     pusher):
+    """The prefill restarts (a new process: consumer, arena, shards on the
+    same ports, new event ports) between an item's reserve and its push:
+    that push fails and is abandoned (its reservation died with the old
+    shard), and the next push finds the new one and lands, its ready
+    event heard on the new event port."""
+    from ecx.vllm.push import ControlShard
+    url = registry().url
+    pre = EcxPrefill(url, tp=1)
+    base, port = pre.base, pre.shards[0].port
+    enc = pusher(control_timeout_s=1.0)
+    old, _ = hold(producer, 0, 64, "rst")
+    assert enc.reserve(base, [old]) == [old]
+    old_events = enc.shards(base)
+    pre.close()
+    cons = ecx.Consumer(url, recv_capacity=16 << 20)
+    sh = ControlShard(ArenaPool(cons), ec_port=port).start()
+    try:
+        assert enc.push(base, [old]) == [old]
+        assert old.error
+        assert sh.table.state(old.transfer_id) in (None, "CANCELLED")
+        events = enc.shards(base)
+        assert events != old_events  # asked again after the failure
+        sub = EventSubscriber(events)
+        spec, data = hold(producer, 1, 64, "rst")
+        assert enc.push(base, [spec]) == [], spec.error
+        assert sub.wait_ready([spec.transfer_id])
+        addr, n, _, _ = sh.take(spec.transfer_id, spec.mm_hash)
+        assert sh.pool.read(addr, n) == data
+        sub.close()
+    finally:
+        sh.stop(0)
+        cons.close()

@@ -526,4 +526,7 @@ class Pusher:
                 if spec.error is None:
                     spec.error = f"{type(e).__name__}: {e}"
             self.abandon(consumer_zmq, live)
+            # the consumer may have restarted (new event ports, another
+            # tp): the next push asks its topology again
+            self.topologies.pop(consumer_zmq, None)
         return [s for s in specs if s.error is not None]
