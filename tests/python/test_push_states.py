@@ -453,3 +453,46 @@ def test_stop_drains_writers():
     finally:
         e.events.close(0)
         e.c.close()
+
+
+@pytest.mark.parametrize("abandon", [False, True])
+def test_a_cancel_racing_a_complete(env, abandon):
+    """A complete and a cancel of the same writer sent at once from two
+    peers (the writer's, the consumer scheduler's), many times: whichever
+    the shard serves first, each pair of answers is one the rules allow,
+    every record ends CANCELLED, and no memory is left held."""
+    n = 40
+    rids = [env.reserve(f"r{k}", mm=f"m{k}")["reservation_id"]
+            for k in range(n)]
+    assert env.used() == 256 * n
+    other = Ctl(env.s.endpoint)
+    done, cancelled = {}, {}
+    go = threading.Barrier(2)
+
+    def completes():
+        for k in range(n):
+            go.wait()
+            r = env.c.result("complete", transfer_id=f"r{k}",
+                             reservation_id=rids[k])
+            done[k] = (r["completed"], r["became_ready"])
+
+    def cancels():
+        for k in range(n):
+            go.wait()
+            cancelled[k] = other.result(
+                "cancel", transfer_id=f"r{k}", reservation_id="",
+                abandon=abandon)["cancelled"]
+    th = threading.Thread(target=completes)
+    th.start()
+    cancels()
+    th.join()
+    other.close()
+    # complete first: (true, true), then the cancel ends it (true);
+    # cancel first: with abandon CANCELLED at once, the complete finds
+    # nothing (false, false); without, CANCEL_PENDING, whose complete
+    # ends it (true, false)
+    allowed = {((True, True), True),
+               (((False, False) if abandon else (True, False)), True)}
+    assert {(done[k], cancelled[k]) for k in range(n)} <= allowed
+    assert all(env.state(f"r{k}") == CANCELLED for k in range(n))
+    assert env.used() == 0
