@@ -378,3 +378,39 @@ def test_an_unasked_transfer_some_shards_reported_is_dropped(prefill,
     assert it.transfer_id not in sched._recs
     assert pushkit.wait_for(lambda: p.shards()[0].table.state(
         it.transfer_id) == "CANCELLED")
+
+
+def test_upstream_encoder_through_upstreams_proxy_flow(prefill, encoder):
+    """The cross case as deployed: upstream's proxy (stand-in,
+    tests/interop/upstream_proxy.py) gives upstream's encoder side
+    (stand-in) its ec_transfer_params, the encoder pushes into an ecx
+    prefill of two ranks, the proxy turns the encoder's response into the
+    prefill request's ec_transfer_params, and the request is scheduled
+    with every item byte-equal in each rank's encoder cache (Engine.step
+    checks)."""
+    from upstream_proxy import Proxy
+    p = prefill(tp=2)
+    enc = encoder()
+    proxy = Proxy([p.base])
+    datas = [(f"flow{k}".ljust(64, "f"), tokens) for k, tokens in
+             enumerate((4, 1024, 3584))]
+    media = [{"uuid": mm, "modality": "image"} for mm, _ in datas]
+    params, _ = proxy.encoder_body(media)
+    assert params["consumer_zmq"] == p.base
+    items = [Item(e["transfer_id"], mm,
+                  random.Random(mm).randbytes(tokens * HIDDEN * 2),
+                  [tokens, HIDDEN], "bfloat16")
+             for e, (mm, tokens) in zip(params["ec_items"], datas)]
+    assert enc.push(params["consumer_zmq"], items) == []
+    # what upstream's encoder returns from request_finished (PUSH.md 6)
+    response = {it.mm_hash: {"metadata": {"image_grid_thw": [[1, 4, 4]]},
+                             "transfer_id": it.transfer_id} for it in items}
+    rewritten, cparams = proxy.consumer_body(media, params, response)
+    assert [i["type"] for i in rewritten] == ["image_embeds"] * 3
+    req = Request("via-proxy", items)
+    req.ec_transfer_params = cparams  # the proxy's, not made here
+    eng = p.engine
+    eng.add(req)
+    assert wait_scheduled(eng, "via-proxy") is not None
+    assert not eng.unavailable
+    eng.finish(req)
