@@ -398,8 +398,8 @@ def test_a_writer_killed_mid_write_never_becomes_ready(prefill):
     """A writer process SIGKILLed with half its WRITE sent: the half that
     came is never made READY (no ready event; nothing completes it), at
     the TTL the record is EXPIRE_PENDING with its window closed (no whole
-    write landed in it), and one TTL later (ecx's bound; upstream keeps it until the
-    shard stops) EXPIRED with its memory freed."""
+    write landed in it), and one TTL later (ecx's bound; upstream keeps
+    it until the shard stops) EXPIRED with its memory freed."""
     import os
     import signal
     import subprocess

@@ -21,16 +21,19 @@ reserve says "ecx_hashed": true (so an ecx consumer's receiver hashes the
 bytes as they land) and each complete_batch entry carries the item's
 XXH3 as "ecx_xxh3" (16 hex digits; the hash made at put where the
 Producer has integrity on, else made from its bytes on the Pusher's
-hashing threads while the write goes), which an ecx consumer checks the landed bytes against; and a
-token as "ecx_token" (with the hash always: a shard with a token checks
-every push, as a stranger can write on Mooncake's wire). And ecx's fetch: every reserve asks
-"ecx_fetch": true; a shard that answers "ecx_fetch": true in a writable
-reservation (an ecx consumer over its receive arena) is sent, instead of
-a write and a complete, one ecx_fetch naming this Producer's address:
-the shard pulls the items over UCX (cross-memory attach on one host) and
-completes them itself when they land (a failure reaches the consumer as a
-failure event). The push ends here at the shard's acceptance, so each
-fetched item is first held for the shard's pull (Producer.lease, its
+hashing threads while the write goes), which an ecx consumer checks the
+landed bytes against; and a token as "ecx_token" (with the hash always: a
+shard with a token checks every push, as a stranger can write on
+Mooncake's wire). And ecx's fetch: every reserve asks "ecx_fetch": true;
+a shard that answers "ecx_fetch": true in a writable reservation (an ecx
+consumer over its receive arena) is sent, instead of a write and a
+complete, one ecx_fetch naming this Producer's address: the shard pulls
+the items over UCX (cross-memory attach on one host) and completes them
+itself when they land (a failure reaches the consumer as a failure event,
+and is not in push's return: a spec whose nbytes is not the held item's,
+for one, fails at the pull). The push ends here at the shard's
+acceptance, so each fetched item is first held for the shard's pull
+(Producer.lease, its
 number sent as the entry's "ecx_lease"; the pull ends it, else its
 expiry): later puts cannot evict it before the pull reads it; an item
 the producer will not lease is written instead. Upstream's consumer
