@@ -179,7 +179,9 @@ class _Control:
         except zmq.Again:
             self._drop(addr)
             raise ControlTimeout(f"{req['op']} to {addr}: no reply within "
-                                 f"{self.timeout_ms} ms") from None
+                                 f"{self.timeout_ms} ms (no EC consumer's "
+                                 f"control port there, or it is stuck)") \
+                from None
         except (zmq.ZMQError, ValueError) as e:
             self._drop(addr)
             raise ControlError(f"{req['op']} to {addr}: {e}") from None
