@@ -383,8 +383,9 @@ KILLED_WRITER = r"""
 import socket, sys, time
 sys.path.insert(0, sys.argv[1])
 import mcwire
-host, port, ver, dst, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
-    int(sys.argv[5]), int(sys.argv[6])
+host, port, ver = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+print("up", flush=True)
+dst, n = map(int, sys.stdin.readline().split())  # once reserved
 s = socket.create_connection((host, port))
 op = mcwire.OP_WRITE | (mcwire.OP_V2 if ver >= 2 else 0)
 s.sendall(mcwire.HEADER.pack(n, dst, op))
@@ -410,16 +411,21 @@ def test_a_writer_killed_mid_write_never_becomes_ready(prefill):
     ctl = Ctl(p.base)
     sub = pull(sh.event_endpoint)
     n = 4 << 20
-    res = ctl.result("reserve", transfer_id="k" * 32, mm_hash="m" * 64,
-                     nbytes=n, shape=[n // 2], dtype="bfloat16")
     host, seg = session_of(p)
     here = os.path.dirname(os.path.abspath(__file__))
+    # the writer started (an interpreter: slow on a busy machine) before
+    # the reserve, whose TTL (1 s here) runs from then
     child = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER,
          os.path.join(here, "..", "interop"), host,
-         str(seg["tcp_data_port"]), str(seg["tcp_proto_version"]),
-         str(res["dst_ptr"]), str(n)], stdout=subprocess.PIPE, text=True)
+         str(seg["tcp_data_port"]), str(seg["tcp_proto_version"])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline().strip() == "up"
+        res = ctl.result("reserve", transfer_id="k" * 32, mm_hash="m" * 64,
+                         nbytes=n, shape=[n // 2], dtype="bfloat16")
+        child.stdin.write(f"{res['dst_ptr']} {n}\n")
+        child.stdin.flush()
         assert child.stdout.readline().strip() == "half"
         time.sleep(0.1)  # the half in the receiver
         child.send_signal(signal.SIGKILL)

@@ -56,6 +56,7 @@ from .wire import (FETCH_FIELD, HASH_FIELD, HASHED_FIELD, LEASE_FIELD,
                    TOKEN_FIELD)
 
 TTL_S = 300.0
+TIMED_OUT = object()  # what _cancel returns for no reply in time
 CANCELS_KEPT = 1024  # Pusher.cancels
 
 
@@ -292,6 +293,8 @@ class Pusher:
             try:
                 return [(True, self.ctl.call(
                     addr, dict(op="reserve", **specs[0].request(), **ask)))]
+            except ControlTimeout as e:  # kept whole: reserve looks
+                return [(False, e)]
             except ControlError as e:
                 return [(False, str(e))]
         try:
@@ -302,6 +305,8 @@ class Pusher:
             if len(got) != len(specs):
                 raise ControlError(f"reserve_batch on {addr}: {len(got)} "
                                    f"answers for {len(specs)} items")
+        except ControlTimeout as e:
+            return [(False, e)] * len(specs)
         except (ControlError, KeyError, TypeError) as e:
             return [(False, str(e))] * len(specs)
         return [(r.get("ok") is True,
@@ -323,7 +328,11 @@ class Pusher:
             if isinstance(g, Exception):
                 raise g
         answers = dict(zip(addrs, got))
-        good = []
+        if any(isinstance(r, ControlTimeout) for g in got for _, r in g):
+            # a shard gone or stuck: the consumer may have restarted,
+            # with another tp; the next push asks its topology again
+            self.topologies.pop(consumer_zmq, None)
+        good, failed = [], []
         for k, spec in enumerate(specs):
             for a in addrs:
                 okay, r = answers[a][k]
@@ -332,39 +341,50 @@ class Pusher:
                     spec.reserved_at[a] = self.clock()
                 elif spec.error is None:
                     spec.error = f"reserve on {a}: {r}"
-            if spec.error is None:
-                good.append(spec)
-            else:
-                self.abandon(consumer_zmq, [spec])
+            (good if spec.error is None else failed).append(spec)
+        if failed:  # all at once: a silent shard costs one timeout
+            self.abandon(consumer_zmq, failed, addrs)
         return good
 
     def _cancel(self, addr, req):
         """Up to 2 tries, as upstream's; not a second after no reply
         within control_timeout_s (a peer gone would only take as long
-        again: a failed push then blocks for at most one more timeout)."""
+        again). Returns the reply's "cancelled", None where none came,
+        TIMED_OUT where the peer did not answer in time."""
         self.cancels.append((addr, req))
         for _ in range(2):
             try:
                 return self.ctl.call(addr, req).get("cancelled")
             except ControlTimeout:
-                return None
+                return TIMED_OUT
             except (ControlError, AttributeError):
                 continue
         return None
 
-    def abandon(self, consumer_zmq, specs):
-        """cancel{abandon:true} of every spec on every shard, with its
-        reservation_id where one came back and "" where none did; the
-        shards in parallel."""
-        addrs = [a for a, _ in self.topologies.get(consumer_zmq, [])]
-        jobs = []
+    def _cancel_all(self, addr, reqs):
+        """reqs to one shard in turn, until one finds it silent: the rest
+        end at its TTL (or with it, where it is gone)."""
+        for req in reqs:
+            if self._cancel(addr, req) is TIMED_OUT:
+                return
+
+    def abandon(self, consumer_zmq, specs, addrs=None):
+        """cancel{abandon:true} of every spec on every shard (addrs, else
+        the consumer's known shards, else those each spec reserved on),
+        with its reservation_id where one came back and "" where none
+        did; the shards in parallel (up to the pool's threads), each
+        given at most one control_timeout_s without a reply."""
+        if addrs is None:
+            addrs = [a for a, _ in self.topologies.get(consumer_zmq, [])]
+        per = {}  # shard -> its cancels
         for spec in specs:
             for a in addrs or list(spec.shards):
                 rid = (spec.shards.get(a) or {}).get("reservation_id", "")
-                jobs.append((self._cancel, a, {
+                per.setdefault(a, []).append({
                     "op": "cancel", "transfer_id": spec.transfer_id,
-                    "reservation_id": rid or "", "abandon": True}))
-        for g in self._run_all(jobs):
+                    "reservation_id": rid or "", "abandon": True})
+        for g in self._run_all([(self._cancel_all, a, reqs)
+                                for a, reqs in per.items()]):
             if isinstance(g, Exception):
                 raise g
 
@@ -531,7 +551,4 @@ class Pusher:
                 if spec.error is None:
                     spec.error = f"{type(e).__name__}: {e}"
             self.abandon(consumer_zmq, live)
-            # the consumer may have restarted (new event ports, another
-            # tp): the next push asks its topology again
-            self.topologies.pop(consumer_zmq, None)
         return [s for s in specs if s.error is not None]

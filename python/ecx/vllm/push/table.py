@@ -343,6 +343,7 @@ class ReservationTable:
                     self._end(r, CANCELLED, now)
                 elif r.state == WRITING:
                     r.state = CANCEL_PENDING
+                    r.expires_at = now + self.ttl  # as cancel's
                     self._close(r)
                     self._unwrite(r)
             return self.writers_left()

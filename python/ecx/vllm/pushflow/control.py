@@ -142,6 +142,8 @@ class Control:
     def close(self):
         self._stop.set()
         self._thread.join()
+        with self._lock:
+            self.pending = 0  # what was queued is dropped
         for s in self._socks.values():
             s.close(0)
         self._socks = {}
