@@ -33,12 +33,11 @@ itself when they land (a failure reaches the consumer as a failure event,
 and is not in push's return: a spec whose nbytes is not the held item's,
 for one, fails at the pull). The push ends here at the shard's
 acceptance, so each fetched item is first held for the shard's pull
-(Producer.lease, its
-number sent as the entry's "ecx_lease"; the pull ends it, else its
-expiry): later puts cannot evict it before the pull reads it; an item
-the producer will not lease is written instead. Upstream's consumer
-never answers the field, so it is written over Mooncake's wire as
-before.
+(Producer.lease, its number sent as the entry's "ecx_lease"; the pull
+ends it, else its expiry): later puts cannot evict it before the pull
+reads it; an item the producer will not lease is written instead.
+Upstream's consumer never answers the field, so it is written over
+Mooncake's wire as before.
 
 specs_from_params turns a request's ec_transfer_params into PushSpecs,
 finished_map builds the map that request_finished returns to upstream's

@@ -261,10 +261,10 @@ class ReservationTable:
         CANCELLED, a WRITING writer → EXPIRE_PENDING (its memory kept for
         complete or an abandoning cancel, one TTL more; one whose
         ecx_fetch runs is reported to on_failed, as its load's landing
-        only ends it EXPIRED), a deferred writer whose TTL more has passed
-        (ecx's bound: upstream keeps it until the shard stops) →
+        only ends it EXPIRED), and a deferred writer one TTL after it was
+        deferred (ecx's bound; upstream keeps it until the shard stops):
         EXPIRE_PENDING → EXPIRED, CANCEL_PENDING → CANCELLED, its memory
-        freed; drops tombstones older than TTL. Returns the records it
+        freed. Drops tombstones older than TTL. Returns the records it
         moved."""
         with self.lock:
             now = self.clock()
