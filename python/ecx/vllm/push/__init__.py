@@ -17,6 +17,8 @@ pusher.
   fetch  Fetches: the loads a shard runs for ecx's ecx_fetch op
   pusher Pusher: the encoder's discovery, reserves, writes, completes
          and abandons
+  reqs   the Pusher's REQ clients of the shards (one per thread and
+         address, each call bounded), ControlError and ControlTimeout
 
 Nothing here imports vLLM or torch; the connector (../pushflow/) wires it
 in. ../../../../docs/vllm.md ("Push mode") says how it is used;

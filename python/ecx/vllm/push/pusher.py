@@ -43,28 +43,16 @@ specs_from_params turns a request's ec_transfer_params into PushSpecs,
 finished_map builds the map that request_finished returns to upstream's
 proxy; ../pushflow/pushes.py drives them from ECXConnector's encoder.
 """
-import json
-import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 
-import zmq
-
-from .wire import (FETCH_FIELD, HASH_FIELD, HASHED_FIELD, LEASE_FIELD,
-                   TOKEN_FIELD)
+from .reqs import ControlError, ControlTimeout, Requests
+from .wire import FETCH_FIELD, HASH_FIELD, HASHED_FIELD, LEASE_FIELD
 
 TTL_S = 300.0
 TIMED_OUT = object()  # what _cancel returns for no reply in time
 CANCELS_KEPT = 1024  # Pusher.cancels
-
-
-class ControlError(RuntimeError):
-    """An ok:false reply, or no reply within control_timeout_s."""
-
-
-class ControlTimeout(ControlError):
-    """No reply within control_timeout_s (the peer gone or stuck)."""
 
 
 class PushSpec:
@@ -131,75 +119,6 @@ def _shard_addr(base, port):
     return f"{base.rsplit(':', 1)[0]}:{int(port)}"
 
 
-class _Control:
-    """REQ clients: one per (thread, address), send and receive timeouts of
-    control_timeout_s, linger 0, thrown away after any error."""
-
-    def __init__(self, control_timeout_s, token):
-        self.timeout_ms = max(1, int(-(-control_timeout_s * 1000 // 1)))
-        self.token = token or None
-        self.ctx = zmq.Context()
-        self.local = threading.local()
-        self.lock = threading.Lock()
-        self.open = set()
-
-    def _sock(self, addr):
-        socks = self.local.__dict__.setdefault("socks", {})
-        s = socks.get(addr)
-        if s is None:
-            s = self.ctx.socket(zmq.REQ)
-            s.setsockopt(zmq.IPV6, 1)
-            s.linger = 0
-            s.sndtimeo = s.rcvtimeo = self.timeout_ms
-            s.connect(addr)
-            socks[addr] = s
-            with self.lock:
-                self.open.add(s)
-        return s
-
-    def _drop(self, addr):
-        s = self.local.__dict__.get("socks", {}).pop(addr, None)
-        if s is not None:
-            with self.lock:
-                self.open.discard(s)
-            s.close(0)
-
-    def call(self, addr, req):
-        if self.token:
-            req = dict(req, **{TOKEN_FIELD: self.token})
-        try:
-            s = self._sock(addr)
-        except zmq.ZMQError as e:  # not an endpoint: "tcp://host:port"
-            raise ControlError(f"{req['op']} to {addr!r}: {e} (a consumer's "
-                               f"control address is tcp://HOST:PORT)") \
-                from None
-        try:
-            s.send(json.dumps(req, separators=(",", ":")).encode())
-            reply = json.loads(s.recv())
-        except zmq.Again:
-            self._drop(addr)
-            raise ControlTimeout(f"{req['op']} to {addr}: no reply within "
-                                 f"{self.timeout_ms} ms (no EC consumer's "
-                                 f"control port there, or it is stuck)") \
-                from None
-        except (zmq.ZMQError, ValueError) as e:
-            self._drop(addr)
-            raise ControlError(f"{req['op']} to {addr}: {e}") from None
-        if not isinstance(reply, dict) or reply.get("ok") is not True:
-            err = reply
-            if isinstance(reply, dict):  # upstream's envelope, or another
-                err = reply.get("error", reply.get("err", reply))
-            raise ControlError(f"{req['op']} on {addr}: {err}")
-        return reply.get("result")
-
-    def close(self):
-        with self.lock:
-            for s in self.open:
-                s.close(0)
-            self.open.clear()
-        self.ctx.term()
-
-
 class Pusher:
     """Pushes items an ecx Producer holds into upstream-protocol consumers.
 
@@ -227,7 +146,7 @@ class Pusher:
         self.fetch = fetch
         self.fetch_hold_ms = int(fetch_hold_ms)
         self.send_hash = bool(send_hash or token)
-        self.ctl = _Control(control_timeout_s, token)
+        self.ctl = Requests(control_timeout_s, token)
         self.write_timeout_s = write_timeout_s or control_timeout_s
         self.clock = clock
         self.topologies = {}
