@@ -191,7 +191,7 @@ const char *core_last_error(void);
 /* The engines of ecx_strerror, ecx_err_name, ecx_id_check,
  * ecx_dtype_name, ecx_dtype_size, ecx_dtype_parse, ecx_tensor_nbytes,
  * ecx_tensor_check and ecx_tensor_set (ecx.h has their contracts), which
- * every layer uses; api/core.c makes them public. */
+ * every layer uses; api/common.c makes them public. */
 const char *core_strerror(int err);
 const char *core_err_name(int err);
 int core_id_check(const char *id, char *why, size_t whylen);

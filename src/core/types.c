@@ -1,4 +1,4 @@
-/* types.c - item ids, dtypes and tensor descriptors (api/core.c makes
+/* types.c - item ids, dtypes and tensor descriptors (api/common.c makes
  * them public). */
 #include "core.h"
 

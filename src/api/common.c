@@ -1,9 +1,9 @@
 /*
- * core.c - the public entry points that belong to no handle: the version,
- * the error table (ecx_strerror, ecx_err_name), the calling thread's last
- * error, ids, dtypes and tensor descriptors, ecx_xxh3 and ecx_free. Each
- * is one call into core/ (err.c, types.c) or wire/ (pull.c's hashes),
- * whose functions every layer uses under their internal names.
+ * common.c - the public entry points that belong to no handle: the
+ * version, the error table (ecx_strerror, ecx_err_name), the calling
+ * thread's last error, ids, dtypes and tensor descriptors, ecx_xxh3 and
+ * ecx_free. Each is one call into core/ (err.c, types.c) or wire/ (pull.c's
+ * hashes), whose functions every layer uses under their internal names.
  */
 #include "core/core.h"
 #include "wire/wire.h"
