@@ -8,7 +8,7 @@
 #include <strings.h>
 
 static const char info_help[] =
-    "usage: ecx info [--json] [--token T] [--timeout MS] REGISTRY ID\n"
+    "usage: ecx info [--json] [--token T] [--timeout DUR] REGISTRY ID\n"
     "\n"
     "Prints the registry entry of one item: dtype, shape, size and the\n"
     "producer that holds it (\"a reference producer\" when the entry has\n"
@@ -20,13 +20,15 @@ static const char info_help[] =
     "Options:\n"
     "  --json           print the entry as the registry's JSON\n"
     "  --token T        bearer token (default $ECX_TOKEN)\n"
-    "  --timeout MS     bound on each request: 500ms, 2s (default 5s)\n"
+    "  --timeout DUR    bound on each request, with its unit: 500ms, 2s\n"
+    "                   (default 5s)\n"
     "  -h, --help       this text\n"
     "\n"
     "Exit codes: 0 found, 3 not found, 1 registry error, 2 usage error.\n";
 
 static const char ls_help[] =
-    "usage: ecx ls [--json] [--limit N] [--token T] [--timeout MS] REGISTRY\n"
+    "usage: ecx ls [--json] [--limit N] [--token T] [--timeout DUR]\n"
+    "              REGISTRY\n"
     "\n"
     "Lists a registry's entries, sorted by id, fetching pages of --limit\n"
     "(at most 1000) until all are shown. REGISTRY is http://HOST:PORT,\n"
@@ -42,7 +44,8 @@ static const char ls_help[] =
     "                   several registries, also the registry's URL)\n"
     "  --limit N        entries per page (default 500)\n"
     "  --token T        bearer token (default $ECX_TOKEN)\n"
-    "  --timeout MS     bound on each request (default 5s)\n"
+    "  --timeout DUR    bound on each request, with its unit: 500ms, 2s\n"
+    "                   (default 5s)\n"
     "  -h, --help       this text\n"
     "\n"
     "Exit codes: 0 success, 1 registry error, 2 usage error.\n";

@@ -58,14 +58,18 @@ static const char help[] =
     "                       (default: the bind address, or this host's\n"
     "                       first non-loopback IPv4 address)\n"
     "  --zmq-port PORT      rendezvous port (default: a free one)\n"
-    "  --capacity SIZE      arena size, 4KiB or more, e.g. 512MiB\n"
-    "                       (default 1GiB); more than this host's\n"
-    "                       available memory is refused at once\n"
+    "  --capacity SIZE      arena size, 4KiB or more (default 1GiB):\n"
+    "                       bytes or a number with a unit, KiB, MiB,\n"
+    "                       GiB, TiB (or K, M, G, T; powers of 1024) or\n"
+    "                       KB, MB, GB, TB (powers of 1000), e.g. 512MiB;\n"
+    "                       more than this host's available memory is\n"
+    "                       refused at once\n"
     "  --transport T        auto (default), tcp or shm\n"
     "  --token T            required on pulls and registry writes\n"
     "                       (default $ECX_TOKEN); without one on an\n"
     "                       address other than loopback, serve warns\n"
-    "  --timeout MS         bound on transfers and registry calls (5s)\n"
+    "  --timeout DUR        bound on transfers and registry calls, with\n"
+    "                       its unit: 500ms, 2s (default 5s)\n"
     "  --verify-hash        hash each item at put (XXH3) and send the hash\n"
     "                       with every pull, for consumers that check it\n"
     "  --no-mooncake        refuse the reference's pull op (by default it\n"
@@ -278,8 +282,11 @@ int cmd_serve(int argc, char **argv)
 			p->field_mask |= ECX_PRODUCER_PARAM_ZMQ_PORT;
 			break;
 		case 'c':
-			if (!tool_parse_size(optarg, &p->capacity_bytes) ||
-			    p->capacity_bytes < 4096)
+			if (ecx_size_parse(optarg, &p->capacity_bytes, why,
+			                   sizeof(why)) != 0)
+				return tool_fail("serve", EXIT_USAGE,
+				                 "--capacity: %s", why);
+			if (p->capacity_bytes < 4096)
 				return tool_bad_value(
 				    "serve", "--capacity", optarg,
 				    "4KiB or more, e.g. 1GiB");

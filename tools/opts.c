@@ -29,9 +29,8 @@ int tool_opt(const char *cmd, const char *help, int c, const char *arg,
 		return -1;
 	case TOOL_OPT_TIMEOUT:
 		if (!tool_parse_ms(arg, &t->timeout_ms) || t->timeout_ms == 0)
-			return tool_fail(cmd, EXIT_USAGE,
-			                 "bad --timeout '%s' (e.g. 500ms, 2s)",
-			                 arg);
+			return tool_bad_value(cmd, "--timeout", arg,
+			                      TOOL_DURATION_HINT);
 		return -1;
 	case TOOL_OPT_JSON:
 		t->json = true;
@@ -45,7 +44,7 @@ int tool_opt(const char *cmd, const char *help, int c, const char *arg,
 	}
 }
 
-/* The number at the start of a size or duration: digits with at most one
+/* The number at the start of a duration: digits with at most one
  * '.', nothing else (no sign, spaces, hex, exponent, inf or nan); *end is
  * set after it, at the unit. */
 static bool tool_strtod(const char *s, double *v, char **end)
@@ -71,7 +70,9 @@ bool tool_parse_ms(const char *s, int *out)
 	double v;
 	if (!tool_strtod(s, &v, &end))
 		return false;
-	if (strcmp(end, "ms") == 0 || *end == '\0')
+	/* A bare number is refused: "5" read as 5 ms surprised users who
+	 * meant seconds, and nothing says which a reader means. */
+	if (strcmp(end, "ms") == 0)
 		;
 	else if (strcmp(end, "s") == 0)
 		v *= 1000;
@@ -81,30 +82,6 @@ bool tool_parse_ms(const char *s, int *out)
 		return false;
 	*out = (int)v;
 	return true;
-}
-
-bool tool_parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	double v;
-	if (!tool_strtod(s, &v, &end))
-		return false;
-	static const struct {
-		const char *suffix;
-		double mult;
-	} units[] = {{"", 1},           {"B", 1},           {"K", 1024},
-	             {"KiB", 1024},     {"M", 1048576},     {"MiB", 1048576},
-	             {"G", 1073741824}, {"GiB", 1073741824}};
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-		if (strcmp(end, units[i].suffix) == 0) {
-			v *= units[i].mult;
-			if (v >= (double)TOOL_JSON_INT_MAX)
-				return false;
-			*out = (uint64_t)v;
-			return true;
-		}
-	}
-	return false;
 }
 
 bool tool_parse_port(const char *s, uint16_t *out)

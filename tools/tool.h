@@ -27,7 +27,7 @@ typedef struct tool_common {
 /* getopt_long codes of the options several commands share. */
 enum {
 	TOOL_OPT_TOKEN = 256, /* --token T */
-	TOOL_OPT_TIMEOUT,     /* --timeout MS */
+	TOOL_OPT_TIMEOUT,     /* --timeout DURATION */
 	TOOL_OPT_JSON,        /* --json */
 };
 #define TOOL_OPT_ENTRIES                                            \
@@ -59,10 +59,13 @@ int cmd_consume(int argc, char **argv);
 int tool_fail(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Parses a duration ("500ms", "2s", "1500" = ms) into milliseconds. */
+/* Parses a duration with its unit ("500ms", "2s", "1.5s"), at most 24 h,
+ * into milliseconds; a bare number ("5") is refused, as is anything else. */
 bool tool_parse_ms(const char *s, int *out);
-/* Parses a size ("1GiB", "512MiB", "4096") into bytes. */
-bool tool_parse_size(const char *s, uint64_t *out);
+/* What a good duration looks like, for usage errors. */
+#define TOOL_DURATION_HINT \
+	"a duration with its unit, ms or s, e.g. 500ms, 2s; up to 24 hours"
+
 /* Parses a port number 0..65535. */
 bool tool_parse_port(const char *s, uint16_t *out);
 /* Parses a whole decimal number min..max: digits only, no sign, no
@@ -110,10 +113,6 @@ const char *tool_bytes(uint64_t n, char *buf, size_t len);
 
 /* The command uses the library's public API only (ecx.h); these small
  * helpers are its own (util.c). */
-
-/* Largest integer that a JSON peer reading numbers as doubles gets exactly
- * (sizes the command accepts stay below it). */
-#define TOOL_JSON_INT_MAX ((uint64_t)1 << 53)
 
 /* Monotonic time in nanoseconds. */
 uint64_t tool_now_ns(void);

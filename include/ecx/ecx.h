@@ -151,6 +151,24 @@ ECX_API size_t ecx_dtype_size(ecx_dtype dt);
  * returns ECX_EDTYPE. Accepts torch's names, also with a "torch." prefix. */
 ECX_API int ecx_dtype_parse(const char *name, ecx_dtype *out);
 
+/* ---- Sizes -------------------------------------------------------------- */
+
+/* ecx_size_parse reads a size written for people (NUL-terminated s) into
+ * *out, in bytes, and returns 0; or returns ECX_EINVAL, *out untouched,
+ * with a one-line reason that lists the units written to why (when why is
+ * not NULL and whylen > 0). A size is a number (digits with an optional
+ * fraction and exponent: "1.5", "2e9") and an optional unit, case ignored,
+ * spaces allowed around them:
+ *   none, B              bytes
+ *   KiB, MiB, GiB, TiB   powers of 1024 (K, M, G, T too)
+ *   KB, MB, GB, TB       powers of 1000
+ * so "100MB" is 100000000 and "512MiB" 536870912. The result is exact, a
+ * fraction of a byte dropped ("1.5B" is 1); 2^53 bytes or more is refused
+ * (what a JSON peer reading doubles gets exactly). The ecx command and the
+ * Python connector read every size through it. Never blocks. */
+ECX_API int ecx_size_parse(const char *s, uint64_t *out, char *why,
+                           size_t whylen);
+
 /* ecx_xxh3 returns the XXH3 (XXH3_64bits, no seed) of n bytes at p, the
  * hash integrity uses; a push-mode consumer checks landed bytes with it. */
 ECX_API uint64_t ecx_xxh3(const void *p, size_t n);

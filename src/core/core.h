@@ -202,4 +202,9 @@ int core_tensor_nbytes(const ecx_tensor_desc *d, uint64_t *out);
 int core_tensor_check(const ecx_tensor_desc *d, char *why, size_t whylen);
 int core_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
                     const uint64_t *shape);
+
+/* ---- sizes (size.c) ---- */
+
+/* The engine of ecx_size_parse (ecx.h has its contract). */
+int core_size_parse(const char *s, uint64_t *out, char *why, size_t whylen);
 #endif /* ECX_CORE_H */

@@ -66,8 +66,8 @@ expect 2 "bad --synthetic '3abc'" serve "${syn[@]}" --synthetic 3abc
 expect 2 "bad --synthetic '0'" serve "${syn[@]}" --synthetic 0
 expect 2 "bad --count 'abc'" serve --port 0 --workload qwen --count abc
 expect 2 "bad --capacity '1KiB'" serve "${syn[@]}" --synthetic 1 --capacity 1KiB
-expect 2 "bad --capacity 'abc'" serve "${syn[@]}" --synthetic 1 --capacity abc
-expect 2 "bad --capacity 'nan'" serve "${syn[@]}" --synthetic 1 --capacity nan
+expect 2 "--capacity: 'abc' is not a size" serve "${syn[@]}" --synthetic 1 --capacity abc
+expect 2 "--capacity: 'nan' is not a size" serve "${syn[@]}" --synthetic 1 --capacity nan
 expect 2 "bad --port '80x'" serve "${syn[@]}" --synthetic 1 --port 80x
 expect 2 "bad --zmq-port '-5'" serve "${syn[@]}" --synthetic 1 --zmq-port -5
 expect 2 "bad --registry-ttl '-3'" serve "${syn[@]}" --synthetic 1 --registry-ttl -3
@@ -80,6 +80,35 @@ expect 2 "unknown --dtype 'fp32'" serve --port 0 --synthetic 1 --shape 4 --dtype
 expect 2 "bad --advertise 'my\"host'" serve "${syn[@]}" --synthetic 1 --advertise 'my"host'
 expect 2 "bad --advertise" serve "${syn[@]}" --synthetic 1 --advertise 'a\b'
 expect 2 "bad --bind" serve --bind 'no such host' --port 0 --synthetic 1 --shape 4 --dtype int8
+
+# --- sizes take the units the docs promise, and a refusal names them ---
+expect 2 "--capacity: '100XB' is not a size: .*KiB, MiB, GiB, TiB .*KB, MB, GB, TB" \
+	serve "${syn[@]}" --synthetic 1 --capacity 100XB
+for c in 8MB:8000000 8MiB:8388608 "0.5 MB:500000" 8m:8388608; do
+	timeout 60 "$ECX" serve "${syn[@]}" --synthetic 1 --capacity "${c%%:*}" \
+		--json >cap.json 2>cap.err &
+	cpid=$!
+	pids+=("$cpid")
+	wait_for cap.json registry 300
+	check "serve --capacity '${c%%:*}' makes an arena of ${c##*:} bytes" $PY -c "
+import json, sys
+sys.exit(json.load(open('cap.json'))['capacity'] != int(sys.argv[1]))" "${c##*:}"
+	kill -TERM "$cpid"
+	wait "$cpid"
+	rm -f cap.json
+done
+
+# --- a duration needs its unit: a bare number is no longer 5 ms ---
+expect 2 "bad --timeout '5' (a duration with its unit, ms or s, e.g. 500ms, 2s" \
+	serve "${syn[@]}" --synthetic 1 --timeout 5
+expect 2 "bad --timeout '5' (.*ms or s" ls --timeout 5 http://127.0.0.1:1
+expect 2 "bad --timeout '5' (.*ms or s" info --timeout 5 http://127.0.0.1:1 x
+expect 2 "bad --timeout '5' (.*ms or s" consume --timeout 5 http://127.0.0.1:1
+expect 2 "bad --timeout '5' (.*ms or s" get --timeout 5 http://127.0.0.1:1 x -o x.npy
+expect 2 "bad --timeout '0s'" ls --timeout 0s http://127.0.0.1:1
+expect 2 "bad --timeout '5m'" ls --timeout 5m http://127.0.0.1:1
+timeout 60 "$ECX" ls --timeout 1500ms http://127.0.0.1:1 >/dev/null 2>tmo.err
+check "--timeout 1500ms is taken (the registry is down: exit 1, not 2)" test $? = 1
 
 # --- a missing argument says what is missing ---
 expect 2 "missing -o FILE" get http://127.0.0.1:1 someid

@@ -17,7 +17,7 @@ get() {
 	[ "$1" != - ] && run=(runuser -u "$1" --)
 	rm -f "$work/x.npy"
 	"${run[@]}" "$ECX" get "$url" t-0 -o "$work/x.npy" --verify \
-		--transport "$2" --timeout 5000 >"$work/get.out" 2>"$work/get.err"
+		--transport "$2" --timeout 5s >"$work/get.out" 2>"$work/get.err"
 }
 
 # What each pair must do: "load", or a phrase the refusal must contain.

@@ -47,7 +47,7 @@ assert a.tobytes() == items.item_bytes(seed, mm, n), "bytes differ"
 
 for s in $specs; do
 	id=${s%%:*}
-	timeout 60 env -u ECX_TOKEN "$ECX" get --timeout 10000 "$url" "$id" \
+	timeout 60 env -u ECX_TOKEN "$ECX" get --timeout 10s "$url" "$id" \
 		-o "$work/$id.npy" >"$work/get.out" 2>"$work/get.err"
 	rc=$?
 	if [ "$rc" != 0 ] && grep -q "answered unknown op" "$work/producer.log"; then

@@ -1,12 +1,16 @@
 """ec_connector_extra_config: its keys, their defaults and checks, and what
 the connector reads of vLLM's config (ranks, devices)."""
+import ctypes
 import logging
+import math
 import re
 from typing import Optional
 
 import torch
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorBase
+
+from .. import _cdefs
 
 logger = logging.getLogger("ecx.vllm")
 
@@ -21,32 +25,31 @@ VLLM_HAS_ASYNC_HOOKS = all(
 
 # ---- configuration ---------------------------------------------------------
 
-_UNITS = {"": 1, "b": 1,
-          "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
-          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
-
-
 def parse_size(value, key="size"):
-    """Bytes from an int, a float, or a string with a unit: B, KiB, MiB,
-    GiB, TiB (and K, M, G, T: binary, as the ecx command line reads them)
-    or KB, MB, GB, TB (decimal). "8GiB", "1.5 GB", 1 << 30. Raises
-    ValueError naming key otherwise."""
+    """Bytes from an int, a float, or a string that libecx's
+    ecx_size_parse reads, the parser of the ecx command's sizes too: a
+    number and a unit, B, KiB, MiB, GiB, TiB (and K, M, G, T; powers of
+    1024) or KB, MB, GB, TB (powers of 1000). "8GiB", "1.5 GB", 1 << 30.
+    Raises ValueError naming key otherwise."""
     if isinstance(value, bool):
         raise ValueError(f"{key}: expected a size, got {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"{key}: a size cannot be negative ({value!r})")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{key}: a size is a finite number of bytes, "
+                             f"0 or more ({value!r})")
         return int(value)
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*"
-                         r"([A-Za-z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    raise ValueError(
-        f"{key}: {value!r} is not a size: write bytes (an integer) or a "
-        f"number with a unit, B, KiB, MiB, GiB, TiB or KB, MB, GB, TB "
-        f"(\"8GiB\")")
+        out = ctypes.c_uint64()
+        why = ctypes.create_string_buffer(256)
+        text = value.encode("utf-8", "replace")
+        if b"\0" not in text and _cdefs.ecx_size_parse(
+                text, ctypes.byref(out), why, len(why)) == 0:
+            return out.value
+        raise ValueError(f"{key}: {why.value.decode(errors='replace')}"
+                         if why.value else
+                         f"{key}: {value!r} is not a size (a NUL byte)")
+    raise ValueError(f"{key}: expected a size (bytes, or a string such as "
+                     f"\"8GiB\"), got {value!r}")
 
 
 def split_urls(urls):
