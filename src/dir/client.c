@@ -5,6 +5,7 @@
 
 #include <curl/curl.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -75,6 +76,41 @@ static const char *list_comma(const char *p)
 	return NULL;
 }
 
+/* Refuses URL u (n bytes) when its host is an IPv6 address without
+ * brackets (http://::1:9018): its port cannot be told from the address.
+ * The message shows the URL written right. Returns 0 or ECX_EINVAL. */
+static int url_ipv6_check(const char *u, size_t n, char *why, size_t whylen)
+{
+	const char *sep = strstr(u, "://");
+	if (sep == NULL || (size_t)(sep - u) >= n)
+		return 0;
+	size_t scheme = (size_t)(sep - u) + 3;
+	size_t a = scheme, e = scheme;
+	while (e < n && u[e] != '/')
+		e++;
+	for (size_t i = a; i < e; i++)
+		if (u[i] == '@')
+			a = i + 1;
+	size_t colons = 0, last = 0;
+	for (size_t i = a; i < e; i++)
+		if (u[i] == ':')
+			colons++, last = i;
+	if (a == e || u[a] == '[' || colons < 2)
+		return 0;
+	/* The last part is the port when it is a number. */
+	bool port = last + 1 < e;
+	for (size_t i = last + 1; i < e; i++)
+		port = port && u[i] >= '0' && u[i] <= '9';
+	size_t hostend = port ? last : e;
+	return ecx_why(why, whylen, ECX_EINVAL,
+	               "registry URL '%.*s' has an IPv6 address without "
+	               "brackets, so its port cannot be told from it: put "
+	               "the address in brackets, %.*s[%.*s]%.*s%.*s",
+	               (int)(n > 200 ? 200 : n), u, (int)a, u,
+	               (int)(hostend - a), u + a, (int)(e - hostend),
+	               u + hostend, (int)(n - e), u + e);
+}
+
 int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
                          char *why, size_t whylen)
 {
@@ -118,15 +154,24 @@ int ecx_regclient_create(const ecx_regclient_opts *o, ecx_regclient **out,
 			if ((!redis &&
 			     (n < 8 || strncasecmp(p, "http://", 7) != 0)) ||
 			    n >= ECX_ADDR_MAX - 1) {
-				rc = ecx_why(why, whylen, ECX_EINVAL,
-				             "registry URL '%.*s' is not "
-				             "http://HOST:PORT, "
-				             "redis://HOST:PORT[/DB] or "
-				             "redis+sentinel://HOST:PORT[,HOST:"
-				             "PORT...]/MASTER[/DB]",
-				             (int)(n > 200 ? 200 : n), p);
+				bool zmq = strncasecmp(p, "tcp://", 6) == 0;
+				rc = ecx_why(
+				    why, whylen, ECX_EINVAL,
+				    "registry URL '%.*s' is not "
+				    "http://HOST:PORT, "
+				    "redis://HOST:PORT[/DB] or "
+				    "redis+sentinel://HOST:PORT[,HOST:"
+				    "PORT...]/MASTER[/DB]%s",
+				    (int)(n > 200 ? 200 : n), p,
+				    zmq ? " (a tcp:// address is a producer's "
+				          "ZeroMQ port, not a registry: give "
+				          "the http:// one 'ecx serve' prints)"
+				        : "");
 				goto fail;
 			}
+			if (!sentinel &&
+			    (rc = url_ipv6_check(p, n, why, whylen)) != 0)
+				goto fail;
 			reg_conn *g = &c->regs[c->nregs++];
 			memcpy(g->url, p, n);
 			while (n > 0 && g->url[n - 1] == '/')
@@ -194,26 +239,73 @@ long ecx_regclient_connects(const ecx_regclient *c)
 	return c->connects;
 }
 
-static int curl_err(CURLcode cc, const char *url, char *why, size_t whylen)
+/* Says what a failed request means for the user, with libcurl's own text
+ * after it: the URL, what happened, the bound that ran out, and what to
+ * check. h is the handle the request ran on. */
+static int curl_err(const ecx_regclient *c, CURL *h, CURLcode cc,
+                    const char *url, char *why, size_t whylen)
 {
-	int e;
+	const char *raw = curl_easy_strerror(cc);
+	long oserr = 0;
+	curl_off_t connect_us = 0;
+	curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &oserr);
+	curl_easy_getinfo(h, CURLINFO_CONNECT_TIME_T, &connect_us);
 	switch (cc) {
 	case CURLE_OPERATION_TIMEDOUT:
-		e = ECX_ETIMEDOUT;
-		break;
+		if (connect_us == 0)
+			return ecx_why(
+			    why, whylen, ECX_ETIMEDOUT,
+			    "registry %s: no connection within the "
+			    "connect timeout of %d ms (is the host up, "
+			    "and the port open between the hosts?) "
+			    "(libcurl: %s)",
+			    url, c->connect_timeout_ms, raw);
+		return ecx_why(
+		    why, whylen, ECX_ETIMEDOUT,
+		    "registry %s took the connection but did not "
+		    "answer within the request timeout of %d ms (is "
+		    "it a registry, and is it overloaded or stopped?) "
+		    "(libcurl: %s)",
+		    url, c->timeout_ms, raw);
 	case CURLE_COULDNT_CONNECT:
+		if (oserr == ECONNREFUSED)
+			return ecx_why(why, whylen, ECX_ECONNECT,
+			               "registry %s refused the connection: "
+			               "nothing listens on that port (is the "
+			               "registry running, and is the port "
+			               "right?) (libcurl: %s)",
+			               url, raw);
+		return ecx_why(
+		    why, whylen, ECX_ECONNECT,
+		    "cannot connect to registry %s: %s (libcurl: %s)", url,
+		    oserr != 0 ? strerror((int)oserr) : "no route to it", raw);
 	case CURLE_COULDNT_RESOLVE_HOST:
-		e = ECX_ECONNECT;
-		break;
-	case CURLE_WEIRD_SERVER_REPLY:
+		return ecx_why(why, whylen, ECX_ECONNECT,
+		               "registry %s: its host name does not resolve "
+		               "(libcurl: %s)",
+		               url, raw);
 	case CURLE_UNSUPPORTED_PROTOCOL:
-		e = ECX_EPROTO;
-		break;
+	case CURLE_WEIRD_SERVER_REPLY:
+	case CURLE_GOT_NOTHING:
+		/* A server that answers no HTTP: libcurl calls the bytes of a
+		 * ZeroMQ greeting HTTP/0.9, an "unsupported protocol". */
+		return ecx_why(
+		    why, whylen, ECX_EPROTO,
+		    "%s does not answer HTTP: is it a registry? (a "
+		    "producer's ZeroMQ port, the tcp:// address "
+		    "'ecx serve' prints, is not one; its registry is "
+		    "the http:// address) (libcurl: %s)",
+		    url, raw);
+	case CURLE_URL_MALFORMAT:
+		return ecx_why(why, whylen, ECX_EINVAL,
+		               "registry URL %s is malformed (put an IPv6 "
+		               "address in brackets: http://[::1]:9018) "
+		               "(libcurl: %s)",
+		               url, raw);
 	default:
-		e = ECX_EIO;
+		return ecx_why(why, whylen, ECX_EIO, "registry %s: %s", url,
+		               raw);
 	}
-	return ecx_why(why, whylen, e, "registry %s: %s", url,
-	               curl_easy_strerror(cc));
 }
 
 /* The error of a failure in this client rather than in the registry (no
@@ -311,7 +403,7 @@ int regc_request(ecx_regclient *c, reg_conn *g, const char *method,
 	curl_easy_getinfo(h, CURLINFO_NUM_CONNECTS, &nc);
 	c->connects += nc;
 	if (cc != CURLE_OK)
-		return curl_err(cc, g->url, why, whylen);
+		return curl_err(c, h, cc, g->url, why, whylen);
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
 	return 0;
 }
@@ -340,16 +432,24 @@ size_t regc_probe(const ecx_regclient *c, uint64_t now)
 void regc_mark(reg_conn *g, int rc)
 {
 	if (rc == 0) {
+		if (g->down_until_ms != 0)
+			ecx_warn(MOD, "registry %s answers again", g->url);
 		g->down_until_ms = 0;
 		g->backoff_ms = 500;
 		return;
 	}
 	if (rc == ECX_ECONNECT || rc == ECX_ETIMEDOUT || rc == ECX_EIO ||
 	    rc == ECX_EPROTO) {
+		/* Said once an outage, not at each try. */
+		if (g->down_until_ms == 0)
+			ecx_warn(MOD,
+			         "registry %s unusable; trying it again with "
+			         "back-off",
+			         g->url);
 		g->failed_ms = ecx_now_ms();
 		g->down_until_ms = g->failed_ms + g->backoff_ms;
-		ecx_warn(MOD, "registry %s unusable; retrying in %llu ms",
-		         g->url, (unsigned long long)g->backoff_ms);
+		ecx_debug(MOD, "registry %s: next try in %llu ms", g->url,
+		          (unsigned long long)g->backoff_ms);
 		/* Behind Sentinel a failover takes seconds and each call
 		 * already waits for it (up to its timeout): the back-off
 		 * stays short, so that lookups resume soon after. */

@@ -46,13 +46,12 @@ int rs_fail(redis_store *r, redisReply *rep, char *why, size_t whylen)
 	} else if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
 		rc = ecx_why(why, whylen, ECX_EIO, "redis://%s:%d: %s", r->host,
 		             r->port, rep->str);
+	} else if (r->ctx == NULL) {
+		rc = ecx_why(why, whylen, ECX_ECONNECT,
+		             "Redis at %s:%d: not connected", r->host, r->port);
 	} else {
-		int timed_out = r->ctx != NULL && r->ctx->err == REDIS_ERR_IO &&
-		                strstr(r->ctx->errstr, "temporarily") != NULL;
-		rc = ecx_why(why, whylen,
-		             timed_out ? ECX_ETIMEDOUT : ECX_ECONNECT,
-		             "redis://%s:%d: %s", r->host, r->port,
-		             r->ctx != NULL ? r->ctx->errstr : "not connected");
+		rc = rs_io_err(r->host, r->port, r->ctx, false, r->timeout_ms,
+		               why, whylen);
 	}
 	freeReplyObject(rep);
 	if (r->ctx != NULL && (r->ctx->err || moved)) {
@@ -528,15 +527,17 @@ ecx_store *ecx_store_redis_create(const char *url, int timeout_ms, int ttl_s,
 		r->password = strndup(pw, (size_t)(at - pw));
 		p = at + 1;
 	}
-	size_t hl = strcspn(p, ":/");
+	/* An IPv6 address is in brackets: redis://[::1]:6379. */
+	const char *close = *p == '[' ? strchr(p, ']') : NULL;
+	size_t hl = close != NULL ? (size_t)(close - p - 1) : strcspn(p, ":/");
 	if (hl == 0 || hl >= sizeof(r->host)) {
 		ecx_why(why, whylen, ECX_EINVAL, "redis URL has no host");
 		rs_destroy(&r->base);
 		return NULL;
 	}
-	memcpy(r->host, p, hl);
+	memcpy(r->host, close != NULL ? p + 1 : p, hl);
 	r->host[hl] = '\0';
-	p += hl;
+	p += close != NULL ? hl + 2 : hl;
 	char *end;
 	if (*p == ':') {
 		long port = strtol(p + 1, &end, 10);

@@ -8,7 +8,53 @@
 
 #include <hiredis/hiredis.h>
 
+#include <stdio.h>
+#include <string.h>
 #include <sys/time.h>
+
+int rs_io_err(const char *host, int port, const redisContext *c, bool dialing,
+              int ms, char *why, size_t whylen)
+{
+	if (c == NULL)
+		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
+	bool v6 = strchr(host, ':') != NULL;
+	char at[300];
+	snprintf(at, sizeof(at), "%s%s%s:%d", v6 ? "[" : "", host,
+	         v6 ? "]" : "", port);
+	const char *raw = c->err != 0 ? c->errstr : "no answer";
+	bool timed_out =
+	    c->err == REDIS_ERR_IO && (strstr(raw, "temporarily") != NULL ||
+	                               strstr(raw, "timed out") != NULL);
+	if (c->err == 0 || timed_out)
+		return ecx_why(why, whylen, ECX_ETIMEDOUT,
+		               dialing ? "Redis at %s: no connection within "
+		                         "%d ms (is the host up, and the port "
+		                         "open?) (hiredis: %s)"
+		                       : "Redis at %s did not answer within "
+		                         "%d ms (is it Redis, and is it up? a "
+		                         "stopped or overloaded server looks "
+		                         "like this) (hiredis: %s)",
+		               at, ms, raw);
+	if (c->err == REDIS_ERR_IO && strstr(raw, "refused") != NULL)
+		return ecx_why(why, whylen, ECX_ECONNECT,
+		               "Redis at %s refused the connection: nothing "
+		               "listens on that port (is redis-server running "
+		               "there, and is the port right?) (hiredis: %s)",
+		               at, raw);
+	if (c->err == REDIS_ERR_EOF)
+		return ecx_why(why, whylen, ECX_ECONNECT,
+		               "Redis at %s closed the connection (it stopped "
+		               "or restarted, or it is no Redis server; an ecx "
+		               "registry is http://) (hiredis: %s)",
+		               at, raw);
+	if (c->err == REDIS_ERR_PROTOCOL)
+		return ecx_why(
+		    why, whylen, ECX_EPROTO,
+		    "%s does not answer as Redis does: is it a Redis "
+		    "server? (hiredis: %s)",
+		    at, raw);
+	return ecx_why(why, whylen, ECX_ECONNECT, "Redis at %s: %s", at, raw);
+}
 
 int rs_dial(redis_store *r, const char *host, int port, int ms,
             redisContext **out, char *why, size_t whylen)
@@ -18,8 +64,7 @@ int rs_dial(redis_store *r, const char *host, int port, int ms,
 	                     .tv_usec = (ms % 1000) * 1000};
 	redisContext *c = redisConnectWithTimeout(host, port, tv);
 	if (c == NULL || c->err) {
-		int rc = ecx_why(why, whylen, ECX_ECONNECT, "redis://%s:%d: %s",
-		                 host, port, c ? c->errstr : "out of memory");
+		int rc = rs_io_err(host, port, c, true, ms, why, whylen);
 		redisFree(c);
 		return rc;
 	}
@@ -34,9 +79,9 @@ int rs_dial(redis_store *r, const char *host, int port, int ms,
 	if (r->password != NULL)
 		rep = redisCommand(c, "AUTH %s", r->password);
 	if (rep == NULL && r->password != NULL) {
+		int rc = rs_io_err(host, port, c, false, rest, why, whylen);
 		redisFree(c);
-		return ecx_why(why, whylen, ECX_ECONNECT,
-		               "redis://%s:%d: AUTH got no answer", host, port);
+		return rc;
 	}
 	if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
 		int rc = ecx_why(why, whylen, ECX_EAUTH, "redis://%s:%d: %s",

@@ -64,6 +64,12 @@ int rs_connect(redis_store *r, char *why, size_t whylen);
  * refused password). */
 int rs_dial(redis_store *r, const char *host, int port, int ms,
             redisContext **out, char *why, size_t whylen);
+/* The error of a connection c to host:port that failed (c NULL: no
+ * memory), in words a user can act on: refused, no answer within ms (the
+ * bound named), closed, not Redis; hiredis's text follows. dialing: it
+ * failed while connecting. */
+int rs_io_err(const char *host, int port, const redisContext *c, bool dialing,
+              int ms, char *why, size_t whylen);
 /* Parses redis+sentinel://[:password@]HOST[:PORT][,HOST[:PORT]...]/MASTER
  * [/DB] into r: 0, or ECX_EINVAL with why. */
 int rs_sentinel_parse(redis_store *r, const char *url, char *why,

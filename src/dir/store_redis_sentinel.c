@@ -295,8 +295,7 @@ static int dial_master(redis_store *r, const char *host, int port, int ms,
 		return 0;
 	}
 	if (rep == NULL)
-		rc = ecx_why(why, whylen, ECX_ECONNECT, "redis://%s:%d: %s",
-		             host, port, c->err ? c->errstr : "no answer");
+		rc = rs_io_err(host, port, c, false, ms, why, whylen);
 	else if (rep->type == REDIS_REPLY_ERROR)
 		rc = ecx_why(why, whylen,
 		             strncmp(rep->str, "NOAUTH", 6) == 0 ? ECX_EAUTH
