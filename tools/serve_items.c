@@ -78,12 +78,14 @@ static int serve_put(serve_run *r, const char *id, const ecx_tensor_desc *d,
 		     rc != ECX_EIO))
 			return tool_fail("serve", EXIT_FAIL, "%s",
 			                 ecx_last_error());
+		/* The error names the registry and says why. */
 		if (!r->waited)
-			fprintf(stderr,
-			        "ecx serve: registry %s does not answer (%s); "
-			        "waiting for it: items are put and published "
-			        "once it answers, then serving starts\n",
-			        r->registry, ecx_last_error());
+			fprintf(
+			    stderr,
+			    "ecx serve: %s; waiting for the registry: items "
+			    "are put and published once it answers, then "
+			    "serving starts\n",
+			    ecx_last_error());
 		r->waited = true;
 		if ((r->sig = tool_poll_signal(1000)) != 0)
 			return -1;

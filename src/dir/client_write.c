@@ -146,6 +146,10 @@ int ecx_regclient_sync(ecx_regclient *c, const char *const *ids,
 {
 	reg_conn *g = &c->regs[0];
 	*republished = 0;
+	/* Nothing to keep: whether the registry answers (a producer that
+	 * waits for it to come back asks this). */
+	if (g->redis != NULL && n == 0)
+		return ecx_store_redis_ping(g->redis, why, whylen);
 	if (g->redis != NULL && c->ttl_s <= 0) /* nothing expires */
 		return ecx_store_redis_restore(g->redis, ids, entries, n,
 		                               republished, why, whylen);

@@ -265,6 +265,11 @@ struct ecx_producer {
 	uint64_t pub_down_until; /* registry down: next try then; 0 up */
 	uint64_t pub_backoff_ms; /* the next back-off */
 	char pub_down_why[256];
+	/* The outage under way: since when, whether the log said it (once;
+	 * a failure its caller reports is not said here), and when it last
+	 * said it is still going on. */
+	uint64_t pub_down_since, pub_down_told;
+	bool pub_down_said;
 	bool pub_inited, pub_running, pub_stop;
 	/* data plane */
 	ecx_ucx *ucx;

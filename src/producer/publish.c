@@ -22,6 +22,8 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 2000
 #define SYNC_MAX_MS 2000
+/* While the registry stays down, how often the log says so again. */
+#define PUB_REMIND_MS 60000
 
 /* One piece of work for the publisher. A caller that waits owns the op
  * until it is done, unless it gave up (abandoned), in which case the
@@ -124,22 +126,46 @@ static void pub_keep(ecx_producer *p, pub_op *op)
 		pub_enqueue(p, copy, true);
 }
 
-static void pub_mark(ecx_producer *p, int rc, const char *why)
+/* Records the registry's state after a call that ended with rc (0 when
+ * it answered). An outage is logged once, when a failure that no caller
+ * reports shows it (said: a renewal, a removal; a put's caller reports its
+ * own), then at most every PUB_REMIND_MS while it lasts, and once more
+ * when the registry answers again. */
+static void pub_mark(ecx_producer *p, int rc, const char *why, bool said)
 {
 	uint64_t now = ecx_now_ms();
 	if (rc == 0) {
-		if (p->pub_down_until != 0)
-			ecx_info(MOD, "registry is back (%zu removals queued)",
+		if (p->pub_down_until != 0 && p->pub_down_said)
+			ecx_warn(MOD,
+			         "the registry answers again, after %.1f s "
+			         "(%zu removals queued)",
+			         (double)(now - p->pub_down_since) / 1000.0,
 			         p->pub_dels);
+		else if (p->pub_down_until != 0)
+			ecx_info(MOD, "the registry answers again");
 		p->pub_down_until = 0;
+		p->pub_down_said = false;
 		p->pub_backoff_ms = BACKOFF_MIN_MS;
 		return;
 	}
-	if (p->pub_down_until == 0)
+	if (p->pub_down_until == 0) {
+		p->pub_down_since = now;
+		p->pub_down_said = false;
+	}
+	if (said && !p->pub_down_said) {
 		ecx_warn(MOD,
-		         "registry: %s (trying again with back-off; removals "
-		         "are queued until it is back)",
+		         "%s (trying it again with back-off until it answers; "
+		         "removals are queued until then)",
 		         why);
+		p->pub_down_said = true;
+		p->pub_down_told = now;
+	} else if (said && now - p->pub_down_told >= PUB_REMIND_MS) {
+		ecx_warn(MOD,
+		         "the registry still does not answer after %llu s: %s",
+		         (unsigned long long)((now - p->pub_down_since) / 1000),
+		         why);
+		p->pub_down_told = now;
+	}
 	p->pub_down_until = now + p->pub_backoff_ms;
 	ecx_strlcpy(p->pub_down_why, why, sizeof(p->pub_down_why));
 	p->pub_backoff_ms *= 2;
@@ -181,7 +207,7 @@ static void pub_refuse_publishes(ecx_producer *p)
 
 /* Keeps the remote registry's entries alive and restores what a registry
  * restart lost. Called by the publisher without any lock. */
-static int pub_sync(ecx_producer *p, char *why, size_t whylen)
+static int pub_sync(ecx_producer *p, size_t *held, char *why, size_t whylen)
 {
 	pthread_mutex_lock(&p->lock);
 	size_t n = 0;
@@ -204,6 +230,7 @@ static int pub_sync(ecx_producer *p, char *why, size_t whylen)
 		}
 	}
 	pthread_mutex_unlock(&p->lock);
+	*held = n;
 	int rc = 0;
 	size_t again = 0;
 	if (ids == NULL || ptrs == NULL || es == NULL)
@@ -314,7 +341,8 @@ static void *pub_main(void *arg)
 			if (op->del && rc == ECX_ENOTFOUND)
 				rc = 0; /* gone already: what was wanted */
 			bool transient = pub_transient(rc);
-			pub_mark(p, transient ? rc : 0, why);
+			/* A put's caller reports its failure. */
+			pub_mark(p, transient ? rc : 0, why, op->del);
 			if (rc != 0 && !transient && op->del)
 				ecx_warn(MOD, "cannot unpublish %s: %s", op->id,
 				         why);
@@ -334,10 +362,14 @@ static void *pub_main(void *arg)
 			next_sync = ecx_now_ms() + period;
 		} else if (retry || now >= next_sync) {
 			pthread_mutex_unlock(&p->pub_lock);
-			int rc = pub_sync(p, why, sizeof(why));
+			size_t held = 0;
+			int rc = pub_sync(p, &held, why, sizeof(why));
 			pthread_mutex_lock(&p->pub_lock);
 			next_sync = ecx_now_ms() + period;
-			pub_mark(p, pub_transient(rc) ? rc : 0, why);
+			/* Said when entries lapse or removals wait: with
+			 * neither, only the next put, which says it, cares. */
+			pub_mark(p, pub_transient(rc) ? rc : 0, why,
+			         held > 0 || p->pub_dels > 0);
 			if (rc != 0 && !pub_transient(rc))
 				ecx_warn(MOD, "registry: %s", why);
 		}
