@@ -12,8 +12,11 @@
 static const char help[] =
     "usage: ecx get [OPTIONS] REGISTRY ID -o FILE.npy\n"
     "\n"
-    "Looks ID up in REGISTRY (http://HOST:PORT, or several separated by\n"
-    "commas), pulls it from its producer and writes it as a .npy file that\n"
+    "Looks ID up in REGISTRY (http://HOST:PORT,\n"
+    "redis://[:PASSWORD@]HOST[:PORT][/DB] or\n"
+    "redis+sentinel://[:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB],\n"
+    "or several separated by commas: the first that has the id answers),\n"
+    "pulls it from its producer and writes it as a .npy file that\n"
     "numpy.load opens with the item's dtype and shape.\n"
     "\n"
     "numpy has no bfloat16 or float8 dtypes: those items are written with\n"
@@ -148,17 +151,21 @@ int cmd_get(int argc, char **argv)
 	}
 	rc = ecx_consumer_load(cons, &it, 1);
 	uint64_t took = tool_now_ns() - t0;
-	/* "1 of 1 items failed; first: WHY": the why is what to print. */
+	/* "1 of 1 items failed; first: WHY": the why, which names the item
+	 * and its producer, is what to print. */
 	const char *detail = strstr(ecx_last_error(), "first: ");
-	char msg[512];
-	snprintf(msg, sizeof(msg), "%s",
-	         detail != NULL ? detail + 7 : ecx_strerror(it.status));
+	char msg[768];
+	if (detail != NULL)
+		snprintf(msg, sizeof(msg), "%s", detail + 7);
+	else
+		snprintf(msg, sizeof(msg), "%s from %s: %s", id, it.producer,
+		         ecx_strerror(it.status));
 	ecx_consumer_destroy(cons);
 	if (rc != 0) {
 		free(it.dst);
 		return tool_fail(
 		    "get", rc == ECX_ENOTFOUND ? EXIT_NOTFOUND : EXIT_FAIL,
-		    "%s from %s: %s", id, it.producer, msg);
+		    "%s", msg);
 	}
 	if (verify && !gen_check(id, it.dst, it.desc.nbytes)) {
 		free(it.dst);

@@ -49,9 +49,27 @@ static bool same_desc(const ecx_tensor_desc *a, const ecx_tensor_desc *b)
 	       memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])) == 0;
 }
 
-/* Says why item x (f: its failover record, or NULL) failed. */
+/* Whether own, the words the load kept for its first failure (own_err),
+ * are about item x's failure on its first holder (first) with status st:
+ * the same error, and the item's words ("ID: ...") or its holder's (a
+ * hello refused). Only a refusal, a timeout, a closed connection or a
+ * transport error has words worth more than the generic ones. */
+static bool fo_own_fits(const ecx_item *x, const char *first, int st,
+                        const char *own, int own_err)
+{
+	size_t il = strlen(x->id);
+	if (own == NULL || own[0] == '\0' || own_err != st ||
+	    (failover_worth(st) && st != ECX_ECLOSED && st != ECX_EIO))
+		return false;
+	return (strncmp(own, x->id, il) == 0 && own[il] == ':') ||
+	       (first[0] != '\0' && strstr(own, first) != NULL);
+}
+
+/* Says why item x (f: its failover record, or NULL) failed, in one line
+ * that names the item first and its producer once; own (or NULL): the
+ * load's words for its first failure, with own_err. */
 static void fo_detail(const ecx_item *x, const fo_item *f, int timeout_ms,
-                      char *out, size_t outlen)
+                      const char *own, int own_err, char *out, size_t outlen)
 {
 	const char *first = f != NULL ? f->tried[0] : x->producer;
 	int st = f != NULL ? f->first_status : x->status;
@@ -63,13 +81,17 @@ static void fo_detail(const ecx_item *x, const fo_item *f, int timeout_ms,
 		snprintf(when, sizeof(when),
 		         " (its entry has left the registry)");
 	int k;
-	if (f == NULL && st != ECX_ETIMEDOUT) {
+	size_t il = strlen(x->id);
+	if (fo_own_fits(x, first, st, own, own_err)) {
+		bool named = strncmp(own, x->id, il) == 0 && own[il] == ':';
+		k = named ? snprintf(out, outlen, "%s", own)
+		          : snprintf(out, outlen, "%s: %s", x->id, own);
+	} else if (f == NULL && st != ECX_ETIMEDOUT) {
 		snprintf(out, outlen, "%s: %s (producer %s)", x->id,
 		         core_strerror(st),
 		         x->producer[0] ? x->producer : "none");
 		return;
-	}
-	if (st == ECX_ENOTFOUND)
+	} else if (st == ECX_ENOTFOUND)
 		k = snprintf(out, outlen,
 		             "%s: producer %s no longer holds it%s", x->id,
 		             first, when);
@@ -93,7 +115,8 @@ static void fo_detail(const ecx_item *x, const fo_item *f, int timeout_ms,
  * holders, one round per holder, within the load's deadline. Returns the
  * first item's error afterwards, with the detail for it in detail. */
 static int failover(ecx_consumer *c, ecx_item *items, size_t n,
-                    uint64_t deadline_ns, char *detail, size_t dlen)
+                    uint64_t deadline_ns, const char *own, int own_err,
+                    char *detail, size_t dlen)
 {
 	size_t m = 0;
 	for (size_t i = 0; i < n; i++)
@@ -205,7 +228,8 @@ static int failover(ecx_consumer *c, ecx_item *items, size_t n,
 		for (size_t j = 0; j < m && fi == NULL; j++)
 			if (f[j].i == i)
 				fi = &f[j];
-		fo_detail(&items[i], fi, c->timeout_ms, detail, dlen);
+		fo_detail(&items[i], fi, c->timeout_ms, own, own_err, detail,
+		          dlen);
 	}
 	free(f);
 	if (li != NULL)
@@ -231,21 +255,13 @@ int cons_load_wait(ecx_load *l)
 	if (first == 0)
 		return 0;
 	char detail[768];
-	int had = first;
-	first = failover(c, items, n, deadline_ns, detail, sizeof(detail));
+	/* The load's words for its first failure name the item or its
+	 * producer: fo_detail uses them where they fit the item it
+	 * reports, so that the line names each once. */
+	first = failover(c, items, n, deadline_ns, why, first, detail,
+	                 sizeof(detail));
 	if (first == 0)
 		return 0;
-	/* A refusal no other holder was asked about (a transport the two
-	 * sides cannot agree on): the producer's own words. */
-	if (first == had && why[0] != '\0' && !failover_worth(first))
-		snprintf(detail, sizeof(detail), "%s", why);
-	else if (first == had && (first == ECX_ECLOSED || first == ECX_EIO) &&
-	         why[0] != '\0') {
-		/* Why its holder failed (a producer seen to exit, a reference
-		 * producer's failed write). */
-		size_t k = strlen(detail);
-		snprintf(detail + k, sizeof(detail) - k, " (%s)", why);
-	}
 	size_t bad = 0;
 	for (size_t i = 0; i < n; i++)
 		bad += items[i].status != 0;

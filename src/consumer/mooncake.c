@@ -277,8 +277,8 @@ void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n)
 		ecx_item *x = &l->items[p->idx];
 		p->done = true;
 		if (rc != 0) {
-			mc_fail(l, p, rc, "no Mooncake receiver for %s: %s",
-			        x->id, why);
+			mc_fail(l, p, rc, "%s: no Mooncake receiver: %s", x->id,
+			        why);
 			continue;
 		}
 		int err = 0;
@@ -295,14 +295,14 @@ void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n)
 		}
 		if (nb > 0 && (p->res = ecx_mc_recv_reserve(
 		                   c->mc, a, nb, l->deadline_ns)) == 0) {
-			mc_fail(l, p, ECX_ENOMEM, "out of memory");
+			mc_fail(l, p, ECX_ENOMEM, "%s: out of memory", x->id);
 			continue;
 		}
 		p->ms = sock_take(c, x->producer);
 		if (p->ms == NULL) {
 			mc_fail(l, p, ECX_ECONNECT,
-			        "cannot open a ZeroMQ socket to %s: %s",
-			        x->producer, zmq_strerror(zmq_errno()));
+			        "%s: cannot open a ZeroMQ socket to %s: %s",
+			        x->id, x->producer, zmq_strerror(zmq_errno()));
 			continue;
 		}
 		p->done = false;
@@ -326,10 +326,9 @@ void cons_mc_start(ecx_consumer *c, ecx_load *l, const size_t *idx, size_t n)
 		free(msg);
 		if (s < 0) {
 			p->done = true;
-			mc_fail(
-			    l, p, ECX_ECONNECT,
-			    "cannot send the reference pull of %s to %s: %s",
-			    x->id, x->producer, zmq_strerror(zmq_errno()));
+			mc_fail(l, p, ECX_ECONNECT,
+			        "%s: cannot send the reference pull to %s: %s",
+			        x->id, x->producer, zmq_strerror(zmq_errno()));
 			continue;
 		}
 		left++;
@@ -351,6 +350,10 @@ static int ref_err(const char *err)
 		return ECX_ESIZE;
 	if (strcmp(err, "unknown op") == 0)
 		return ECX_EUNSUPPORTED;
+	/* An ecx producer with a token refuses a pull without it: another
+	 * holder would too, and the cure is the token, not a failover. */
+	if (strstr(err, "token") != NULL)
+		return ECX_EAUTH;
 	return ECX_EIO;
 }
 
@@ -368,21 +371,24 @@ static void answer(ecx_load *l, mcpull *p, const char *buf, size_t n)
 	uint64_t landed = p->res != 0 ? ecx_mc_recv_release(c->mc, p->res) : 0;
 	p->res = 0;
 	uint64_t nb = x->desc.nbytes;
+	/* mooncake_ret only where the producer gave one. */
+	char retbuf[48] = "";
+	if (ret != 0)
+		snprintf(retbuf, sizeof(retbuf), " (mooncake_ret %lld)",
+		         (long long)ret);
 	if (rc != 0)
 		mc_fail(l, p, ECX_EPROTO,
-		        "reference pull of %s: %s answers what is no pull "
-		        "reply: %s",
+		        "%s: reference pull from %s: it answers what is no "
+		        "pull reply: %s",
 		        x->id, x->producer, why);
 	else if (!ok)
 		mc_fail(l, p, ref_err(err),
-		        "reference pull of %s: %s refused it: %s "
-		        "(mooncake_ret %lld)",
-		        x->id, x->producer, err[0] ? err : "no reason given",
-		        (long long)ret);
+		        "%s: reference pull from %s refused: %s%s", x->id,
+		        x->producer, err[0] ? err : "no reason given", retbuf);
 	else if (landed < nb)
 		mc_fail(l, p, ECX_EIO,
-		        "reference pull of %s: %s answered ok but %llu of "
-		        "%llu bytes came into the Mooncake session",
+		        "%s: reference pull from %s: it answered ok but %llu "
+		        "of %llu bytes came into the Mooncake session",
 		        x->id, x->producer, (unsigned long long)landed,
 		        (unsigned long long)nb);
 	else
@@ -414,9 +420,9 @@ static void landed_whole(ecx_load *l, mcpull *p)
 	if (landed >= nb)
 		x->status = 0;
 	else /* cannot be: landed only grows */
-		mc_fail(l, p, ECX_EIO,
-		        "reference pull of %s: %llu of %llu bytes", x->id,
-		        (unsigned long long)landed, (unsigned long long)nb);
+		mc_fail(l, p, ECX_EIO, "%s: reference pull: %llu of %llu bytes",
+		        x->id, (unsigned long long)landed,
+		        (unsigned long long)nb);
 	mczombie *z = calloc(1, sizeof(*z));
 	pthread_mutex_lock(&c->lock);
 	if (x->status == 0)
@@ -448,7 +454,7 @@ static void lost(ecx_load *l, mcpull *p)
 		x->status = 0;
 	else
 		mc_fail(l, p, ECX_ECONNECT,
-		        "reference pull of %s: the connection to %s went (or "
+		        "%s: reference pull: the connection to %s went (or "
 		        "was refused) before its answer",
 		        x->id, x->producer);
 	pthread_mutex_lock(&c->lock);
@@ -509,7 +515,7 @@ void cons_mc_finish(ecx_load *l)
 		if (!p->done) {
 			ecx_item *x = &l->items[p->idx];
 			mc_fail(l, p, ECX_ETIMEDOUT,
-			        "reference pull of %s: %s did not answer "
+			        "%s: reference pull from %s: it did not answer "
 			        "within the load's %d ms",
 			        x->id, x->producer, ms);
 		}

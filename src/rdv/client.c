@@ -260,8 +260,12 @@ static void call_recv(ecx_rdv_call *k, void *s)
 		ecx_zresp_free(&k->resp);
 	} else if (k->err == 0 && !k->resp.ok) {
 		k->err = ecx_why(k->why, sizeof(k->why), k->resp.err,
-		                 "producer %s refused: %s", k->address,
-		                 k->resp.detail);
+		                 "producer %s refused: %s%s", k->address,
+		                 k->resp.detail,
+		                 k->resp.err == ECX_EAUTH
+		                     ? " (the consumer's token must be the "
+		                       "one the producer was started with)"
+		                     : "");
 		ecx_zresp_free(&k->resp);
 	}
 }
