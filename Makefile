@@ -1,7 +1,9 @@
 # Makefile - the commands people type; CMake does the building.
 #
 #   make          build (build/)
-#   make test     install what is missing, build, run every test
+#   make test     install what is missing, make the test venv, build, run
+#                 every test
+#   make venv     make (or reuse) .venv, the Python tests' environment
 #   make demo     install what is missing, build, run the main job
 #   make install  install libecx.so, libecx.a, ecx.h, ecx.pc and the ecx command
 #   make asan     the whole suite under AddressSanitizer + UBSan (build-asan/)
@@ -18,7 +20,7 @@ FUZZ_SECONDS ?= 20
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?= --output-on-failure
 
-.PHONY: all build deps test demo install asan tsan valgrind fuzz format \
+.PHONY: all build deps venv test demo install asan tsan valgrind fuzz format \
 	format-check bench clean
 
 all: build
@@ -31,7 +33,13 @@ build:
 		-DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: deps build
+# The Python tests run in .venv (torch 2.x, pytest, Mooncake's engine,
+# vLLM's CPU build; tests/requirements.txt pins them): made once, reused
+# while the pins are the same.
+venv:
+	@./scripts/venv.sh >/dev/null
+
+test: deps venv build
 	cd $(BUILD) && ctest $(CTEST_FLAGS) -j $(JOBS)
 
 demo: deps build

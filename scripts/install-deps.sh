@@ -1,5 +1,7 @@
 #!/bin/sh
-# Installs the Debian packages that ecx builds, tests and runs with.
+# Installs the Debian packages that ecx builds, tests and runs with. The
+# Python tests' packages (torch 2.x, vLLM, Mooncake) come from the Python
+# package index into a venv: scripts/venv.sh.
 # Idempotent: when every package is already installed it does nothing.
 # Runs apt-get as root, or through sudo when not root.
 set -eu
@@ -7,7 +9,7 @@ set -eu
 PKGS="build-essential cmake pkg-config clang libclang-rt-dev clang-format
 libucx-dev ucx-utils libzmq3-dev libmicrohttpd-dev libcurl4-openssl-dev
 libcjson-dev libhiredis-dev libxxhash-dev redis-server redis-sentinel libcmocka-dev
-python3 python3-numpy python3-pytest python3-torch python3-zmq iproute2 util-linux valgrind gdb curl"
+python3 python3-venv python3-numpy python3-zmq iproute2 util-linux valgrind gdb curl"
 
 missing=""
 for p in $PKGS; do

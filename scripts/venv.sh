@@ -1,0 +1,55 @@
+#!/bin/sh
+# scripts/venv.sh - makes the Python environment the tests run in, .venv at
+# the top of the checkout (ECX_VENV elsewhere), with exactly the versions
+# that tests/requirements.txt pins (torch 2.x, pytest, Mooncake's engine,
+# vLLM's CPU build). Reused while it is right: it is made
+# anew when the pins, this script or the base interpreter change, or when
+# a make of it did not finish. Prints the interpreter's path last.
+#
+# The base interpreter is python3 on PATH (ECX_VENV_PYTHON to choose
+# another): 3.11, the version the pinned wheels are built for. On Debian,
+# venv needs the python3-venv package (scripts/install-deps.sh).
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${ECX_VENV:-$root/.venv}
+base=${ECX_VENV_PYTHON:-python3}
+reqs=$root/tests/requirements.txt
+
+command -v "$base" >/dev/null 2>&1 ||
+	{ echo "venv: no $base on PATH (set ECX_VENV_PYTHON to a Python 3.11)" >&2; exit 1; }
+ver=$("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$ver" != 3.11 ]; then
+	echo "venv: $base is Python $ver; the pinned wheels (torch, Mooncake) are for 3.11: set ECX_VENV_PYTHON to a Python 3.11" >&2
+	exit 1
+fi
+want=$( { cat "$reqs" "$0"; "$base" -c 'import sys; print(sys.executable, sys.version)'; } |
+	sha256sum | cut -d' ' -f1)
+if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.ecx-stamp" 2>/dev/null)" = "$want" ]; then
+	echo "$venv/bin/python"
+	exit 0
+fi
+
+echo "venv: making $venv (Python $ver, tests/requirements.txt)" >&2
+start=$(date +%s)
+rm -rf "$venv"
+"$base" -m venv "$venv" ||
+	{ echo "venv: '$base -m venv' failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
+log=$venv/pip.log
+# pip_install ARGS: quiet when it works, its whole log when it does not.
+pip_install() {
+	"$venv/bin/python" -m pip --disable-pip-version-check install -q "$@" \
+		>>"$log" 2>&1 || {
+		cat "$log" >&2
+		echo "venv: pip install $* failed (log above; $log)" >&2
+		exit 1
+	}
+}
+pip_install -r "$reqs"
+# "# no-deps: NAME==VERSION" lines: packages whose own pins cannot be met
+# here (vLLM's CPU build), installed alone; the file pins what they need.
+nodeps=$(sed -n 's/^# no-deps: *//p' "$reqs")
+# shellcheck disable=SC2086
+[ -z "$nodeps" ] || pip_install --no-deps $nodeps
+echo "$want" >"$venv/.ecx-stamp"
+echo "venv: made in $(($(date +%s) - start)) s" >&2
+echo "$venv/bin/python"
