@@ -5,8 +5,11 @@
 # at a time, `ecx info`, then the Python ecx.Consumer, one batch of every id
 # (parallel pulls to one REP socket), every byte checked against the seed.
 #
-# ECX_INTEROP_ENGINE=mooncake runs ref_producer on Mooncake's own engine
-# (--engine mooncake: mooncake.engine on PYTHONPATH, built by hand).
+# ref_producer runs on Mooncake's own engine (--engine mooncake: the
+# mooncake-transfer-engine-non-cuda wheel, pinned in tests/requirements.txt
+# and installed in the project venv); ECX_INTEROP_ENGINE=mcwire runs it on
+# the peers' own writer and receiver instead. ECX_PYTHON: the interpreter
+# (ctest gives the venv's).
 #
 # Skips (exit 77) while ecx sends the producer its own ops (ref_producer
 # logs 'answered unknown op') instead of the reference pull: an ecx without
@@ -17,13 +20,13 @@ set -u
 ECX=${1:?usage: test_ecx_from_ref_producer.sh PATH/TO/ecx}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../cli/lib.sh"
-PY=/usr/bin/python3
+PY=${ECX_PYTHON:-/usr/bin/python3}
 seed=interop-$$
 specs="a:64x64:float32 big:1024x3584:bfloat16 one:1:uint8 odd:3x5x7:int16"
 ids=$(for s in $specs; do echo "${s%%:*}"; done)
 
-"$here/ref_producer.py" --bind 127.0.0.1 --seed "$seed" --max-seconds 250 \
-	--engine "${ECX_INTEROP_ENGINE:-mcwire}" \
+"$PY" "$here/ref_producer.py" --bind 127.0.0.1 --seed "$seed" --max-seconds 250 \
+	--engine "${ECX_INTEROP_ENGINE:-mooncake}" \
 	--ready-file "$work/ready.json" $specs >/dev/null 2>"$work/producer.log" &
 pids+=($!)
 wait_for "$work/ready.json" "registry" 300 ||

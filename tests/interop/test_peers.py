@@ -21,7 +21,7 @@ import items  # noqa: E402
 import mcwire  # noqa: E402
 import ref_consumer  # noqa: E402
 
-PY = "/usr/bin/python3"
+PY = os.environ.get("ECX_PYTHON") or sys.executable
 ITEMS = ["a:64x64:float32", "big:1024x3584:bfloat16", "one:1:uint8",
          "odd:3x5x7:int16"]
 

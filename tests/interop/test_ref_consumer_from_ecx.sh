@@ -6,8 +6,11 @@
 # Then the token rule: `ecx serve --token` refuses the reference's pull (it
 # carries no token) with an error that says so, and writes nothing.
 #
-# ECX_INTEROP_ENGINE=mooncake runs ref_consumer on Mooncake's own engine
-# (--engine mooncake: mooncake.engine on PYTHONPATH, built by hand).
+# ref_consumer runs on Mooncake's own engine (--engine mooncake: the
+# mooncake-transfer-engine-non-cuda wheel, pinned in tests/requirements.txt
+# and installed in the project venv); ECX_INTEROP_ENGINE=mcwire runs it on
+# the peers' own writer and receiver instead. ECX_PYTHON: the interpreter
+# (ctest gives the venv's).
 #
 # Skips (exit 77) while ecx answers the pull with "cannot write into a
 # Mooncake session" (ecx without the Mooncake writer); ECX_INTEROP_STRICT=1
@@ -17,9 +20,9 @@ set -u
 ECX=${1:?usage: test_ref_consumer_from_ecx.sh PATH/TO/ecx}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../cli/lib.sh"
-PY=/usr/bin/python3
+PY=${ECX_PYTHON:-/usr/bin/python3}
 seed=interop-$$
-engine=${ECX_INTEROP_ENGINE:-mcwire}
+engine=${ECX_INTEROP_ENGINE:-mooncake}
 
 # id dtype shape: 1 byte, 64 KiB, 7 MiB (several 64 KiB chunks), odd sizes.
 specs="one:uint8:1 k64:float16:32768 big:float32:512x3584 odd:int16:3x5x7"
@@ -59,7 +62,7 @@ skip_or_fail() { # the ecx without a Mooncake writer
 }
 
 start_serve "$work/serve" || { echo "FAIL - ecx serve did not start: $(cat "$work/serve.err")"; exit 1; }
-timeout 120 "$here/ref_consumer.py" --registry "$url" --seed "$seed" \
+timeout 120 "$PY" "$here/ref_consumer.py" --registry "$url" --seed "$seed" \
 	--timeout 20 --engine "$engine" $ids >"$work/rc.json" 2>"$work/rc.err"
 rc=$?
 if grep -q "cannot write into a Mooncake session" "$work/rc.json"; then
@@ -84,7 +87,7 @@ fi
 
 # The same ids again, each into a new buffer of a consumer that ecx has
 # seen before: the writer must follow the consumer's current buffers.
-timeout 120 "$here/ref_consumer.py" --registry "$url" --seed "$seed" \
+timeout 120 "$PY" "$here/ref_consumer.py" --registry "$url" --seed "$seed" \
 	--timeout 20 --engine "$engine" big one big >"$work/rc2.json" 2>"$work/rc2.err"
 check "a second consumer, one id twice: loads and checks" \
 	"$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
@@ -94,7 +97,7 @@ assert r["ok"] and all(i["bytes_ok"] for i in r["items"]), r' "$work/rc2.json"
 start_serve "$work/serve2" --token sesame ||
 	{ echo "FAIL - ecx serve --token did not start"; exit 1; }
 url2=$url
-timeout 60 "$here/ref_consumer.py" --registry "$url2" --seed "$seed" \
+timeout 60 "$PY" "$here/ref_consumer.py" --registry "$url2" --seed "$seed" \
 	--timeout 20 --engine "$engine" k64 >"$work/rc3.json" 2>"$work/rc3.err"
 check "ecx serve --token: the pull is refused with an error naming the token, nothing written" \
 	"$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
