@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -22,14 +23,21 @@ static const char help[] =
     "\n"
     "Loads every item REGISTRY lists, BATCH ids per load (as a prefill\n"
     "step asks for the images of its requests), and reports throughput\n"
-    "and latency. With --files it reads the file-per-item baseline that\n"
-    "'ecx demo' writes (DIR/ID/encoder_cache.safetensors, as vLLM's\n"
-    "ECExampleConnector does) instead.\n"
+    "and latency. REGISTRY is http://HOST:PORT,\n"
+    "redis://[:PASSWORD@]HOST[:PORT][/DB] or\n"
+    "redis+sentinel://[:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB],\n"
+    "or several separated by commas: each is listed in turn (one that\n"
+    "fails is said on stderr and the others are still listed), and every\n"
+    "id is looked up in all of them. With --files it reads the\n"
+    "file-per-item baseline that 'ecx demo' writes\n"
+    "(DIR/ID/encoder_cache.safetensors, as vLLM's ECExampleConnector\n"
+    "does) instead.\n"
     "\n"
     "Timed: each load (ecx: ecx_consumer_load, after the lookup; files:\n"
     "open, parse and read). Where the items land, per --memory:\n"
     "  prefaulted  memory faulted in before timing, reused every batch\n"
-    "              (ecx: its receive arena; files: one buffer)\n"
+    "              (ecx: its receive arena, sized for a batch of the\n"
+    "              largest items listed; files: one buffer)\n"
     "  fresh       each item into memory never touched before, every\n"
     "              item kept to the end (so page faults are timed)\n"
     "\n"
@@ -91,8 +99,14 @@ static void report(const result *r, bool json, const char *what,
 	}
 }
 
+/* The ids listed, with each item's size as listed (for the arena). */
+typedef struct listed {
+	char *id;
+	uint64_t nbytes;
+} listed;
+
 typedef struct idlist {
-	char **ids;
+	listed *v;
 	size_t n, cap;
 } idlist;
 
@@ -101,46 +115,146 @@ static int keep_id(void *arg, const ecx_item *it)
 	idlist *l = arg;
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? l->cap * 2 : 256;
-		char **v = realloc(l->ids, cap * sizeof(*v));
+		listed *v = realloc(l->v, cap * sizeof(*v));
 		if (v == NULL)
 			return ECX_ENOMEM;
-		l->ids = v;
+		l->v = v;
 		l->cap = cap;
 	}
-	l->ids[l->n] = strdup(it->id);
-	if (l->ids[l->n] == NULL)
+	l->v[l->n].id = strdup(it->id);
+	if (l->v[l->n].id == NULL)
 		return ECX_ENOMEM;
-	l->n++;
+	l->v[l->n++].nbytes = it->desc.nbytes;
 	return 0;
 }
 
-/* Every id the registry lists, page by page; *ok false (reported) on
- * failure. An empty registry gives NULL and *n 0 with *ok true. */
-static char **list_ids(ecx_client *c, size_t *n, bool *ok)
+static void idlist_free(idlist *l)
 {
-	*ok = false;
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i].id);
+	free(l->v);
+	*l = (idlist){0};
+}
+
+/* Lists one registry, page by page, into l: 0, or the error (l keeps
+ * what came before it). */
+static int list_one(ecx_client *c, idlist *l)
+{
 	char after[ECX_ID_MAX + 1] = "", next[ECX_ID_MAX + 1];
-	idlist l = {0};
 	for (;;) {
-		int rc = ecx_client_list(c, after, 1000, keep_id, &l, next,
+		int rc = ecx_client_list(c, after, 1000, keep_id, l, next,
 		                         sizeof(next), NULL);
-		if (rc != 0) {
-			tool_fail("consume", EXIT_FAIL, "%s",
-			          rc == ECX_ENOMEM ? "out of memory"
-			                           : ecx_last_error());
-			for (size_t i = 0; i < l.n; i++)
-				free(l.ids[i]);
-			free(l.ids);
-			*n = 0;
-			return NULL;
-		}
+		if (rc != 0)
+			return rc;
 		if (next[0] == '\0')
-			break;
+			return 0;
 		tool_strlcpy(after, next, sizeof(after));
 	}
-	*n = l.n;
-	*ok = true;
-	return l.ids;
+}
+
+/* Orders ids, and of an id that several registries list the largest
+ * size first. */
+static int listed_order(const void *a, const void *b)
+{
+	const listed *x = a, *y = b;
+	int c = strcmp(x->id, y->id);
+	if (c != 0)
+		return c;
+	return x->nbytes > y->nbytes ? -1 : x->nbytes < y->nbytes;
+}
+
+/* Every id the registries list (each of urls in turn, as 'ecx ls'
+ * does), each once, sorted; a registry that fails is said on stderr and
+ * the others are still listed. Returns EXIT_OK with l filled (empty when
+ * they list nothing), or the exit code when every registry failed or a
+ * URL is bad (said). */
+static int list_ids(char urls[][ECX_ADDR_MAX], size_t nurls,
+                    const tool_common *t, idlist *l)
+{
+	size_t failed = 0;
+	for (size_t u = 0; u < nurls; u++) {
+		ecx_client_params p = {.field_mask =
+		                           ECX_CLIENT_PARAM_REGISTRY |
+		                           ECX_CLIENT_PARAM_TOKEN |
+		                           ECX_CLIENT_PARAM_TIMEOUT |
+		                           ECX_CLIENT_PARAM_CONNECT_TIMEOUT,
+		                       .registry = urls[u],
+		                       .token = t->token,
+		                       .timeout_ms = t->timeout_ms,
+		                       .connect_timeout_ms = t->timeout_ms};
+		ecx_client *c;
+		char why[256];
+		if (ecx_client_create(&p, &c, why, sizeof(why)) != 0) {
+			idlist_free(l);
+			return tool_fail("consume", EXIT_USAGE, "%s", why);
+		}
+		int rc = list_one(c, l);
+		if (rc != 0)
+			tool_strlcpy(why, ecx_last_error(), sizeof(why));
+		ecx_client_destroy(c);
+		if (rc == ECX_ENOMEM) {
+			idlist_free(l);
+			return tool_fail("consume", EXIT_FAIL, "out of memory");
+		}
+		if (rc != 0) {
+			failed++;
+			tool_fail("consume", EXIT_FAIL, "%s%s", why,
+			          u + 1 < nurls
+			              ? " (the next registries of the "
+			                "list are still listed)"
+			              : "");
+		}
+	}
+	if (failed == nurls) {
+		idlist_free(l);
+		if (nurls == 1)
+			return EXIT_FAIL;
+		return tool_fail("consume", EXIT_FAIL,
+		                 "none of the %zu registries could be listed",
+		                 nurls);
+	}
+	/* Sorted, each id once with its largest listed size. */
+	qsort(l->v, l->n, sizeof(*l->v), listed_order);
+	size_t m = 0;
+	for (size_t i = 0; i < l->n; i++) {
+		if (m > 0 && strcmp(l->v[m - 1].id, l->v[i].id) == 0) {
+			free(l->v[i].id);
+			continue;
+		}
+		l->v[m++] = l->v[i];
+	}
+	l->n = m;
+	return EXIT_OK;
+}
+
+/* The receive arena for --memory prefaulted: room for a batch of the
+ * largest items listed, each rounded up to the arena's 4 KiB ranges, and
+ * as much again of the largest for ranges a timed-out pull keeps out of
+ * use a while (the 512 MiB it had fixed before refused larger items). */
+static uint64_t arena_size(const idlist *l, size_t batch)
+{
+	uint64_t *s = malloc((l->n ? l->n : 1) * sizeof(*s));
+	uint64_t total = 0, largest = 0;
+	if (s == NULL)
+		return 0;
+	for (size_t i = 0; i < l->n; i++)
+		s[i] = (l->v[i].nbytes + 4095) / 4096 * 4096;
+	/* The batch largest: a partial selection, batch is at most 256. */
+	for (size_t k = 0; k < batch && k < l->n; k++) {
+		size_t top = k;
+		for (size_t i = k + 1; i < l->n; i++)
+			if (s[i] > s[top])
+				top = i;
+		uint64_t v = s[top];
+		s[top] = s[k];
+		s[k] = v;
+		total += v;
+		if (v > largest)
+			largest = v;
+	}
+	free(s);
+	total += largest;
+	return total < ((uint64_t)1 << 20) ? (uint64_t)1 << 20 : total;
 }
 
 /* Memory never touched before, for --memory fresh (mmap: malloc could
@@ -198,119 +312,160 @@ static void verify_failed(result *r, const char *id)
 		        id, id);
 }
 
-static int consume_registry(const char *url, const tool_common *t,
+/* Says why an item failed before its load (the first few only). */
+static void item_failed(result *r, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void item_failed(result *r, const char *id, const char *fmt, ...)
+{
+	r->items++;
+	r->failed++;
+	if (r->failed > 5)
+		return;
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "ecx consume: %s: %s\n", id, msg);
+}
+
+static int consume_registry(const char *list, const tool_common *t,
                             const char *transport, size_t batch, bool verify,
                             bool fresh, result *r)
 {
-	ecx_client_params p = {.field_mask = ECX_CLIENT_PARAM_REGISTRY |
-	                                     ECX_CLIENT_PARAM_TOKEN |
-	                                     ECX_CLIENT_PARAM_TIMEOUT |
-	                                     ECX_CLIENT_PARAM_CONNECT_TIMEOUT,
-	                       .registry = url,
-	                       .token = t->token,
-	                       .timeout_ms = t->timeout_ms,
-	                       .connect_timeout_ms = t->timeout_ms};
-	ecx_client *rc;
-	char why[256];
-	if (ecx_client_create(&p, &rc, why, sizeof(why)) != 0)
+	char urls[TOOL_REGISTRIES_MAX][ECX_ADDR_MAX], why[256];
+	int nu = tool_registry_split(list, urls, why, sizeof(why));
+	if (nu < 0)
 		return tool_fail("consume", EXIT_USAGE, "%s", why);
-	size_t n;
-	bool listed;
-	char **ids = list_ids(rc, &n, &listed);
-	ecx_client_destroy(rc);
-	if (!listed)
-		return EXIT_FAIL;
-	if (n == 0) {
-		free(ids);
+	if (nu == 0)
+		return tool_missing("consume", "REGISTRY");
+	idlist l = {0};
+	int rc = list_ids(urls, (size_t)nu, t, &l);
+	if (rc != EXIT_OK)
+		return rc;
+	if (l.n == 0) {
+		idlist_free(&l);
 		return tool_fail("consume", EXIT_FAIL,
-		                 "%s lists no items: nothing to load", url);
+		                 "%s list%s no items: nothing to load", list,
+		                 nu > 1 ? "" : "s");
 	}
+	uint64_t arena = fresh ? 0 : arena_size(&l, batch);
+	if (!fresh && arena == 0) {
+		idlist_free(&l);
+		return tool_fail("consume", EXIT_FAIL, "out of memory");
+	}
+	/* The consumer asks every registry of the list, as lookups do. */
 	ecx_consumer_params cp = {
 	    .field_mask =
 	        ECX_CONSUMER_PARAM_REGISTRY | ECX_CONSUMER_PARAM_TOKEN |
 	        ECX_CONSUMER_PARAM_TIMEOUT | ECX_CONSUMER_PARAM_RECV_CAPACITY |
 	        ECX_CONSUMER_PARAM_TRANSPORT,
-	    .registry = url,
+	    .registry = list,
 	    .token = t->token,
 	    .timeout_ms = t->timeout_ms,
-	    .recv_capacity = fresh ? 0 : 512u << 20,
+	    .recv_capacity = arena,
 	    .transport = transport};
 	ecx_consumer *cons;
 	int err = ecx_consumer_create(&cp, &cons, why, sizeof(why));
 	if (err != 0) {
-		for (size_t i = 0; i < n; i++)
-			free(ids[i]);
-		free(ids);
+		idlist_free(&l);
+		char b[32];
+		if (!fresh && err != ECX_EINVAL)
+			return tool_fail(
+			    "consume", EXIT_FAIL,
+			    "cannot make a receive arena of %s (a batch of "
+			    "the largest items listed): %s; a smaller --batch "
+			    "or --memory fresh needs less",
+			    tool_bytes(arena, b, sizeof(b)), why);
 		return tool_fail("consume",
 		                 err == ECX_EINVAL ? EXIT_USAGE : EXIT_FAIL,
 		                 "%s", why);
 	}
 	ecx_item *it = calloc(batch, sizeof(*it));
+	ecx_item *ld = calloc(batch, sizeof(*ld));
 	kept keep = {0};
 	bool tty = isatty(STDERR_FILENO);
-	for (size_t i = 0; i < n && it != NULL; i += batch) {
-		size_t m = n - i < batch ? n - i : batch;
+	for (size_t i = 0; i < l.n && it != NULL && ld != NULL; i += batch) {
+		size_t m = l.n - i < batch ? l.n - i : batch, nl = 0;
 		memset(it, 0, batch * sizeof(*it));
 		for (size_t k = 0; k < m; k++)
-			it[k].id = ids[i + k];
+			it[k].id = l.v[i + k].id;
 		ecx_consumer_lookup(cons, it, m);
+		/* Only what was found and has memory is loaded: a load
+		 * would report the others as bad arguments. */
 		for (size_t k = 0; k < m; k++) {
-			if (it[k].status != 0)
-				continue;
+			char b[32], c[32];
 			size_t nb = (size_t)it[k].desc.nbytes;
+			if (it[k].status != 0) {
+				item_failed(r, it[k].id, "%s",
+				            ecx_strerror(it[k].status));
+				continue;
+			}
 			it[k].dst = fresh ? fresh_map(nb)
 			                  : ecx_consumer_alloc(cons, nb);
-			if (it[k].dst == NULL)
-				it[k].status = ECX_ENOMEM;
-			else if (fresh && !kept_add(&keep, it[k].dst, nb)) {
+			if (it[k].dst != NULL && fresh &&
+			    !kept_add(&keep, it[k].dst, nb)) {
 				munmap(it[k].dst, nb ? nb : 1);
 				it[k].dst = NULL;
-				it[k].status = ECX_ENOMEM;
 			}
+			if (it[k].dst == NULL && !fresh)
+				item_failed(
+				    r, it[k].id,
+				    "its %s %s the receive arena (%s, sized "
+				    "for a batch of the items listed at start: "
+				    "they have grown since); run again, or use "
+				    "--memory fresh",
+				    tool_bytes(nb, b, sizeof(b)),
+				    nb > arena ? "do not fit in"
+				               : "find no room left in",
+				    tool_bytes(arena, c, sizeof(c)));
+			else if (it[k].dst == NULL)
+				item_failed(r, it[k].id,
+				            "no memory to load its %s into",
+				            tool_bytes(nb, b, sizeof(b)));
+			else
+				ld[nl++] = it[k];
 		}
 		uint64_t t0 = tool_now_ns();
-		ecx_consumer_load(cons, it, m);
+		if (nl > 0)
+			ecx_consumer_load(cons, ld, nl);
 		uint64_t dt = tool_now_ns() - t0;
 		r->ns += dt;
 		samples_add(&r->batch, dt);
-		for (size_t k = 0; k < m; k++) {
+		for (size_t k = 0; k < nl; k++) {
 			r->items++;
-			if (it[k].status != 0) {
+			if (ld[k].status != 0) {
 				r->failed++;
 				if (r->failed <= 5)
-					fprintf(
-					    stderr, "ecx consume: %s: %s\n",
-					    it[k].id,
-					    it[k].status == ECX_ENOMEM
-					        ? "no memory to load it into"
-					        : ecx_strerror(it[k].status));
-				if (!fresh && it[k].dst != NULL)
-					ecx_consumer_free(cons, it[k].dst);
+					fprintf(stderr, "ecx consume: %s: %s\n",
+					        ld[k].id,
+					        ecx_strerror(ld[k].status));
+				if (!fresh)
+					ecx_consumer_free(cons, ld[k].dst);
 				continue;
 			}
-			r->bytes += it[k].desc.nbytes;
+			r->bytes += ld[k].desc.nbytes;
 			if (verify) {
-				if (gen_check(it[k].id, it[k].dst,
-				              it[k].desc.nbytes))
+				if (gen_check(ld[k].id, ld[k].dst,
+				              ld[k].desc.nbytes))
 					r->verified++;
 				else
-					verify_failed(r, it[k].id);
+					verify_failed(r, ld[k].id);
 			}
 			if (!fresh)
-				ecx_consumer_free(cons, it[k].dst);
+				ecx_consumer_free(cons, ld[k].dst);
 		}
 		if (tty)
 			fprintf(stderr, "\recx consume: %zu/%zu items",
-			        r->items, n);
+			        r->items, l.n);
 	}
 	if (tty)
 		fputc('\n', stderr);
-	if (it == NULL)
+	if (it == NULL || ld == NULL)
 		tool_fail("consume", EXIT_FAIL, "out of memory");
 	free(it);
-	for (size_t i = 0; i < n; i++)
-		free(ids[i]);
-	free(ids);
+	free(ld);
+	idlist_free(&l);
 	ecx_consumer_destroy(cons);
 	kept_free(&keep);
 	return r->failed == 0 && r->items > 0 ? EXIT_OK : EXIT_FAIL;

@@ -13,9 +13,10 @@ static const char info_help[] =
     "Prints the registry entry of one item: dtype, shape, size and the\n"
     "producer that holds it (\"a reference producer\" when the entry has\n"
     "none of ecx's fields: its items load over Mooncake's TCP wire).\n"
-    "REGISTRY is http://HOST:PORT, redis://HOST:PORT[/DB] or\n"
-    "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB], or several\n"
-    "separated by commas (the first that has the id answers).\n"
+    "REGISTRY is http://HOST:PORT, redis://[:PASSWORD@]HOST[:PORT][/DB]\n"
+    "or redis+sentinel://[:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER\n"
+    "[/DB], or several separated by commas (the first that has the id\n"
+    "answers).\n"
     "\n"
     "Options:\n"
     "  --json           print the entry as the registry's JSON\n"
@@ -32,16 +33,18 @@ static const char ls_help[] =
     "\n"
     "Lists a registry's entries, sorted by id, fetching pages of --limit\n"
     "(at most 1000) until all are shown. REGISTRY is http://HOST:PORT,\n"
-    "redis://HOST:PORT[/DB] or redis+sentinel://HOST:PORT[,HOST:PORT...]\n"
-    "/MASTER[/DB] (what producers publish there), or several separated\n"
+    "redis://[:PASSWORD@]HOST[:PORT][/DB] or\n"
+    "redis+sentinel://[:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB]\n"
+    "(what producers publish there), or several separated\n"
     "by commas: each is listed in turn, in the order given (an\n"
     "id that several hold is shown once per registry). A registry that\n"
     "fails is said on stderr and the others are still listed; the exit\n"
     "code is then 1.\n"
     "\n"
     "Options:\n"
-    "  --json           one JSON object per line (id and entry; with\n"
-    "                   several registries, also the registry's URL)\n"
+    "  --json           one JSON array of the entries (each an object:\n"
+    "                   the entry and its id; with several registries,\n"
+    "                   also the registry's URL), one element a line\n"
     "  --limit N        entries per page (default 500)\n"
     "  --token T        bearer token (default $ECX_TOKEN)\n"
     "  --timeout DUR    bound on each request, with its unit: 500ms, 2s\n"
@@ -182,7 +185,11 @@ static int ls_keep(void *arg, const ecx_item *it)
 	return 0;
 }
 
-static void ls_print(const ecx_item *it, bool json, const char *url)
+/* Prints one entry: a row of the table, or with --json an element of the
+ * array (the first opens it on a line of its own, each later one is
+ * preceded by a comma). */
+static void ls_print(const ecx_item *it, bool json, const char *url,
+                     size_t shown)
 {
 	if (json) {
 		/* The registry's entry with the id last, as GET /ec/list
@@ -195,7 +202,11 @@ static void ls_print(const ecx_item *it, bool json, const char *url)
 		cJSON_AddStringToObject(o, "id", it->id);
 		if (url != NULL)
 			cJSON_AddStringToObject(o, "registry", url);
-		tool_json_print(o);
+		fputs(shown > 0 ? ",\n" : "\n", stdout);
+		char *line = cJSON_PrintUnformatted(o);
+		cJSON_Delete(o);
+		fputs(line != NULL ? line : "{}", stdout);
+		cJSON_free(line);
 		return;
 	}
 	char shape[64] = "";
@@ -207,29 +218,6 @@ static void ls_print(const ecx_item *it, bool json, const char *url)
 	printf("%-66s %-10s %-14s %10llu  %s\n", it->id,
 	       ecx_dtype_name(it->desc.dtype), shape,
 	       (unsigned long long)it->desc.nbytes, it->producer);
-}
-
-/* The length of the first URL of a comma-separated list: a
- * redis+sentinel:// URL runs up to the comma that starts another URL
- * (SCHEME://), so that the commas between its sentinels stay in it; any
- * other URL, up to its first comma. */
-static size_t url_len(const char *p)
-{
-	size_t sp = strspn(p, " ");
-	if (strncasecmp(p + sp, "redis+sentinel://", 17) != 0)
-		return strcspn(p, ",");
-	for (size_t i = strcspn(p, ","); p[i] != '\0';
-	     i += 1 + strcspn(p + i + 1, ",")) {
-		const char *q = p + i + 1;
-		while (*q == ' ')
-			q++;
-		size_t s = strspn(q, "abcdefghijklmnopqrstuvwxyz"
-		                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
-		if (*q == '\0' || *q == ',' ||
-		    (s > 0 && strncmp(q + s, "://", 3) == 0))
-			return i;
-	}
-	return strlen(p);
 }
 
 int cmd_ls(int argc, char **argv)
@@ -247,30 +235,13 @@ int cmd_ls(int argc, char **argv)
 		                 "'%s' is one too many",
 		                 argv[optind + 1]);
 	/* Each registry of a list in turn. */
-	char urls[8][ECX_ADDR_MAX];
-	size_t nurls = 0;
-	for (const char *p = argv[optind]; *p != '\0';) {
-		size_t n = url_len(p);
-		const char *q = p;
-		p += n + (p[n] == ',');
-		while (n > 0 && *q == ' ')
-			q++, n--;
-		while (n > 0 && q[n - 1] == ' ')
-			n--;
-		if (n == 0)
-			continue;
-		if (n >= sizeof(urls[0]))
-			return tool_fail("ls", EXIT_USAGE,
-			                 "registry URL too long");
-		if (nurls == sizeof(urls) / sizeof(urls[0]))
-			return tool_fail("ls", EXIT_USAGE,
-			                 "at most %zu registries",
-			                 sizeof(urls) / sizeof(urls[0]));
-		memcpy(urls[nurls], q, n);
-		urls[nurls++][n] = '\0';
-	}
-	if (nurls == 0)
+	char urls[TOOL_REGISTRIES_MAX][ECX_ADDR_MAX], why[128];
+	int nu = tool_registry_split(argv[optind], urls, why, sizeof(why));
+	if (nu < 0)
+		return tool_fail("ls", EXIT_USAGE, "%s", why);
+	if (nu == 0)
 		return tool_missing("ls", "REGISTRY");
+	size_t nurls = (size_t)nu;
 	ls_page page = {.rows = calloc((size_t)limit, sizeof(ecx_item)),
 	                .ids = calloc((size_t)limit, sizeof(*page.ids)),
 	                .cap = (size_t)limit};
@@ -279,17 +250,32 @@ int cmd_ls(int argc, char **argv)
 		free(page.ids);
 		return tool_fail("ls", EXIT_FAIL, "out of memory");
 	}
-	size_t shown = 0, failed = 0;
-	uint64_t bytes = 0;
-	bool header = false;
+	/* Every URL is checked before anything is printed: a bad one is a
+	 * usage error, with no half-written output. */
+	ecx_client *clients[TOOL_REGISTRIES_MAX] = {0};
 	for (size_t u = 0; u < nurls; u++) {
 		rc = EXIT_OK;
-		ecx_client *c = open_client("ls", urls[u], &t, &rc);
-		if (c == NULL) { /* a URL that is not one: usage */
+		clients[u] = open_client("ls", urls[u], &t, &rc);
+		if (clients[u] == NULL) {
+			for (size_t k = 0; k < u; k++)
+				ecx_client_destroy(clients[k]);
 			free(page.rows);
 			free(page.ids);
 			return rc;
 		}
+	}
+	size_t shown = 0, failed = 0;
+	uint64_t bytes = 0;
+	bool header = false;
+	/* --json prints one JSON array, every entry on a line of its own,
+	 * written as the pages come (memory stays one page however many
+	 * entries there are); a registry that fails leaves it valid. */
+	if (t.json)
+		fputs("[", stdout);
+	for (size_t u = 0; u < nurls; u++) {
+		ecx_client *c = clients[u];
+		char shown_url[ECX_ADDR_MAX];
+		tool_mask(urls[u], shown_url, sizeof(shown_url));
 		char after[ECX_ID_MAX + 1] = "";
 		for (;;) {
 			char next[ECX_ID_MAX + 1];
@@ -309,7 +295,7 @@ int cmd_ls(int argc, char **argv)
 			}
 			for (size_t i = 0; i < page.n; i++) {
 				ls_print(&page.rows[i], t.json,
-				         nurls > 1 ? urls[u] : NULL);
+				         nurls > 1 ? shown_url : NULL, shown);
 				shown++;
 				bytes += page.rows[i].desc.nbytes;
 			}
@@ -319,6 +305,8 @@ int cmd_ls(int argc, char **argv)
 		}
 		ecx_client_destroy(c);
 	}
+	if (t.json)
+		fputs("\n]\n", stdout);
 	free(page.rows);
 	free(page.ids);
 	if (failed < nurls && !t.json) {

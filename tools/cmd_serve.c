@@ -46,7 +46,10 @@ static const char help[] =
     "  --port PORT          embedded registry port (default 9018, the\n"
     "                       reference's registry_http_port; 0 picks one)\n"
     "  --registry URL       publish to this registry instead of embedding\n"
-    "                       one: http://HOST:PORT or redis://HOST:PORT[/DB];\n"
+    "                       one: http://HOST:PORT,\n"
+    "                       redis://[:PASSWORD@]HOST[:PORT][/DB] or\n"
+    "                       redis+sentinel://[:PASSWORD@]HOST[:PORT]\n"
+    "                       [,HOST[:PORT]...]/MASTER[/DB];\n"
     "                       while it does not answer, serve waits for it\n"
     "                       (said on stderr), then publishes and serves\n"
     "  --registry-ttl S     entries leave the registry (HTTP or Redis) S\n"
@@ -91,7 +94,9 @@ static const char help[] =
     "(when the arena could not hold them all, the line says how many were\n"
     "evicted for room), or with --json {\"registry\": URL, \"producer\":\n"
     "ADDR, \"items\": N, \"bytes\": B, \"put\": ITEMS PUT, \"put_bytes\": B,\n"
-    "\"evicted\": N, \"capacity\": B, \"put_seconds\": S}.\n"
+    "\"evicted\": N, \"capacity\": B, \"put_seconds\": S}. A registry\n"
+    "URL's password is never printed, here or in any message: it shows\n"
+    "as ***.\n"
     "Exit codes: 128+N stopped by signal N, at any time, after\n"
     "unpublishing what it published (130 SIGINT, 143 SIGTERM); 1 failure;\n"
     "2 usage error.\n";
@@ -378,8 +383,11 @@ int cmd_serve(int argc, char **argv)
 	                   : "pull its items and replace or DELETE its "
 	                     "registry's entries");
 	tool_block_signals();
+	/* The registry as the command prints it: its password masked. */
+	char shown_reg[ECX_ADDR_MAX + 32];
 	serve_run r = {.registry = (p->field_mask & ECX_PRODUCER_PARAM_REGISTRY)
-	                               ? p->registry
+	                               ? tool_mask(p->registry, shown_reg,
+	                                           sizeof(shown_reg))
 	                               : NULL};
 	uint64_t cap = (p->field_mask & ECX_PRODUCER_PARAM_CAPACITY)
 	                   ? p->capacity_bytes
@@ -426,7 +434,7 @@ int cmd_serve(int argc, char **argv)
 	char reg[ECX_ADDR_MAX + 32];
 	const char *addr = ecx_producer_address(r.prod);
 	if (r.registry != NULL) {
-		tool_strlcpy(reg, r.registry, sizeof(reg));
+		tool_strlcpy(reg, r.registry, sizeof(reg)); /* masked */
 	} else {
 		/* The advertised host of producer_zmq ([::1] for an IPv6
 		 * one), with the registry port. */

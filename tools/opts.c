@@ -8,15 +8,18 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 int tool_fail(const char *cmd, int code, const char *fmt, ...)
 {
+	/* A message may quote a registry URL, the user's or the library's:
+	 * its password is masked. */
+	char msg[2048], out[2048];
 	va_list ap;
-	fprintf(stderr, "ecx %s: ", cmd);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	fprintf(stderr, "ecx %s: %s\n", cmd, tool_mask(msg, out, sizeof(out)));
 	return code;
 }
 
@@ -123,4 +126,57 @@ int tool_missing(const char *cmd, const char *what)
 	        "ecx %s: missing %s\nRun 'ecx %s --help' for its usage.\n", cmd,
 	        what, cmd);
 	return EXIT_USAGE;
+}
+
+/* The length of the first URL of a comma-separated list: a
+ * redis+sentinel:// URL runs up to the comma that starts another URL
+ * (SCHEME://), so that the commas between its sentinels stay in it; any
+ * other URL, up to its first comma. libecx splits a list so. */
+static size_t registry_url_len(const char *p)
+{
+	size_t sp = strspn(p, " ");
+	if (strncasecmp(p + sp, "redis+sentinel://", 17) != 0)
+		return strcspn(p, ",");
+	for (size_t i = strcspn(p, ","); p[i] != '\0';
+	     i += 1 + strcspn(p + i + 1, ",")) {
+		const char *q = p + i + 1;
+		while (*q == ' ')
+			q++;
+		size_t s = strspn(q, "abcdefghijklmnopqrstuvwxyz"
+		                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+		if (*q == '\0' || *q == ',' ||
+		    (s > 0 && strncmp(q + s, "://", 3) == 0))
+			return i;
+	}
+	return strlen(p);
+}
+
+int tool_registry_split(const char *list,
+                        char urls[TOOL_REGISTRIES_MAX][ECX_ADDR_MAX], char *why,
+                        size_t whylen)
+{
+	int n = 0;
+	for (const char *p = list; *p != '\0';) {
+		size_t len = registry_url_len(p);
+		const char *q = p;
+		p += len + (p[len] == ',');
+		while (len > 0 && *q == ' ')
+			q++, len--;
+		while (len > 0 && q[len - 1] == ' ')
+			len--;
+		if (len == 0)
+			continue;
+		if (len >= ECX_ADDR_MAX)
+			return tool_why(why, whylen, -1,
+			                "registry URL too long (at most %d "
+			                "bytes)",
+			                ECX_ADDR_MAX - 1);
+		if (n == TOOL_REGISTRIES_MAX)
+			return tool_why(why, whylen, -1,
+			                "at most %d registries",
+			                TOOL_REGISTRIES_MAX);
+		memcpy(urls[n], q, len);
+		urls[n++][len] = '\0';
+	}
+	return n;
 }

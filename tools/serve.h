@@ -21,7 +21,8 @@ typedef struct serve_opts {
  * it, if one did. */
 typedef struct serve_run {
 	ecx_producer *prod;
-	const char *registry; /* --registry, NULL for the embedded one */
+	const char *registry; /* --registry as printed (its password masked:
+	                         tool_mask), NULL for the embedded one */
 	uint64_t put, put_bytes;
 	uint64_t put_ns;
 	/* The sizes of the latest puts, a ring as long as the arena holds

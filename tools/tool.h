@@ -55,7 +55,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_consume(int argc, char **argv);
 
-/* Prints "ecx CMD: message" to stderr and returns code. */
+/* Prints "ecx CMD: message" to stderr, any URL's password masked
+ * (tool_mask), and returns code. */
 int tool_fail(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -71,6 +72,15 @@ bool tool_parse_port(const char *s, uint16_t *out);
 /* Parses a whole decimal number min..max: digits only, no sign, no
  * suffix, no spaces ("3abc", "-1" and "" are refused). */
 bool tool_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Splits a comma-separated list of registry URLs as libecx does (a
+ * redis+sentinel:// URL keeps the commas between its sentinels), each
+ * trimmed of spaces, empty ones skipped: returns how many (0 for none), or
+ * -1 with why for a URL too long or more than TOOL_REGISTRIES_MAX. */
+#define TOOL_REGISTRIES_MAX 8
+int tool_registry_split(const char *list,
+                        char urls[TOOL_REGISTRIES_MAX][ECX_ADDR_MAX], char *why,
+                        size_t whylen);
 
 /* For "bad --FLAG 'VALUE' (hint)": prints it and returns EXIT_USAGE. */
 int tool_bad_value(const char *cmd, const char *flag, const char *value,
@@ -107,6 +117,14 @@ int tool_wait_signal(void);
 /* Takes one of those signals if it is pending, waiting at most ms
  * milliseconds (0: only looks); returns it, or 0 when none came. */
 int tool_poll_signal(int ms);
+
+/* Writes text into buf (len bytes, cut if need be) with the password of
+ * every URL in it replaced by three asterisks: in "redis://:PASSWORD@HOST"
+ * and "redis://user:PASSWORD@HOST" what follows the ':' up to the '@',
+ * in "redis://PASSWORD@HOST" (libecx reads that as a password too) all
+ * of it. Everything the command prints that may hold a registry URL goes
+ * through it. Returns buf. */
+const char *tool_mask(const char *text, char *buf, size_t len);
 
 /* Formats a byte count for people ("7.0 MiB"). */
 const char *tool_bytes(uint64_t n, char *buf, size_t len);

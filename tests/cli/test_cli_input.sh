@@ -110,6 +110,13 @@ expect 2 "bad --timeout '5m'" ls --timeout 5m http://127.0.0.1:1
 timeout 60 "$ECX" ls --timeout 1500ms http://127.0.0.1:1 >/dev/null 2>tmo.err
 check "--timeout 1500ms is taken (the registry is down: exit 1, not 2)" test $? = 1
 
+# --- every --help that takes a registry names each kind libecx speaks ---
+for c in serve get consume info ls; do
+	"$ECX" "$c" --help >help.txt 2>&1
+	check "ecx $c --help names http://, redis:// and redis+sentinel:// registries" \
+		bash -c "grep -q 'http://HOST' help.txt && grep -q 'redis://\[:PASSWORD@\]HOST' help.txt && grep -q 'redis+sentinel://\[:PASSWORD@\]HOST' help.txt"
+done
+
 # --- a missing argument says what is missing ---
 expect 2 "missing -o FILE" get http://127.0.0.1:1 someid
 expect 2 "missing ID" get http://127.0.0.1:1
@@ -184,8 +191,9 @@ check "UPPER.NPY served as int16 of shape 6" \
 "$ECX" info --json "$reg" a >info.json
 check "info --json parses" json_ok info.json
 "$ECX" ls --json "$reg" >ls.json
-check "ls --json parses, one entry a line" \
-	bash -c "$(declare -f json_ok); PY=$PY; json_ok ls.json && test \$(wc -l <ls.json) = 2"
+check "ls --json is one JSON document (python -m json.tool reads it): 2 entries" \
+	bash -c "$PY -m json.tool ls.json >/dev/null && $PY -c \"import json,sys; sys.exit(len(json.load(open('ls.json'))) != 2)\""
+check "and one entry a line" test "$(grep -c '^,\?{"' ls.json)" = 2
 odd='we"ird\name.npy'
 "$ECX" get --json "$reg" a -o "$odd" >get.json 2>get.err
 check "get --json -o 'we\"ird\\name.npy' parses" json_ok get.json
@@ -277,7 +285,7 @@ port2=$(free_port)
 latepid=$!
 pids+=("$latepid")
 check "registry down: serve says it waits for it" \
-	wait_for late.err "does not answer .*waiting for it"
+	wait_for late.err "waiting for the registry"
 check "and is not serving yet" test ! -s late.out
 "$ECX" registry --bind 127.0.0.1 --port "$port2" >reg2.out 2>&1 &
 pids+=("$!")
@@ -293,13 +301,18 @@ check "ls R1,R2 lists both registries" \
 check "ls --json R1,R2 parses and names each row's registry" \
 	$PY -c "
 import json, sys
-rows = [json.loads(l) for l in open('both.json')]
+rows = json.load(open('both.json'))
 sys.exit(not (len(rows) == 5 and all('registry' in r for r in rows)))"
 kill -TERM "$latepid"
 wait "$latepid"
 check "serve exits 143 on SIGTERM once serving" test $? = 143
 kill -TERM "$npypid"
 wait "$npypid"
+
+"$ECX" ls --json "http://127.0.0.1:$(free_port)" >down.json 2>down.err
+rc=$?
+check "ls --json of a registry that is down: exit $rc (1), still one document" \
+	bash -c "test $rc = 1 && $PY -c \"import json,sys; sys.exit(json.load(open('down.json')) != [])\""
 
 # --- host names and IPv6 ---
 "$ECX" serve --bind localhost --port 0 --synthetic 2 --shape 64 --dtype int8 \
@@ -389,8 +402,56 @@ if command -v redis-server >/dev/null; then
 	wait_for rg.out "listening on" 100
 	code=$(curl -s -o /dev/null -w '%{http_code}' "$(sed -n 's/^listening on //p' rg.out)/healthz")
 	check "the right password: /healthz $code (200)" test "$code" = 200
+
+	# --- a registry URL's password is never printed ---
+	sport=$(free_port)
+	printf 'port %s\nbind 127.0.0.1\nsentinel monitor m1 127.0.0.1 %s 1\nsentinel auth-pass m1 right-password\n' \
+		"$sport" "$rport" >sentinel.conf
+	redis-sentinel "$work/sentinel.conf" --dir "$work" --logfile "$work/sentinel.log" &
+	pids+=("$!")
+	for _ in $(seq 100); do
+		redis-cli -p "$sport" ping 2>/dev/null | grep -q PONG && break
+		sleep 0.1
+	done
+	surl="redis+sentinel://:right-password@127.0.0.1:$sport/m1"
+	shown="redis+sentinel://:\*\*\*@127.0.0.1:$sport/m1"
+	"$ECX" serve --bind 127.0.0.1 --registry "$surl" --prefix pw --synthetic 2 \
+		--shape 4 --dtype int8 >pw.out 2>pw.err &
+	pwpid=$!
+	pids+=("$pwpid")
+	check "serve --registry redis+sentinel://:PASSWORD@...: ready line masks it" \
+		wait_for pw.out "registry $shown\$" 300
+	"$ECX" serve --bind 127.0.0.1 --registry "redis://:right-password@127.0.0.1:$rport" \
+		--prefix pwj --synthetic 1 --shape 4 --dtype int8 --json >pwj.out 2>pwj.err &
+	pwjpid=$!
+	pids+=("$pwjpid")
+	wait_for pwj.out registry 300
+	check "serve --json --registry redis://:PASSWORD@...: \"registry\" masks it" $PY -c "
+import json, sys
+sys.exit(json.load(open('pwj.out'))['registry'] != 'redis://:***@127.0.0.1:$rport')"
+	"$ECX" ls --json "$surl,$reg" >pwls.json 2>pwls.err
+	check "ls --json R1,R2: the rows' \"registry\" masks the password" $PY -c "
+import json, sys
+rows = json.load(open('pwls.json'))
+sys.exit(not any(r['registry'] == 'redis+sentinel://:***@127.0.0.1:$sport/m1' for r in rows))"
+	"$ECX" ls "redis://user:right-password@127.0.0.1:1,$surl" >pwls.out 2>pwls.err
+	"$ECX" info "redis://right-password@127.0.0.1:1x" a >>pwls.out 2>>pwls.err
+	# libecx quotes these URLs in its messages: the command masks them
+	"$ECX" info "http://u:right-password@127.0.0.1:1" a >>pwls.out 2>>pwls.err
+	"$ECX" get "http://u:right-password@127.0.0.1:1" a -o x.npy >>pwls.out 2>>pwls.err
+	"$ECX" consume "ftp://u:right-password@127.0.0.1:1" >>pwls.out 2>>pwls.err
+	check "a URL the library quotes is shown masked: $(tail -1 pwls.err)" \
+		grep -q "^ecx consume: registry URL 'ftp://u:\*\*\*@127.0.0.1:1' is not" pwls.err
+	"$ECX" consume --timeout 2s "redis://:right-password@127.0.0.1:1" >>pwls.out 2>>pwls.err
+	"$ECX" serve --bind 127.0.0.1 --registry "redis://:right-password@127.0.0.1:$rport/x" \
+		--synthetic 1 --shape 4 --dtype int8 >>pwls.out 2>>pwls.err
+	check "and no output of serve, ls, info or consume holds the password" \
+		bash -c "! grep -q right-password pw.out pw.err pwj.out pwj.err pwls.json pwls.err pwls.out"
+	kill -TERM "$pwpid" "$pwjpid"
+	wait "$pwpid" "$pwjpid"
 else
 	skipped "wrong Redis password: no redis-server"
+	skipped "a registry URL's password is never printed: no redis-server"
 fi
 
 echo "$pass passed, $fail failed, $skip skipped"

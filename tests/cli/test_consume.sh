@@ -72,6 +72,58 @@ assert r["verified"] == 5 and r["failed"] == 0 and r["memory"] == sys.argv[2]
 	fi
 done
 
+# A list of registries, as ls, get and info take: the first one down,
+# the items of the second (and of a third) still load.
+down=http://127.0.0.1:$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+if timeout 60 "$ECX" consume --verify --json --timeout 2s "$down,$synth" \
+	>"$work/out" 2>"$work/err" &&
+	/usr/bin/python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["verified"] == 5 and r["failed"] == 0
+' "$work/out" && grep -q "registry $down .*next registries of the list are still listed" "$work/err"; then
+	ok "consume R1,R2 with R1 down: says so, loads and verifies R2's 5 items"
+else
+	bad "consume R1,R2 with R1 down: $(cat "$work/out" "$work/err")"
+fi
+if timeout 60 "$ECX" consume --json "$synth, $plain" >"$work/out" 2>"$work/err" &&
+	/usr/bin/python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["items"] == 6 and r["failed"] == 0
+' "$work/out"; then
+	ok "consume R1,R2 loads the items of both (5 + 1)"
+else
+	bad "consume R1,R2 loads the items of both: $(cat "$work/out" "$work/err")"
+fi
+expect "consume R1,R2 with both down: exit 1, says none could be listed" 1 \
+	"none of the 2 registries could be listed" \
+	"$ECX" consume --timeout 2s "$down,${down%:*}:1"
+
+# An item over the 512 MiB the receive arena had fixed: the arena is
+# sized from the items listed (it failed with "invalid argument").
+avail=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)
+if [ "${avail:-0}" -ge 3072 ]; then
+	"$ECX" serve --bind 127.0.0.1 --port 0 --synthetic 1 --prefix big \
+		--shape 513x1048576 --dtype uint8 --capacity 514MiB \
+		>"$work/s3" 2>&1 &
+	bigpid=$!
+	pids+=($bigpid)
+	wait_for "$work/s3" "^serving" || bad "serve of a 513 MiB item: $(cat "$work/s3")"
+	big=$(sed -n 's/.*registry \(http:[^ ]*\).*/\1/p' "$work/s3")
+	if timeout 120 "$ECX" consume --verify --json "$big" >"$work/out" 2>"$work/err" &&
+		/usr/bin/python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["verified"] == 1 and r["bytes"] == 513 << 20
+' "$work/out"; then
+		ok "consume of a 513 MiB item into the arena: loaded and verified"
+	else
+		bad "consume of a 513 MiB item: $(cat "$work/out" "$work/err")"
+	fi
+	kill -TERM "$bigpid"
+	wait "$bigpid"
+else
+	echo "SKIP - a 513 MiB item: ${avail:-?} MiB available, 3072 needed"
+fi
+
 # The demo end to end on a small workload: both tables, every item
 # verified both ways in both kinds of memory, a ratio for each.
 if timeout 200 "$ECX" demo --count 12 --batch 4 --dir "$work" \

@@ -42,11 +42,10 @@ for i in 0 1 2 3 4; do
 done
 check "the header comes first" grep -q "^ID " <(head -1 "$work/ls")
 "$ECX" ls --json --limit 2 "$url" >"$work/ls.json" 2>"$work/err"
-check "ls --json pages through everything" test "$(wc -l <"$work/ls.json")" = 5
 check "ls --json rows are the entries, sorted, with their ids" \
 	$PY -c "
 import json, sys
-rows = [json.loads(l) for l in open('$work/ls.json')]
+rows = json.load(open('$work/ls.json'))  # one document: an array
 ids = [r['id'] for r in rows]
 ok = ids == ['rls-%d' % i for i in range(5)] and all(
     r['dtype'] == 'bfloat16' and r['shape'] == [16, 3584] and
