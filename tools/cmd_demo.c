@@ -1,5 +1,6 @@
 /* cmd_demo.c - `ecx demo`: the main job, end to end, beside the
- * file-per-item baseline, on one workload, in one run. */
+ * file-per-item baseline, on one workload, in one run of the producer,
+ * the loads repeated (--runs) so that a ratio comes with its spread. */
 #include "tool.h"
 
 #include "gen.h"
@@ -15,8 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define DEMO_RUNS_MAX 20
+
 static const char help[] =
-    "usage: ecx demo [--count N] [--batch N] [--transport T]\n"
+    "usage: ecx demo [--count N] [--batch N] [--runs N] [--transport T]\n"
     "                [--standalone-registry] [--dir DIR] [--json]\n"
     "\n"
     "The main job in one command. It starts a producer ('ecx serve') with\n"
@@ -31,10 +34,15 @@ static const char help[] =
     "into fresh memory (each item into memory never touched before, every\n"
     "item kept), so each table compares like with like. Timed: ecx's\n"
     "loads (after their lookups) and the files' open, parse and read.\n"
+    "The loads run RUNS times, ecx and files in turn; each pair gives a\n"
+    "ratio, printed as the median with the range of all runs, and the\n"
+    "tables show the run of the median. A range on both sides of 1x is\n"
+    "said to be no clear lead.\n"
     "\n"
     "Options:\n"
     "  --count N              items, 1 to 100000 (default 200)\n"
     "  --batch N              items per load, 1 to 256 (default 8)\n"
+    "  --runs N               times the loads run, 1 to 20 (default 3)\n"
     "  --transport T          auto (default: shared memory here), tcp, shm\n"
     "  --standalone-registry  run the registry as a third process\n"
     "                         ('ecx registry') and publish to it\n"
@@ -155,11 +163,36 @@ static cJSON *consume_run(const char *regurl, const char *files,
 	return o;
 }
 
+/* Prints one memory's verdict: the median ratio of file time to ecx time
+ * with its range over the runs, and what it means (a lead only where
+ * every run shows it). */
+static void demo_verdict(const char *into, double ratio, double lo, double hi,
+                         int runs, double ecx_s, double file_s)
+{
+	const char *says = lo > 1.0       ? "ecx is faster in every run"
+	                   : hi < 1.0     ? "the files are faster in every run"
+	                   : runs > 1     ? "no clear lead: the runs differ on "
+	                                    "which is faster"
+	                   : ratio >= 1.0 ? "ecx is faster in this one run"
+	                                  : "the files are faster in this "
+	                                    "one run";
+	if (runs > 1)
+		printf("%s: ecx loads the workload %.2fx as fast as the file "
+		       "baseline (median of %d runs, range %.2fx-%.2fx; "
+		       "median run %.3f s vs %.3f s): %s.\n",
+		       into, ratio, runs, lo, hi, ecx_s, file_s, says);
+	else
+		printf("%s: ecx loads the workload %.2fx as fast as the file "
+		       "baseline (%.3f s vs %.3f s): %s.\n",
+		       into, ratio, ecx_s, file_s, says);
+}
+
 int cmd_demo(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"count", required_argument, NULL, 'n'},
 	    {"batch", required_argument, NULL, 'b'},
+	    {"runs", required_argument, NULL, 'r'},
 	    {"transport", required_argument, NULL, 'T'},
 	    {"standalone-registry", no_argument, NULL, 'S'},
 	    {"dir", required_argument, NULL, 'd'},
@@ -167,6 +200,7 @@ int cmd_demo(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0}};
 	size_t count = 200;
+	int runs = 3;
 	char batch[16] = "8", countstr[16];
 	const char *transport = "auto", *base = NULL;
 	bool standalone = false, json = false;
@@ -187,6 +221,13 @@ int cmd_demo(int argc, char **argv)
 				return tool_fail("demo", EXIT_USAGE,
 				                 "--batch takes 1 to 256");
 			snprintf(batch, sizeof(batch), "%d", atoi(optarg));
+			break;
+		case 'r':
+			runs = (int)strtol(optarg, &end, 10);
+			if (*end != '\0' || runs < 1 || runs > DEMO_RUNS_MAX)
+				return tool_fail("demo", EXIT_USAGE,
+				                 "--runs takes 1 to %d",
+				                 DEMO_RUNS_MAX);
 			break;
 		case 'T':
 			transport = optarg;
@@ -225,6 +266,14 @@ int cmd_demo(int argc, char **argv)
 	proc reg = {0}, prod = {0};
 	cJSON *served = NULL, *loaded[2] = {NULL, NULL},
 	      *fileres[2] = {NULL, NULL};
+	/* Each run's results, [memory][run]; loaded and fileres point at the
+	 * median run's. */
+	cJSON *lr[2][DEMO_RUNS_MAX] = {{NULL}},
+	      *fr[2][DEMO_RUNS_MAX] = {{NULL}};
+	double ratios[2][DEMO_RUNS_MAX] = {{0}};
+	double ratio[2] = {0, 0}, rmin[2] = {0, 0}, rmax[2] = {0, 0};
+	bool done = false;
+	size_t ok_ecx = 0, ok_file = 0;
 	char regurl[512] = "";
 	char b[32];
 	if (standalone) {
@@ -289,41 +338,58 @@ int cmd_demo(int argc, char **argv)
 	if (save_s >= 0) {
 		/* ecx, files, ecx, files: each pair in adjacent runs. */
 		static const char *mem[2] = {"prefaulted", "fresh"};
-		for (int m = 0; m < 2; m++) {
-			fprintf(stderr,
-			        "ecx demo: loading with ecx (ecx consume "
-			        "--verify --memory %s)\n",
-			        mem[m]);
-			loaded[m] =
-			    consume_run(regurl, NULL, batch, transport, mem[m]);
-			if (loaded[m] == NULL)
-				break;
-			fprintf(stderr,
-			        "ecx demo: loading the files in another "
-			        "process (ecx consume --files --memory %s)\n",
-			        mem[m]);
-			fileres[m] =
-			    consume_run(NULL, dir, batch, transport, mem[m]);
-			if (fileres[m] == NULL)
-				break;
+		done = true;
+		for (int k = 0; k < runs && done; k++) {
+			for (int m = 0; m < 2 && done; m++) {
+				fprintf(stderr,
+				        "ecx demo: run %d/%d: loading with ecx "
+				        "(ecx consume --verify --memory %s), "
+				        "then the files in another process "
+				        "(ecx consume --files)\n",
+				        k + 1, runs, mem[m]);
+				lr[m][k] = consume_run(regurl, NULL, batch,
+				                       transport, mem[m]);
+				fr[m][k] = lr[m][k] != NULL
+				               ? consume_run(NULL, dir, batch,
+				                             transport, mem[m])
+				               : NULL;
+				done = fr[m][k] != NULL;
+			}
 		}
 	}
 	remove_files(dir, count);
-	if (fileres[1] == NULL)
+	if (!done)
 		goto out;
 
 	double put_s = num(served, "put_seconds");
 	double bytes = num(served, "bytes");
-	double ratio[2];
-	size_t ok_ecx = 0, ok_file = 0;
 	for (int m = 0; m < 2; m++) {
-		ratio[m] =
-		    num(fileres[m], "seconds") > 0 &&
-		            num(loaded[m], "seconds") > 0
-		        ? num(fileres[m], "seconds") / num(loaded[m], "seconds")
-		        : 0;
-		ok_ecx += (size_t)num(loaded[m], "verified");
-		ok_file += (size_t)num(fileres[m], "verified");
+		int order[DEMO_RUNS_MAX];
+		for (int k = 0; k < runs; k++) {
+			double fs = num(fr[m][k], "seconds");
+			double es = num(lr[m][k], "seconds");
+			ratios[m][k] = fs > 0 && es > 0 ? fs / es : 0;
+			ok_ecx += (size_t)num(lr[m][k], "verified");
+			ok_file += (size_t)num(fr[m][k], "verified");
+			order[k] = k;
+		}
+		/* Sorted by ratio (insertion: at most DEMO_RUNS_MAX). */
+		for (int i = 1; i < runs; i++)
+			for (int j = i; j > 0 && ratios[m][order[j - 1]] >
+			                             ratios[m][order[j]];
+			     j--) {
+				int t = order[j];
+				order[j] = order[j - 1];
+				order[j - 1] = t;
+			}
+		int med = order[runs / 2];
+		if (runs % 2 == 0) /* the lower of the middle two */
+			med = order[runs / 2 - 1];
+		ratio[m] = ratios[m][med];
+		rmin[m] = ratios[m][order[0]];
+		rmax[m] = ratios[m][order[runs - 1]];
+		loaded[m] = lr[m][med];
+		fileres[m] = fr[m][med];
 	}
 	if (json) {
 		cJSON *o = cJSON_CreateObject(), *e = cJSON_CreateObject(),
@@ -353,8 +419,17 @@ int cmd_demo(int argc, char **argv)
 		                          : cJSON_CreateNull());
 		cJSON_AddItemToObject(o, "ecx", e);
 		cJSON_AddItemToObject(o, "file", f);
+		cJSON_AddNumberToObject(o, "runs", runs);
 		cJSON_AddNumberToObject(o, "load_speedup_prefaulted", ratio[0]);
 		cJSON_AddNumberToObject(o, "load_speedup_fresh", ratio[1]);
+		static const char *rk[2] = {"load_speedups_prefaulted",
+		                            "load_speedups_fresh"};
+		for (int m = 0; m < 2; m++) {
+			cJSON *a = cJSON_AddArrayToObject(o, rk[m]);
+			for (int k = 0; a != NULL && k < runs; k++)
+				cJSON_AddItemToArray(
+				    a, cJSON_CreateNumber(ratios[m][k]));
+		}
 		char *s = cJSON_PrintUnformatted(o);
 		if (s != NULL)
 			printf("%s\n", s);
@@ -371,10 +446,11 @@ int cmd_demo(int argc, char **argv)
 		                             "ecx (UCX, caller memory)"};
 		printf(
 		    "\n%zu Qwen2.5-VL-shaped embeddings (bfloat16, 64-2691 x "
-		    "3584), %s, %s per load, one run; save: ecx puts into its "
-		    "arena at %.2f GB/s, the file baseline writes at %.2f "
-		    "GB/s\n",
+		    "3584), %s, %s per load, %d run%s (the tables: the median "
+		    "run); save: ecx puts into its arena at %.2f GB/s, the "
+		    "file baseline writes at %.2f GB/s\n",
 		    count, tool_bytes((uint64_t)bytes, b, sizeof(b)), batch,
+		    runs, runs > 1 ? "s" : "",
 		    put_s > 0 ? bytes / put_s / 1e9 : 0,
 		    save_s > 0 ? bytes / save_s / 1e9 : 0);
 		for (int m = 0; m < 2; m++) {
@@ -392,15 +468,18 @@ int cmd_demo(int argc, char **argv)
 			       num(fileres[m], "batch_p99_ms"),
 			       (size_t)num(fileres[m], "verified"), count);
 		}
-		printf("\nInto pre-faulted memory ecx loads the workload %.2fx "
-		       "as fast as the file baseline (total load time %.3f s "
-		       "vs %.3f s); into fresh memory %.2fx (%.3f s vs %.3f "
-		       "s).\n",
-		       ratio[0], num(loaded[0], "seconds"),
-		       num(fileres[0], "seconds"), ratio[1],
-		       num(loaded[1], "seconds"), num(fileres[1], "seconds"));
+		printf("\n");
+		static const char *into[2] = {"Into pre-faulted memory",
+		                              "Into fresh memory"};
+		for (int m = 0; m < 2; m++)
+			demo_verdict(into[m], ratio[m], rmin[m], rmax[m], runs,
+			             num(loaded[m], "seconds"),
+			             num(fileres[m], "seconds"));
 	}
-	rc = ok_ecx == 2 * count && ok_file == 2 * count ? EXIT_OK : EXIT_FAIL;
+	rc = ok_ecx == 2 * count * (size_t)runs &&
+	             ok_file == 2 * count * (size_t)runs
+	         ? EXIT_OK
+	         : EXIT_FAIL;
 out:
 	if (prod.pid > 0) {
 		int st = proc_stop(&prod, SIGTERM, 10000);
@@ -415,9 +494,10 @@ out:
 	if (reg.pid > 0)
 		proc_stop(&reg, SIGTERM, 5000);
 	cJSON_Delete(served);
-	for (int m = 0; m < 2; m++) {
-		cJSON_Delete(loaded[m]);
-		cJSON_Delete(fileres[m]);
-	}
+	for (int m = 0; m < 2; m++)
+		for (int k = 0; k < runs; k++) {
+			cJSON_Delete(lr[m][k]);
+			cJSON_Delete(fr[m][k]);
+		}
 	return rc;
 }
