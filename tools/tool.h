@@ -118,12 +118,9 @@ int tool_wait_signal(void);
  * milliseconds (0: only looks); returns it, or 0 when none came. */
 int tool_poll_signal(int ms);
 
-/* Writes text into buf (len bytes, cut if need be) with the password of
- * every URL in it replaced by three asterisks: in "redis://:PASSWORD@HOST"
- * and "redis://user:PASSWORD@HOST" what follows the ':' up to the '@',
- * in "redis://PASSWORD@HOST" (libecx reads that as a password too) all
- * of it. Everything the command prints that may hold a registry URL goes
- * through it. Returns buf. */
+/* Writes text into buf (len bytes) with every URL's password masked, as
+ * libecx's ecx_url_mask does, and returns buf. Everything the command
+ * prints that may hold a registry URL goes through it. */
 const char *tool_mask(const char *text, char *buf, size_t len);
 
 /* Formats a byte count for people ("7.0 MiB"). */

@@ -169,6 +169,16 @@ ECX_API int ecx_dtype_parse(const char *name, ecx_dtype *out);
 ECX_API int ecx_size_parse(const char *s, uint64_t *out, char *why,
                            size_t whylen);
 
+/* ecx_url_mask writes text (NUL-terminated; NULL reads as "") into buf,
+ * len bytes, cut and terminated if need be, with the password of every
+ * URL in it replaced by three asterisks: in "redis://:PASSWORD@HOST" and
+ * "redis://user:PASSWORD@HOST" what follows the ':' up to the URL's last
+ * '@', in "redis://PASSWORD@HOST" (a password too, to libecx) all of it.
+ * A comma before another SCHEME:// ends a URL, as in registry lists. The
+ * library's log masks every line so, and the ecx command what it prints.
+ * Never blocks. */
+ECX_API void ecx_url_mask(const char *text, char *buf, size_t len);
+
 /* ecx_xxh3 returns the XXH3 (XXH3_64bits, no seed) of n bytes at p, the
  * hash integrity uses; a push-mode consumer checks landed bytes with it. */
 ECX_API uint64_t ecx_xxh3(const void *p, size_t n);

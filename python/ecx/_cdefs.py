@@ -200,6 +200,7 @@ _proto("ecx_producer_lease", _int, P, _str, _int, _ptr(_u64))
 _proto("ecx_producer_lease_end", _int, P, _u64)
 _proto("ecx_xxh3", _u64, ctypes.c_void_p, _size_t)
 _proto("ecx_size_parse", _int, _str, _ptr(_u64), _str, _size_t)
+_proto("ecx_url_mask", None, _str, _str, _size_t)
 _proto("ecx_consumer_create", _int, _ptr(ecx_consumer_params), _ptr(P),
        _str, _size_t)
 _proto("ecx_consumer_lookup", _int, P, _ptr(ecx_item), _size_t)

@@ -1,10 +1,10 @@
 /*
  * common.c - the public entry points that belong to no handle: the
  * version, the error table (ecx_strerror, ecx_err_name), the calling
- * thread's last error, ids, dtypes and tensor descriptors, sizes,
+ * thread's last error, ids, dtypes and tensor descriptors, sizes, masked URLs,
  * ecx_xxh3 and ecx_free. Each is one call into core/ (err.c, types.c,
- * size.c) or wire/ (pull.c's hashes), whose functions every layer uses under
- * their internal names.
+ * size.c, mask.c) or wire/ (pull.c's hashes), whose functions every layer uses
+ * under their internal names.
  */
 #include "core/core.h"
 #include "wire/wire.h"
@@ -75,6 +75,11 @@ int ecx_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
 int ecx_size_parse(const char *s, uint64_t *out, char *why, size_t whylen)
 {
 	return core_size_parse(s, out, why, whylen);
+}
+
+void ecx_url_mask(const char *text, char *buf, size_t len)
+{
+	core_url_mask(text, buf, len);
 }
 
 uint64_t ecx_xxh3(const void *p, size_t n)

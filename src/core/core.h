@@ -203,6 +203,12 @@ int core_tensor_check(const ecx_tensor_desc *d, char *why, size_t whylen);
 int core_tensor_set(ecx_tensor_desc *d, ecx_dtype dtype, uint32_t ndim,
                     const uint64_t *shape);
 
+/* ---- masked URLs (mask.c) ---- */
+
+/* The engine of ecx_url_mask (ecx.h has its contract); the log masks
+ * every line with it. */
+void core_url_mask(const char *text, char *buf, size_t len);
+
 /* ---- sizes (size.c) ---- */
 
 /* The engine of ecx_size_parse (ecx.h has its contract). */

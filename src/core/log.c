@@ -65,8 +65,14 @@ void ecx_logf(ecx_log_level lvl, const char *mod, const char *fmt, ...)
 		return;
 	if ((size_t)n >= sizeof(line) - 1)
 		n = (int)sizeof(line) - 2;
-	line[n++] = '\n';
+	line[n] = '\0';
+	/* A message may quote a registry URL (the one a producer publishes
+	 * to, one that answers again): its password is masked. */
+	char out[sizeof(line)];
+	core_url_mask(line, out, sizeof(out) - 1);
+	n = (int)strlen(out);
+	out[n++] = '\n';
 	/* A short write of a log line is not worth handling. */
-	ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+	ssize_t w = write(STDERR_FILENO, out, (size_t)n);
 	(void)w;
 }

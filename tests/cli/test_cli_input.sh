@@ -421,7 +421,7 @@ if command -v redis-server >/dev/null; then
 	pids+=("$pwpid")
 	check "serve --registry redis+sentinel://:PASSWORD@...: ready line masks it" \
 		wait_for pw.out "registry $shown\$" 300
-	"$ECX" serve --bind 127.0.0.1 --registry "redis://:right-password@127.0.0.1:$rport" \
+	ECX_LOG=info "$ECX" serve --bind 127.0.0.1 --registry "redis://:right-password@127.0.0.1:$rport" \
 		--prefix pwj --synthetic 1 --shape 4 --dtype int8 --json >pwj.out 2>pwj.err &
 	pwjpid=$!
 	pids+=("$pwjpid")
@@ -429,6 +429,8 @@ if command -v redis-server >/dev/null; then
 	check "serve --json --registry redis://:PASSWORD@...: \"registry\" masks it" $PY -c "
 import json, sys
 sys.exit(json.load(open('pwj.out'))['registry'] != 'redis://:***@127.0.0.1:$rport')"
+	check "the library's log (ECX_LOG=info) names the registry masked" \
+		grep -q "registry redis://:\*\*\*@127.0.0.1:$rport\$" pwj.err
 	"$ECX" ls --json "$surl,$reg" >pwls.json 2>pwls.err
 	check "ls --json R1,R2: the rows' \"registry\" masks the password" $PY -c "
 import json, sys
