@@ -131,7 +131,8 @@ if timeout 200 "$ECX" demo --count 12 --batch 4 --dir "$work" \
 	grep -q "^Into pre-faulted memory, reused" "$work/out" &&
 	grep -q "^Into fresh memory" "$work/out" &&
 	[ "$(grep -c ' 12/12$' "$work/out")" = 4 ] &&
-	grep -q "^Into pre-faulted memory ecx loads .* into fresh memory" \
+	grep -q "^Into pre-faulted memory: ecx loads .* as fast as the file baseline" "$work/out" &&
+	grep -q "^Into fresh memory: ecx loads .* as fast as the file baseline" \
 		"$work/out"; then
 	ok "demo --count 12: two like-with-like tables, all verified"
 else
