@@ -5,9 +5,18 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
+
+# These tests drive the connector through tests/python/vllm_stub, the
+# small stand-ins of vLLM's names: first on sys.path before any test
+# module is collected, so that one importing vllm early cannot bring in the
+# venv's real vLLM (installed for the tests that start it) for the others.
+_STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_stub")
+if _STUB not in sys.path:
+    sys.path.insert(0, _STUB)
 
 
 def ecx_bin():

