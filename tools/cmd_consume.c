@@ -427,19 +427,30 @@ static int consume_registry(const char *list, const tool_common *t,
 				ld[nl++] = it[k];
 		}
 		uint64_t t0 = tool_now_ns();
-		if (nl > 0)
-			ecx_consumer_load(cons, ld, nl);
+		int lrc = nl > 0 ? ecx_consumer_load(cons, ld, nl) : 0;
 		uint64_t dt = tool_now_ns() - t0;
+		/* "N of M items failed; first: WHY": the why names the first
+		 * failed item and its producer (a token refused, say). */
+		char first[512] = "";
+		const char *why =
+		    lrc != 0 ? strstr(ecx_last_error(), "first: ") : NULL;
+		if (why != NULL)
+			snprintf(first, sizeof(first), "%s", why + 7);
 		r->ns += dt;
 		samples_add(&r->batch, dt);
 		for (size_t k = 0; k < nl; k++) {
 			r->items++;
 			if (ld[k].status != 0) {
 				r->failed++;
-				if (r->failed <= 5)
-					fprintf(stderr, "ecx consume: %s: %s\n",
-					        ld[k].id,
+				if (r->failed <= 5 && first[0] != '\0')
+					fprintf(stderr, "ecx consume: %s\n",
+					        first);
+				else if (r->failed <= 5)
+					fprintf(stderr,
+					        "ecx consume: %s from %s: %s\n",
+					        ld[k].id, ld[k].producer,
 					        ecx_strerror(ld[k].status));
+				first[0] = '\0';
 				if (!fresh)
 					ecx_consumer_free(cons, ld[k].dst);
 				continue;

@@ -120,6 +120,9 @@ check "naming the item and the producer once" \
 	bash -c "test \$(grep -oF '$zmq' '$work/e9' | wc -l) = 1 && test \$(grep -oF 'synthetic-0' '$work/e9' | wc -l) = 1"
 check "and not as a producer that does not answer" \
 	bash -c "! grep -q 'does not answer' '$work/e9'"
+"$ECX" consume --token B "$reg" >/dev/null 2>"$work/e10"
+check "ecx consume with a wrong token says why and names the producer" \
+	grep -qF "producer $zmq refused: bad or missing token" "$work/e10"
 
 # 2. The registry goes down under `ecx serve` and comes back: said once
 # each way, not every second.
