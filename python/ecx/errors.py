@@ -1,6 +1,7 @@
 """Errors: libecx's codes become EcxError, or the subclass kept for the
 code's name (ecx_err_name). No code is written here as a number: CODES is
 read from the library's table at load."""
+import ctypes
 import os
 
 from . import _cdefs as C
@@ -25,14 +26,26 @@ EUNSUPPORTED = CODES["EUNSUPPORTED"]
 EFORK = CODES["EFORK"]
 
 
+def mask_urls(text):
+    """text with the password of every URL in it replaced by three
+    asterisks (libecx's ecx_url_mask: what the library's log and the ecx
+    command print); for any message or log line that may quote a
+    registry URL."""
+    raw = str(text).encode()
+    buf = ctypes.create_string_buffer(len(raw) + 64)
+    C.ecx_url_mask(raw, buf, len(buf))
+    return buf.value.decode(errors="replace")
+
+
 class EcxError(Exception):
     """A failure in libecx: `name` is the C error's name ("ENOTFOUND"),
-    `code` its value, `detail` the one-line detail."""
+    `code` its value, `detail` the one-line detail (URL passwords
+    masked)."""
 
     def __init__(self, code, detail=""):
         self.code = code
         self.name = C.ecx_err_name(code).decode()
-        self.detail = detail or C.ecx_strerror(code).decode()
+        self.detail = mask_urls(detail or C.ecx_strerror(code).decode())
         super().__init__(f"{self.name}: {self.detail}")
 
 

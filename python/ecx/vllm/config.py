@@ -11,6 +11,7 @@ import torch
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorBase
 
 from .. import _cdefs
+from ..errors import mask_urls
 
 logger = logging.getLogger("ecx.vllm")
 
@@ -75,7 +76,7 @@ def _check_urls(urls, key):
                 u.startswith("redis+sentinel://")):
             raise ValueError(
                 f"ECXConnector: ec_connector_extra_config[{key!r}] has "
-                f"{u!r}, which is not a registry URL: write "
+                f"{mask_urls(u)!r}, which is not a registry URL: write "
                 f"http://HOST:PORT, redis://HOST:PORT[/DB] or "
                 f"redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER")
 

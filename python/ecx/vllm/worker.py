@@ -13,6 +13,7 @@ import torch
 
 import ecx
 import ecx.cuda
+from ecx.errors import mask_urls
 
 from .channel import WorkerChannel
 from .config import first_rank, model_device_type
@@ -132,7 +133,7 @@ class Worker(NoWorker):
                     integrity=c.integrity)
                 logger.info("ECXConnector producer at %s, registry %s, "
                             "arena %d bytes", self._producer.address,
-                            c.registry or
+                            mask_urls(c.registry) if c.registry else
                             f"embedded on port {c.registry_http_port}",
                             c.capacity_bytes)
             return self._producer
