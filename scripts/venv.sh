@@ -29,9 +29,18 @@ if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.ecx-stamp" 2>/dev/null)" = "$wa
 	exit 0
 fi
 
+# Only a venv this script made is ever made anew: ECX_VENV pointing at
+# another environment (vLLM's, say) is refused, not emptied.
+if [ -d "$venv" ] && [ -n "$(ls -A "$venv")" ] && [ ! -e "$venv/.ecx-stamp" ] &&
+	[ ! -e "$venv/.ecx-making" ]; then
+	echo "venv: $venv holds something this script did not make: not touching it (set ECX_VENV to another folder, or remove it)" >&2
+	exit 1
+fi
 echo "venv: making $venv (Python $ver, tests/requirements.txt)" >&2
 start=$(date +%s)
 rm -rf "$venv"
+mkdir -p "$venv"
+: >"$venv/.ecx-making"
 "$base" -m venv "$venv" ||
 	{ echo "venv: '$base -m venv' failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
 log=$venv/pip.log
@@ -51,5 +60,6 @@ nodeps=$(sed -n 's/^# no-deps: *//p' "$reqs")
 # shellcheck disable=SC2086
 [ -z "$nodeps" ] || pip_install --no-deps $nodeps
 echo "$want" >"$venv/.ecx-stamp"
+rm -f "$venv/.ecx-making"
 echo "venv: made in $(($(date +%s) - start)) s" >&2
 echo "$venv/bin/python"

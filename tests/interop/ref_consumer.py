@@ -85,9 +85,10 @@ class Receiver:
 
 class MooncakeReceiver:
     """--engine mooncake: Mooncake's own engine (its Python module,
-    mooncake.engine, built from its source) in the place of Receiver, set
-    up as the reference's _ensure_engine does (P2PHANDSHAKE, protocol
-    "tcp"). It counts nothing: stats are None."""
+    mooncake.engine: the mooncake-transfer-engine-non-cuda wheel in the
+    project venv, or a module built from Mooncake's source) in the place
+    of Receiver, set up as the reference's _ensure_engine does
+    (P2PHANDSHAKE, protocol "tcp"). It counts nothing: stats are None."""
 
     def __init__(self, host):
         from mooncake.engine import TransferEngine

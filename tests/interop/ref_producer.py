@@ -134,9 +134,11 @@ class Writer:
 
 class MooncakeWriter:
     """--engine mooncake: Mooncake's own engine (its Python module,
-    mooncake.engine, built from its source) in the place of Writer, used as
-    the reference uses it: initialize(host, "P2PHANDSHAKE", "tcp", ""),
-    batch_register_memory of each tensor, batch_transfer_sync_write."""
+    mooncake.engine: the mooncake-transfer-engine-non-cuda wheel in the
+    project venv, or a module built from Mooncake's source) in the place
+    of Writer, used as the reference uses it: initialize(host,
+    "P2PHANDSHAKE", "tcp", ""), batch_register_memory of each tensor,
+    batch_transfer_sync_write."""
 
     def __init__(self, host, tensors):
         from mooncake.engine import TransferEngine

@@ -20,7 +20,12 @@ set -u
 ECX=${1:?usage: test_ecx_from_ref_producer.sh PATH/TO/ecx}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../cli/lib.sh"
-PY=${ECX_PYTHON:-/usr/bin/python3}
+# The interpreter with Mooncake's engine: ECX_PYTHON, else the venv's.
+PY=${ECX_PYTHON:-$here/../../.venv/bin/python}
+[ -x "$PY" ] || {
+	echo "FAIL - no $PY: run scripts/venv.sh (or set ECX_PYTHON)"
+	exit 1
+}
 seed=interop-$$
 specs="a:64x64:float32 big:1024x3584:bfloat16 one:1:uint8 odd:3x5x7:int16"
 ids=$(for s in $specs; do echo "${s%%:*}"; done)

@@ -20,7 +20,12 @@ set -u
 ECX=${1:?usage: test_ref_consumer_from_ecx.sh PATH/TO/ecx}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../cli/lib.sh"
-PY=${ECX_PYTHON:-/usr/bin/python3}
+# The interpreter with Mooncake's engine: ECX_PYTHON, else the venv's.
+PY=${ECX_PYTHON:-$here/../../.venv/bin/python}
+[ -x "$PY" ] || {
+	echo "FAIL - no $PY: run scripts/venv.sh (or set ECX_PYTHON)"
+	exit 1
+}
 seed=interop-$$
 engine=${ECX_INTEROP_ENGINE:-mooncake}
 
