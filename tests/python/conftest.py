@@ -17,6 +17,13 @@ import pytest
 _STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_stub")
 if _STUB not in sys.path:
     sys.path.insert(0, _STUB)
+# And this checkout's binding (ctest sets PYTHONPATH to it too), so that
+# `.venv/bin/python -m pytest tests/python` runs as it is; the binding then
+# finds this checkout's build/libecx.so unless ECX_LIBRARY says otherwise.
+_BINDING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                        "python")
+if os.path.abspath(_BINDING) not in map(os.path.abspath, sys.path):
+    sys.path.insert(1, os.path.abspath(_BINDING))
 
 
 def ecx_bin():
