@@ -213,8 +213,10 @@ static int list_ids(char urls[][ECX_ADDR_MAX], size_t nurls,
 		                 "none of the %zu registries could be listed",
 		                 nurls);
 	}
-	/* Sorted, each id once with its largest listed size. */
-	qsort(l->v, l->n, sizeof(*l->v), listed_order);
+	/* Sorted, each id once with its largest listed size (an empty list
+	 * has no array: qsort's must not be NULL). */
+	if (l->n > 1)
+		qsort(l->v, l->n, sizeof(*l->v), listed_order);
 	size_t m = 0;
 	for (size_t i = 0; i < l->n; i++) {
 		if (m > 0 && strcmp(l->v[m - 1].id, l->v[i].id) == 0) {
