@@ -1,4 +1,4 @@
-"""The EPD router (python -m ecx.vllm.router) as a real process, in front
+"""The EPD router (python -m ecx.router) as a real process, in front
 of stand-ins of vLLM's API (small aiohttp servers of this process on
 127.0.0.1, each recording what it was asked): the shape of the encoder
 requests, push mode's ec_transfer_params both ways, round-robin over
@@ -184,7 +184,7 @@ def vllm_error(status, message):
 # ---- the router process and a client ----
 
 class Router:
-    """python -m ecx.vllm.router --port 0 ARGS, its port read from its
+    """python -m ecx.router --port 0 ARGS, its port read from its
     first line; its stderr in a file."""
 
     def __init__(self, tmp_path, *args):
@@ -193,7 +193,7 @@ class Router:
         self.log = tmp_path / f"router-{time.monotonic_ns()}.log"
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ecx.vllm.router", "--port", "0",
+                [sys.executable, "-m", "ecx.router", "--port", "0",
                  *args], stdout=subprocess.PIPE, stderr=err, text=True,
                 env=env)
         sel = selectors.DefaultSelector()
@@ -582,7 +582,7 @@ def test_arguments_are_checked(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(PYTHONPATH))
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "ecx.vllm.router",
+        return subprocess.run([sys.executable, "-m", "ecx.router",
                                *args], capture_output=True, text=True,
                               env=env, timeout=60)
     out = run("--help")

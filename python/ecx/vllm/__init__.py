@@ -65,6 +65,25 @@ from .worker import NoWorker, Worker
 
 logger = logging.getLogger("ecx.vllm")
 
+
+def _log_where_vllm_logs():
+    """Inside vLLM, ecx's lines go where vLLM's go: its handler, its format
+    and VLLM_LOGGING_LEVEL. vLLM sets up its own logger alone, so without
+    this ecx's INFO lines (the counters every log_interval_s) were dropped
+    and its warnings came out bare, through Python's last-resort handler.
+    A handler already on "ecx.vllm" (the user's) is left as it is."""
+    vl = logging.getLogger("vllm")
+    if logger.handlers or not vl.handlers:
+        return
+    for h in vl.handlers:
+        logger.addHandler(h)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(vl.level)
+    logger.propagate = vl.propagate
+
+
+_log_where_vllm_logs()
+
 __all__ = ["ECXConnector", "ECXConnectorMetadata", "ECXWorkerMetadata",
            "ECXLoadSpec", "ECXConnectorStats", "VLLM_HAS_ASYNC_HOOKS",
            "parse_size"]

@@ -402,14 +402,15 @@ class Worker(NoWorker):
             pending, refused, seq = self._pushes.report()
             pushes = {"pushes_pending": pending, "saves_failed": refused,
                       "pushes_seq": seq}
+        # Every role logs its counters, a producer's pushes and saves too.
+        self._stats.maybe_log(self._cfg.log_interval_s,
+                              f"worker rank {self._rank}")
         if not self._is_consumer or not (self._async or self._push):
             return ECXWorkerMetadata(**pushes) if pushes else None
         if metadata is not None:
             self._process_metadata(metadata)
         self._poll_copies()
         held, failed = self._pulls.report()
-        self._stats.maybe_log(self._cfg.log_interval_s,
-                              f"worker rank {self._rank}")
         # Always an object, so a rank holding nothing is not skipped
         # when ranks are merged.
         push_failed, self._push_failed = self._push_failed, {}

@@ -1,7 +1,7 @@
 """The EPD router: an OpenAI front for encoder instances and prefill (or
 prefill+decode) instances of vLLM.
 
-    python -m ecx.vllm.router --encode http://enc0:8001 \\
+    python -m ecx.router --encode http://enc0:8001 \\
         --encode http://enc1:8001 --prefill http://pd0:8002 --port 8000
 
 POST /v1/chat/completions: every multimodal item of the messages
@@ -72,9 +72,10 @@ logged:
 
 The router keeps one aiohttp ClientSession; SIGINT or SIGTERM stops it,
 letting requests in flight finish for up to SHUTDOWN_GRACE_S seconds.
-It uses nothing of libecx or vLLM, but `python -m ecx.vllm.router`
-imports the packages ecx and ecx.vllm on the way (libecx, vLLM), so run
-it where the connector runs. aiohttp is the extra `ecx[router]`.
+It uses nothing of vLLM (it lives beside ecx.vllm, not in it, so that it
+starts without importing vLLM and torch) and nothing of libecx, though
+importing the package ecx loads the library. aiohttp is the extra
+`ecx[router]`; vLLM's environment has it.
 """
 import argparse
 import asyncio
@@ -510,7 +511,7 @@ def _urls(values, flag, parser):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        prog="python -m ecx.vllm.router",
+        prog="python -m ecx.router",
         description="The EPD router: an OpenAI server in front of vLLM "
         "encoder instances and prefill (or prefill+decode) instances. For "
         "POST /v1/chat/completions it has an encoder encode each "

@@ -1,0 +1,352 @@
+"""Real vLLM instances, ecx's router and requests, for tests/vllm/.
+
+Every instance is `python -m vllm.entrypoints.openai.api_server` of the
+test environment (.venv, scripts/venv.sh), started in a folder outside
+the checkout with no PYTHONPATH, so that the ecx it loads is the one
+installed from its wheel. Each binds 127.0.0.1 on a free port and is
+stopped by the test that started it (its whole process group).
+
+vLLM keys encoder outputs by a hash of the --model string and the item,
+so every instance is started as `--model tiny` from a folder holding
+`tiny/` (the poisoned encoder from another folder, whose `tiny/` has the
+vision merger negated: tests/vllm/make_model.py).
+"""
+
+import base64
+import concurrent.futures
+import io
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = os.environ.get("ECX_PYTHON") or sys.executable
+START_S = float(os.environ.get("ECX_VLLM_START_S", "600"))
+MAX_TOKENS = 32
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_ports(n):
+    """n distinct free ports (held together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def clean_env(extra=None):
+    """The environment of a process that must load the installed ecx."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "ECX_LIBRARY", "LD_LIBRARY_PATH")}
+    env.update({
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOGGING_LEVEL": "INFO",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+class Process:
+    """A subprocess in its own process group, its output in a log file."""
+
+    def __init__(self, name, argv, cwd, env, log_dir):
+        self.name = name
+        self.log_path = os.path.join(log_dir, name + ".log")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env,
+                                     stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def tail(self, n=40):
+        try:
+            with open(self.log_path, "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stop(self, timeout=30):
+        """SIGTERM to the group, SIGKILL after timeout; True if it ended
+        within the timeout."""
+        pgid = self.proc.pid
+        clean = True
+        if self.alive():
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                clean = False
+        # Children of the group (vLLM's engine core) go too.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            clean = False
+        self.log.close()
+        return clean
+
+
+LIVE = []  # the instances started and not yet stopped
+
+
+class Instance(Process):
+    """One vLLM API server."""
+
+    def __init__(self, name, cwd, log_dir, core, ec=None, extra_args=(),
+                 env=None):
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", "tiny", "--host", "127.0.0.1",
+                "--port", str(self.port), "--max-model-len", "2048",
+                "--max-num-seqs", "16", "--seed", "0"]
+        if ec is not None:
+            argv += ["--ec-transfer-config", json.dumps(ec)]
+        argv += list(extra_args)
+        self.argv = argv
+        super().__init__(name, argv, cwd,
+                         clean_env(dict(env or {},
+                                        VLLM_CPU_OMP_THREADS_BIND=str(core))),
+                         log_dir)
+        LIVE.append(self)
+
+    def stop(self, timeout=30):
+        if self in LIVE:
+            LIVE.remove(self)
+        return super().stop(timeout)
+
+    def healthy(self):
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+
+def wait_healthy(instances, timeout=START_S):
+    """Waits until every instance answers /health; raises with the log
+    tail of one that died or did not come up."""
+    deadline = time.monotonic() + timeout
+    pending = list(instances)
+    while pending:
+        for inst in list(pending):
+            if not inst.alive():
+                raise RuntimeError("%s exited (%s) while starting:\n%s" %
+                                   (inst.name, inst.proc.returncode, inst.tail()))
+            if inst.healthy():
+                pending.remove(inst)
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError("%s not healthy after %.0f s:\n%s" %
+                               (pending[0].name, timeout, pending[0].tail()))
+        if pending:
+            time.sleep(1)
+
+
+class Router(Process):
+    """ecx's EPD router (python -m ecx.router) of the test venv."""
+
+    def __init__(self, name, log_dir, cwd, mode, encoders, prefills,
+                 consumer_zmq=()):
+        argv = [PYTHON, "-m", "ecx.router", "--host", "127.0.0.1",
+                "--port", "0", "--mode", mode, "--timeout", "120"]
+        for e in encoders:
+            argv += ["--encode", e]
+        for p in prefills:
+            argv += ["--prefill", p]
+        for z in consumer_zmq:
+            argv += ["--consumer-zmq", z]
+        super().__init__(name, argv, cwd, clean_env(), log_dir)
+        deadline = time.monotonic() + 60
+        self.url = None
+        while self.url is None:
+            m = re.search(r"listening on (http://[0-9.:]+)", self.text())
+            if m:
+                self.url = m.group(1)
+            elif not self.alive() or time.monotonic() > deadline:
+                raise RuntimeError("router %s did not start:\n%s" %
+                                   (name, self.tail()))
+            else:
+                time.sleep(0.1)
+
+
+def image(w, h, seed):
+    """A PNG data URL of w x h pixels, its content from seed."""
+    from PIL import Image
+
+    rnd = random.Random(seed)
+    im = Image.new("RGB", (w, h))
+    px = im.load()
+    a, b, c = rnd.randrange(1, 255), rnd.randrange(1, 255), rnd.randrange(256)
+    for y in range(h):
+        for x in range(w):
+            px[x, y] = ((x * a + y) % 256, (y * b + x * 3) % 256,
+                        (c + rnd.randrange(64)) % 256)
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+# Image sizes (pixels): 4, 12, 48 and 192 tokens after the 2 x 2 merge.
+SIZES = [(64, 64), (112, 84), (224, 160), (448, 336)]
+
+
+def chat(images, text="Describe this image."):
+    content = [{"type": "image_url", "image_url": {"url": u}} for u in images]
+    content.append({"type": "text", "text": text})
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}],
+            "max_tokens": MAX_TOKENS, "temperature": 0, "seed": 0,
+            "ignore_eos": True, "return_token_ids": True}
+
+
+def post(url, body, timeout=180, path="/v1/chat/completions"):
+    """(status, parsed JSON or text) of a POST."""
+    req = urllib.request.Request(url + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        data = e.read().decode("utf-8", "replace")
+        try:
+            return e.code, json.loads(data)
+        except ValueError:
+            return e.code, data
+
+
+def tokens(url, body, timeout=180):
+    status, out = post(url, body, timeout)
+    assert status == 200, "%s answered %s: %s" % (url, status, out)
+    ids = out["choices"][0]["token_ids"]
+    assert len(ids) == MAX_TOKENS, out
+    return ids
+
+
+# vLLM 0.32's CPU build, on a loaded machine, sometimes leaves a request
+# waiting until the instance is sent another one: its worker process
+# sleeps in the poll of the shared-memory queue that feeds it (vLLM's
+# shm_broadcast) and the wake-up for the step is lost; the next message
+# wakes it and the waiting request goes on, unchanged. Seen in the
+# aggregated instance (no connector at all) with five instances on two
+# cores; the CPU platform allows no other executor. So a request slower
+# than NUDGE_S makes the harness send every live instance a one-token
+# text request; the count is printed at the end of the session.
+NUDGE_S = 8
+nudges = {"count": 0}
+
+
+def nudge_all():
+    nudges["count"] += 1
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 1}
+    for inst in list(LIVE):
+        try:
+            post(inst.url, body, timeout=5, path="/v1/completions")
+        except OSError:
+            pass
+
+
+def tokens_many(url, bodies, parallel=4, deadline_s=240):
+    """Token ids of each body, sent with `parallel` requests in flight."""
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        futures = [pool.submit(tokens, url, b, deadline_s) for b in bodies]
+        end = time.monotonic() + deadline_s
+        while True:
+            _, pending = concurrent.futures.wait(futures, timeout=NUDGE_S)
+            if not pending or time.monotonic() > end:
+                break
+            nudge_all()
+        return [f.result() for f in futures]
+
+
+def counters(inst, who="scheduler"):
+    """The last line of ECXConnector counters that inst logged for `who`,
+    as a dict (the connector logs them every log_interval_s while it
+    steps)."""
+    last = None
+    for line in inst.text().splitlines():
+        m = re.search(r"ECXConnector %s: (.*)$" % who, line)
+        if m:
+            last = m.group(1)
+    out = {}
+    for part in (last or "").split(", "):
+        k, _, v = part.rpartition(" ")
+        if k:
+            out[k] = float(v)
+    return out
+
+
+def fresh_counters(inst, who="scheduler", body=None):
+    """inst's counters as of now: waits past log_interval_s (1 s in these
+    tests), then has inst step once more (a request: text alone unless
+    body is given), so that it logs a line, and reads it."""
+    time.sleep(1.2)
+    status, out = post(inst.url, body or dict(chat([]), max_tokens=4))
+    assert status == 200, (inst.name, status, out)
+    return counters(inst, who)
+
+
+def requests_set(seed, sizes=SIZES, pairs=True):
+    """Chat bodies: one image of each size, and (pairs) two images of two
+    sizes in one request; the images drawn from seed, so a set is new to
+    every instance that has not seen that seed."""
+    bodies = []
+    for i, (w, h) in enumerate(sizes):
+        bodies.append(chat([image(w, h, seed * 100 + i)]))
+    if pairs:
+        for i in range(len(sizes) - 1):
+            (w1, h1), (w2, h2) = sizes[i], sizes[i + 1]
+            bodies.append(chat([image(w1, h1, seed * 100 + 50 + i),
+                                image(w2, h2, seed * 100 + 70 + i)],
+                               "Compare the two images."))
+    return bodies
+
+
+def describe(body):
+    """'64x64+112x84' for a body's images, for tables and messages."""
+    from PIL import Image
+
+    sizes = []
+    for part in body["messages"][0]["content"]:
+        if part["type"] == "image_url":
+            data = base64.b64decode(part["image_url"]["url"].split(",", 1)[1])
+            sizes.append("%dx%d" % Image.open(io.BytesIO(data)).size)
+    return "+".join(sizes)
