@@ -36,6 +36,7 @@ from vllm.v1.outputs import ECConnectorOutput
 
 from ecx.vllm import ECXConnector
 from ecx.vllm.push.pusher import PushSpec, Pusher
+from ecx.vllm.pushflow.encoder import REPORT_LAG_STEPS
 
 
 class ModelConfig:
@@ -683,6 +684,29 @@ def test_a_late_report_never_undoes_a_newer_one(encoder):
         assert not enc.sched.has_pending_push_work()
         assert enc.pushes().done == [
             (params["ec_items"][0]["transfer_id"], None)]
+    finally:
+        shards[0].stop()
+
+
+def test_an_engine_that_returns_no_reports_stops_stepping(encoder):
+    """vLLM 0.32's V1 model runner drops a producer's EC connector output,
+    so its reports never come: pending pushes then count only in the step
+    that sends them, or the engine steps at full speed for ever (seen in
+    real vLLM: 100% of a core after the first push)."""
+    shards = upstream_consumer(1)
+    try:
+        base = f"tcp://127.0.0.1:{shards[0].port}"
+        enc = encoder()
+        h = "deaf".ljust(64, "d")
+        params, _ = Proxy([base]).encoder_body([{"uuid": h}])
+        enc.plan(EncRequest("d0", [(h, 8)], params))
+        assert enc.sched.has_pending_push_work()
+        steps = 0
+        while enc.sched.has_pending_push_work():
+            steps += 1
+            assert steps < 10, "still pending after 10 steps with no report"
+            enc.sched.build_connector_meta(object())  # no report comes
+        assert steps == REPORT_LAG_STEPS
     finally:
         shards[0].stop()
 

@@ -100,8 +100,3 @@ def group(instances):
             inst.stop(5)
         raise
 
-
-def pytest_terminal_summary(terminalreporter):
-    terminalreporter.write_line(
-        "tests/vllm: %d nudges (late answers; harness.py, NUDGE_S)" %
-        harness.nudges["count"])

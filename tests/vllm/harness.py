@@ -126,9 +126,6 @@ class Process:
         return clean
 
 
-LIVE = []  # the instances started and not yet stopped
-
-
 class Instance(Process):
     """One vLLM API server."""
 
@@ -148,12 +145,6 @@ class Instance(Process):
                          clean_env(dict(env or {},
                                         VLLM_CPU_OMP_THREADS_BIND=str(core))),
                          log_dir)
-        LIVE.append(self)
-
-    def stop(self, timeout=30):
-        if self in LIVE:
-            LIVE.remove(self)
-        return super().stop(timeout)
 
     def healthy(self):
         try:
@@ -261,40 +252,10 @@ def tokens(url, body, timeout=180):
     return ids
 
 
-# vLLM 0.32's CPU build, on a loaded machine, sometimes leaves a request
-# waiting until the instance is sent another one: its worker process
-# sleeps in the poll of the shared-memory queue that feeds it (vLLM's
-# shm_broadcast) and the wake-up for the step is lost; the next message
-# wakes it and the waiting request goes on, unchanged. Seen in the
-# aggregated instance (no connector at all) with five instances on two
-# cores; the CPU platform allows no other executor. So a request slower
-# than NUDGE_S makes the harness send every live instance a one-token
-# text request; the count is printed at the end of the session.
-NUDGE_S = 8
-nudges = {"count": 0}
-
-
-def nudge_all():
-    nudges["count"] += 1
-    body = {"model": "tiny", "prompt": "hello", "max_tokens": 1}
-    for inst in list(LIVE):
-        try:
-            post(inst.url, body, timeout=5, path="/v1/completions")
-        except OSError:
-            pass
-
-
-def tokens_many(url, bodies, parallel=4, deadline_s=240):
+def tokens_many(url, bodies, parallel=4):
     """Token ids of each body, sent with `parallel` requests in flight."""
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        futures = [pool.submit(tokens, url, b, deadline_s) for b in bodies]
-        end = time.monotonic() + deadline_s
-        while True:
-            _, pending = concurrent.futures.wait(futures, timeout=NUDGE_S)
-            if not pending or time.monotonic() > end:
-                break
-            nudge_all()
-        return [f.result() for f in futures]
+        return list(pool.map(lambda b: tokens(url, b), bodies))
 
 
 def counters(inst, who="scheduler"):

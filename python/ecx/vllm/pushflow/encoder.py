@@ -66,6 +66,12 @@ def _consumer(request):
     return c if isinstance(c, str) and c else None
 
 
+# Steps a report may lag behind the metadata it answers (vLLM's
+# asynchronous scheduling builds the next step's first) before reports
+# are taken as never coming.
+REPORT_LAG_STEPS = 3
+
+
 class EncoderScheduler:
     """inner: the scheduler every other request and hook goes to."""
 
@@ -91,6 +97,15 @@ class EncoderScheduler:
         self._word = (-1, 0)
         self._since = {}
         self._failed = set()    # request ids whose push was refused
+        # Steps built since the workers' last report. vLLM 0.32's V1 model
+        # runner drops a producer's EC connector output (the encoder step
+        # returns make_empty_encoder_model_runner_output(), which carries
+        # none), so no report ever comes: pushes then count as pending
+        # only in the step that sends them (they run on the push threads,
+        # no step drives them), or the engine would step at full speed
+        # for ever after the first push.
+        self._unreported = 0
+        self._deaf_warned = False
 
     def __getattr__(self, name):
         if name == "_inner":
@@ -152,6 +167,7 @@ class EncoderScheduler:
         meta.pushes = list(self._plans.values())
         self._plans = {}
         self._seq += 1
+        self._unreported += 1
         meta.push_seq = self._seq
         # Pending until a report that counts this metadata says otherwise.
         if meta.pushes:
@@ -170,11 +186,22 @@ class EncoderScheduler:
 
     @property
     def _pending(self):
+        if self._unreported > REPORT_LAG_STEPS:
+            if self._since and not self._deaf_warned:
+                self._deaf_warned = True
+                logger.warning(
+                    "ECXConnector: this vLLM returns no reports from the "
+                    "encoder's workers (%d steps without one): pushes are "
+                    "not waited for in steps, and a failed push is seen in "
+                    "the encoder's log only", self._unreported)
+            self._since.clear()
+            return 0
         return self._word[1] + sum(self._since.values())
 
     def update_connector_output(self, connector_output):
         wm = getattr(connector_output, "ec_connector_worker_meta", None)
         if isinstance(wm, ECXWorkerMetadata):
+            self._unreported = 0
             self._take_word(int(getattr(wm, "pushes_seq", -1)),
                             int(getattr(wm, "pushes_pending", 0) or 0))
             self._failed |= set(getattr(wm, "saves_failed", None) or ())
