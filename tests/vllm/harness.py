@@ -136,7 +136,13 @@ class Instance(Process):
         argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", "tiny", "--host", "127.0.0.1",
                 "--port", str(self.port), "--max-model-len", "2048",
-                "--max-num-seqs", "16", "--seed", "0"]
+                "--max-num-seqs", "16", "--seed", "0",
+                # float32 as the weights are: in bfloat16 (vLLM's default
+                # on a CPU) an image encoded beside other requests' images
+                # can round differently from the same image encoded in
+                # another batch, and a near tie then flips a greedy token
+                # (seen once in 7 requests with ECExampleConnector)
+                "--dtype", "float32"]
         if ec is not None:
             argv += ["--ec-transfer-config", json.dumps(ec)]
         argv += list(extra_args)

@@ -211,7 +211,11 @@ class ECXConnector(ECConnectorBase):
         self._scheduler.update_state_after_free(request, index)
 
     def build_connector_meta(self, scheduler_output) -> ECConnectorMetadata:
-        return self._scheduler.build_connector_meta(scheduler_output)
+        meta = self._scheduler.build_connector_meta(scheduler_output)
+        # Every flow's scheduler (pull, push alone, an encoder's) logs its
+        # counters every log_interval_s while the engine steps.
+        self._stats.maybe_log(self._cfg.log_interval_s, "scheduler")
+        return meta
 
     def update_connector_output(self, connector_output):
         self._scheduler.update_connector_output(connector_output)

@@ -390,7 +390,6 @@ class AsyncScheduler(Scheduler):
         self._drained = False
         self._wait_left = self._cfg.pull_wait_ms / 1e3
         self._leases.flush()
-        self._stats.maybe_log(self._cfg.log_interval_s, "scheduler")
         return meta
 
     def update_connector_output(self, connector_output):
