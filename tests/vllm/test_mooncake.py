@@ -61,10 +61,15 @@ def cross(workdir, logs, aggregated):
             "ecx->mooncake": harness.Router(
                 "router-ecx-to-mooncake", logs, good, "push", [ecx_enc.url],
                 [mc_pre.url], ["tcp://127.0.0.1:%d" % mc_port]),
+            # Two encoders, one of each, items round-robin between them.
+            "both->ecx": harness.Router(
+                "router-both-to-ecx", logs, good, "push",
+                [mc_enc.url, ecx_enc.url], [ecx_pre.url],
+                ["tcp://127.0.0.1:%d" % ecx_port]),
         }
         procs += routers.values()
         yield {"ecx-prefill": ecx_pre, "ecx-encoder": ecx_enc,
-               "routers": routers}
+               "mooncake-encoder": mc_enc, "routers": routers}
     finally:
         for p in procs:
             p.stop()
@@ -96,3 +101,18 @@ def test_ecx_encoder_into_vllm_mooncake_prefill(cross, aggregated, table):
     poke = harness.chat([harness.image(64, 64, 2299)])
     done = harness.fresh_counters(enc, "worker rank 0", poke)
     assert done.get("pushes_done", 0) == n, done
+
+
+def test_two_encoders_of_both_kinds_into_ecx_prefill(cross, aggregated, table):
+    """The router spreads a request's images over several encoders: here
+    vLLM's Mooncake encoder and ecx's, both pushing into one ecx prefill."""
+    pre = cross["ecx-prefill"]
+    encs = [cross["mooncake-encoder"], cross["ecx-encoder"]]
+    posts = [e.text().count("POST /v1/chat/completions") for e in encs]
+    before = harness.fresh_counters(pre).get("push_items_ready", 0)
+    n = run(cross, aggregated, table, "both->ecx", 23)
+    after = harness.fresh_counters(pre).get("push_items_ready", 0)
+    assert after - before == n, (after, before, n)
+    got = [e.text().count("POST /v1/chat/completions") - p
+           for e, p in zip(encs, posts)]
+    assert sum(got) == n and min(got) >= n // 2, got
