@@ -140,10 +140,13 @@ def main():
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     prod = pusher = sub = None
     try:
-        def said(what):  # the child's next line, within 30 s
-            if not select.select([child.stdout], [], [], 30)[0]:
+        # The child's next line, within 90 s: its first, after importing
+        # torch and vLLM's classes, took over 30 s under ASan on a loaded
+        # machine (CI's sanitized pass).
+        def said(what):
+            if not select.select([child.stdout], [], [], 90)[0]:
                 raise RuntimeError(f"the shard's process gave no {what} "
-                                   "in 30 s")
+                                   "in 90 s")
             line = child.stdout.readline()
             if not line:
                 raise RuntimeError(f"the shard's process ended before "
