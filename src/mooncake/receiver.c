@@ -215,7 +215,7 @@ static void d_close(ecx_mc_recv *r, dconn *d, bool cut)
 	for (size_t i = 0; i < ECX_MC_DATA_CONNS_MAX; i++)
 		if (r->dc[i] == d)
 			r->dc[i] = NULL;
-	close(d->fd);
+	recv_ep_close(r, d->fd);
 	if (cut)
 		COUNT(r, cut);
 	free(d);

@@ -103,10 +103,12 @@ struct ecx_mc_recv {
 
 /* recv_sock.c: a listening socket at host (NULL or "": every address,
  * dual-stack), non-blocking, with its port in *port: the descriptor, or a
- * negative ecx error with why; epoll registrations; TCP_NODELAY. */
+ * negative ecx error with why; epoll registrations (a connection leaves
+ * epoll before its close); TCP_NODELAY. */
 int recv_listen(const char *host, uint16_t *port, char *why, size_t whylen);
 void recv_ep_add(ecx_mc_recv *r, int fd, uint32_t ev, tag *t);
 void recv_ep_mod(ecx_mc_recv *r, int fd, uint32_t ev, tag *t);
+void recv_ep_close(ecx_mc_recv *r, int fd);
 void recv_nodelay(int fd);
 
 /* recv_hs.c: the handshake listener's accepts, a connection's events, and

@@ -20,7 +20,7 @@ void recv_hs_close(ecx_mc_recv *r, hsconn *h, bool refused)
 	for (size_t i = 0; i < ECX_MC_HS_CONNS_MAX; i++)
 		if (r->hs[i] == h)
 			r->hs[i] = NULL;
-	close(h->fd);
+	recv_ep_close(r, h->fd);
 	if (refused)
 		COUNT(r, hs_refused);
 	free(h->body);

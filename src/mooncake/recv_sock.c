@@ -99,6 +99,16 @@ void recv_ep_add(ecx_mc_recv *r, int fd, uint32_t ev, tag *t)
 	(void)epoll_ctl(r->ep, EPOLL_CTL_ADD, fd, &e);
 }
 
+/* A registration ends with its descriptor only when no other descriptor
+ * shares its file: a child forked in this process (Python's subprocess, say)
+ * holds a copy until its exec, and meanwhile epoll would go on reporting the
+ * file with a tag already freed. So every connection leaves epoll first. */
+void recv_ep_close(ecx_mc_recv *r, int fd)
+{
+	(void)epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
+	close(fd);
+}
+
 void recv_ep_mod(ecx_mc_recv *r, int fd, uint32_t ev, tag *t)
 {
 	struct epoll_event e = {.events = ev, .data.ptr = t};

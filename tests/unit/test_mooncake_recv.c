@@ -5,8 +5,9 @@
  * across its end, past its expiry or after its release, a header claiming
  * 2^63 bytes, size 0, a wrapping range, a READ, truncated frames, garbage
  * JSON, an RDMA handshake, a flood of handshakes, a peer that stops
- * mid-frame; and the hash of a hashed reservation, made as bytes land,
- * void where bytes land in its range through an overlapping one. */
+ * mid-frame; the hash of a hashed reservation, made as bytes land,
+ * void where bytes land in its range through an overlapping one; and
+ * connections closed while a forked child still holds their sockets. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,7 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -640,6 +643,65 @@ static void test_flood_and_stalls(void **state)
 	assert_int_equal(ecx_mc_recv_release(f->r, id2), 4096);
 }
 
+/* CPU time this process has used, in ms. */
+static uint64_t cpu_ms(void)
+{
+	struct rusage u;
+	getrusage(RUSAGE_SELF, &u);
+	return (uint64_t)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000 +
+	       (uint64_t)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1000;
+}
+
+/* A child forked while the receiver holds open connections (Python's
+ * subprocess in a prefill does this) keeps a copy of each socket until it
+ * execs or exits. The receiver closing a connection meanwhile must not
+ * leave it in epoll: its closed file would go on being reported with the
+ * freed connection as its tag (a use after free; ASan's, seen in CI) and
+ * the loop would spin. Here the copies live 300 ms: the receiver stays
+ * idle, and serves once the child is gone. */
+static void test_closed_while_a_child_holds_them(void **state)
+{
+	fix *f = *state;
+	int hs = dial(f->hs_port);
+	size_t fl = 0;
+	uint8_t *frame =
+	    ecx_mc_hs_frame_encode(ECX_MC_HS_METADATA, "{\"name\":\"x:1\"}\n",
+	                           15 /* its length */, &fl);
+	send_all(hs, frame, fl);
+	free(frame);
+	uint8_t *ans;
+	assert_true(read_to_eof(hs, &ans) > ECX_MC_HS_PREFIX);
+	free(ans); /* the receiver drains hs now, its socket open */
+	uint64_t id =
+	    ecx_mc_recv_reserve(f->r, A(f, 0), 4096, now_ns() + 5000000000u);
+	int data = dial(f->data_port);
+	assert_int_equal(write_v2(data, A(f, 0), 4096, 7), ECX_MC_STATUS_OK);
+	msleep(20);
+	pid_t child = fork();
+	assert_true(child >= 0);
+	if (child == 0) { /* holds the receiver's ends, not ours */
+		close(hs);
+		close(data);
+		usleep(300 * 1000);
+		_exit(0);
+	}
+	close(hs); /* the receiver closes both; the child holds copies */
+	close(data);
+	msleep(30);
+	uint64_t before = cpu_ms();
+	msleep(200);
+	uint64_t spent = cpu_ms() - before;
+	int st;
+	assert_int_equal(waitpid(child, &st, 0), child);
+	assert_true(spent < 100); /* a stale registration spins: ~200 */
+	assert_true(all(f->mem, 4096, 7));
+	ecx_mc_segment s;
+	get_segment(f, &s);
+	ecx_mc_segment_free(&s);
+	assert_int_equal(stats(f).cut, 0);
+	assert_int_equal(ecx_mc_recv_release(f->r, id), 4096);
+}
+
 static int u64cmp(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -745,6 +807,8 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_flood_and_stalls, setup,
 	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_writer, setup, teardown),
+	    cmocka_unit_test_setup_teardown(
+	        test_closed_while_a_child_holds_them, setup, teardown),
 	    cmocka_unit_test(test_dual_stack),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
