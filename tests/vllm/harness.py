@@ -291,6 +291,19 @@ def fresh_counters(inst, who="scheduler", body=None):
     return counters(inst, who)
 
 
+def prometheus(inst):
+    """inst's /metrics as {name: value}, each name's samples summed over
+    their labels."""
+    with urllib.request.urlopen(inst.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
 def requests_set(seed, sizes=SIZES, pairs=True):
     """Chat bodies: one image of each size, and (pairs) two images of two
     sizes in one request; the images drawn from seed, so a set is new to

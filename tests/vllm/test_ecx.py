@@ -13,6 +13,7 @@ vLLM's V1 model runner is the one installed, unpatched.
 """
 
 import os
+import time
 
 import pytest
 
@@ -144,6 +145,38 @@ def test_streaming_through_the_router(ecx, aggregated):
                 ids += choice.get("token_ids") or []
     assert chunks > 1
     assert ids == want
+
+
+def test_counters_in_vllm_s_own_metrics(ecx, aggregated):
+    """ecx's counters are in each instance's /metrics (vLLM's endpoint,
+    fed through the connector's build_prom_metrics): the items a pull
+    brought and the bytes loaded count up there as in the connector's
+    own log line."""
+    pre, enc = ecx["prefill"], ecx["encoder"]
+    bodies = harness.requests_set(7, pairs=False)
+    before = harness.prometheus(pre)
+    for name in ("vllm:ecx_items_remote_total", "vllm:ecx_bytes_loaded_total",
+                 "vllm:ecx_request_wait_seconds_total"):
+        assert name in before, "%s not in the prefill's /metrics" % name
+    assert "vllm:ecx_pushes_done_total" in harness.prometheus(enc)
+    want = aggregated.tokens(bodies)
+    assert harness.tokens_many(ecx["routers"]["pull"].url, bodies) == want
+    harness.fresh_counters(pre)  # one step more: the last stats sent
+    deadline = time.monotonic() + 10
+    while True:
+        after = harness.prometheus(pre)
+        grew = (after["vllm:ecx_items_remote_total"] -
+                before["vllm:ecx_items_remote_total"])
+        if grew >= len(bodies) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert grew == len(bodies), (before, after)
+    loaded = (after["vllm:ecx_bytes_loaded_total"] -
+              before["vllm:ecx_bytes_loaded_total"])
+    assert loaded > 0
+    # the same count as the connector's own log line
+    log = harness.counters(pre)
+    assert after["vllm:ecx_items_remote_total"] == log["items_remote"], log
 
 
 def test_a_bad_image_is_the_client_s_error(ecx):

@@ -218,6 +218,11 @@ class ECXConnector(ECConnectorBase):
         return meta
 
     def update_connector_output(self, connector_output):
+        # The workers' counters of the step (ECXWorkerMetadata.stats) join
+        # the interval vLLM takes next, and so its /metrics.
+        wm = getattr(connector_output, "ec_connector_worker_meta", None)
+        for k, v in (getattr(wm, "stats", None) or {}).items():
+            self._stats.add_interval(k, v)
         self._scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request):
@@ -238,6 +243,14 @@ class ECXConnector(ECConnectorBase):
     @classmethod
     def build_ec_connector_stats(cls, data=None):
         return ECXConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                           per_engine_labelvalues):
+        """The interval's counters in vLLM's /metrics (ecx/vllm/prom.py)."""
+        from .prom import ECXPromMetrics
+        return ECXPromMetrics(vllm_config, metric_types, labelnames,
+                              per_engine_labelvalues)
 
     def stats(self) -> dict:
         """Counters since start (lookups, pulls, bytes, failures, seconds

@@ -110,13 +110,17 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
     pushes_seq, the push_seq of the newest metadata it had taken when it
     counted them (merged: the oldest of the ranks that push; -1 where no
     rank pushes); saves_failed, request ids whose push was refused (a
-    transfer_id it already pushes elsewhere)."""
+    transfer_id it already pushes elsewhere). stats: the rank's counters
+    of the interval not yet taken by get_ec_connector_stats (summed):
+    vLLM 0.32's model runner never asks a worker for them, so they reach
+    the scheduler, and vLLM's metrics, this way."""
     held: set = field(default_factory=set)
     failed: dict = field(default_factory=dict)
     push_failed: dict = field(default_factory=dict)
     pushes_pending: int = 0
     pushes_seq: int = -1
     saves_failed: set = field(default_factory=set)
+    stats: dict = field(default_factory=dict)
 
     def aggregate(self, other):
         if not isinstance(other, ECXWorkerMetadata):
@@ -128,7 +132,9 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
             pushes_pending=self.pushes_pending + other.pushes_pending,
             pushes_seq=min((s for s in (self.pushes_seq, other.pushes_seq)
                             if s >= 0), default=-1),
-            saves_failed=self.saves_failed | other.saves_failed)
+            saves_failed=self.saves_failed | other.saves_failed,
+            stats={k: self.stats.get(k, 0) + other.stats.get(k, 0)
+                   for k in self.stats.keys() | other.stats.keys()})
 
 
 _STATS_BASE = ECConnectorStats if ECConnectorStats is not None else object
@@ -164,6 +170,11 @@ class Counters:
 
     def add(self, name, n=1):
         self.total[name] = self.total.get(name, 0) + n
+        self.interval[name] = self.interval.get(name, 0) + n
+
+    def add_interval(self, name, n):
+        """Counts n in the interval only: a worker's, reported to the
+        scheduler, whose totals stay its own."""
         self.interval[name] = self.interval.get(name, 0) + n
 
     def take_interval(self):

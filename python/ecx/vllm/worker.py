@@ -406,7 +406,10 @@ class Worker(NoWorker):
         self._stats.maybe_log(self._cfg.log_interval_s,
                               f"worker rank {self._rank}")
         if not self._is_consumer or not (self._async or self._push):
-            return ECXWorkerMetadata(**pushes) if pushes else None
+            if not pushes:
+                return None
+            return ECXWorkerMetadata(stats=self._stats.take_interval(),
+                                     **pushes)
         if metadata is not None:
             self._process_metadata(metadata)
         self._poll_copies()
@@ -415,7 +418,9 @@ class Worker(NoWorker):
         # when ranks are merged.
         push_failed, self._push_failed = self._push_failed, {}
         return ECXWorkerMetadata(held=held, failed=failed,
-                                 push_failed=push_failed, **(pushes or {}))
+                                 push_failed=push_failed,
+                                 stats=self._stats.take_interval(),
+                                 **(pushes or {}))
 
     def start_worker_services(self) -> None:
         if self._push is not None:
