@@ -68,6 +68,18 @@ async def answer_failures(request, handler):
         return f.response()
 
 
+async def _drop(task):
+    """Ends a prefill request task: cancelled if still opening, its
+    response closed (the connection with it) if it has one."""
+    if not task.done():
+        task.cancel()
+    try:
+        resp = await task
+    except (asyncio.CancelledError, Failure):
+        return
+    resp.close()
+
+
 def media_items(body):
     """The multimodal items of a chat request's messages, in order."""
     items = []
@@ -108,6 +120,7 @@ class Router:
         self.prefills = args.prefill
         self.consumers = args.consumer_zmq
         self.push = args.mode == "push"
+        self.overlap = not getattr(args, "sequential", False)
         self.timeout_s = args.timeout
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
         self._enc = 0
@@ -174,18 +187,20 @@ class Router:
     # ---- encoding ----
 
     async def _encode_item(self, body, item, k, first, rid, consumer,
-                           headers):
+                           headers, tid=None):
         """Encodes item (the k-th of request rid) on encoder first, or in
-        push mode once more on the next one where it fails softly.
-        Returns (mm_hash, entry, transfer_id) in push mode and None in
-        pull mode, or the Failure."""
-        tries = 2 if consumer is not None and len(self.encoders) > 1 else 1
+        push mode once more on the next one where it fails softly (not
+        when tid, the transfer id the prefill already waits for, is
+        given). Returns (mm_hash, entry, transfer_id) in push mode and
+        None in pull mode, or the Failure."""
+        tries = 2 if consumer is not None and len(self.encoders) > 1 and \
+            tid is None else 1
         failure = None
         for t in range(tries):
             url = self.encoders[(first + t) % len(self.encoders)]
             if t:
                 self.counters["encoder_retries"] += 1
-            tid = uuid.uuid4().hex
+            tid = tid or uuid.uuid4().hex
             req = {"model": body.get("model"),
                    "messages": [{"role": "user", "content": [item]}],
                    "max_tokens": 1, "stream": False}
@@ -207,6 +222,7 @@ class Router:
                 logger.warning("item %d of %s: %s", k, rid,
                                json.loads(f.body)["error"]["message"])
                 self.counters["encoder_failures"] += 1
+                tid = None
                 continue
             if 400 <= status < 500:
                 self.counters["upstream_errors"] += 1
@@ -217,6 +233,7 @@ class Router:
                                k, rid, url, status,
                                data[:300].decode(errors="replace"))
                 self.counters["encoder_failures"] += 1
+                tid = None
                 continue
             if consumer is None:
                 return None
@@ -294,12 +311,23 @@ class Router:
         answer: read whole, or passed on chunk by chunk when it is an
         event stream."""
         url = self.prefills[i] + path
+        resp = await self._open(request, url, body, rid)
+        return await self._relay(request, url, resp, rid)
+
+    async def _open(self, request, url, body, rid):
+        """POSTs body to url: the response, its headers read. Raises a
+        soft Failure (502, 504)."""
         try:
-            resp = await self.session.post(
+            return await self.session.post(
                 url, data=json.dumps(body).encode(),
                 headers=self._headers(request, rid))
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as e:
             raise self._fail(url, e) from None
+
+    async def _relay(self, request, url, resp, rid):
+        """Answers the client with resp (of url): read whole, or passed on
+        chunk by chunk when it is an event stream; resp is released or
+        closed."""
         done = False
         try:
             if resp.status >= 400 or \
@@ -370,9 +398,62 @@ class Router:
         rid = self._rid(request)
         i = self._pick_prefill()
         consumer = self.consumers[i] if self.push else None
+        if consumer is not None and self.overlap and media_items(body):
+            return await self._chat_overlapped(request, body, rid, i,
+                                               consumer)
         body = await self._encode(request, body, rid, consumer)
         return await self._forward(request, i, "/v1/chat/completions", body,
                                    rid)
+
+    async def _chat_overlapped(self, request, body, rid, i, consumer):
+        """Push mode, overlapped: the prefill request goes out at once,
+        beside the encoder requests, naming each item's transfer_id by its
+        position (ec_items without mm_hash, upstream's lookup by index),
+        so that the prefill handles the request and processes its media
+        while the encoders encode and push. Its answer reaches the client
+        once every encoder has answered. Where an encoder failed softly,
+        the prefill request is dropped (its connection closed: vLLM aborts
+        it and its consumer cancels the transfers) and the request is
+        sent again without ec_transfer_params, for the prefill to encode
+        (or pull) itself; an encoder's 4xx ends it."""
+        items = media_items(body)
+        keys = [json.dumps(it, sort_keys=True) for it in items]
+        first_of = {}
+        for key, item in zip(keys, items):
+            first_of.setdefault(key, item)
+        unique = list(first_of)
+        tids = {key: uuid.uuid4().hex for key in unique}
+        n = len(self.encoders)
+        first, self._enc = self._enc, (self._enc + len(unique)) % n
+        headers = self._headers(request, rid)
+        params = dict(body.get("ec_transfer_params") or {})
+        params.pop("consumer_zmq", None)
+        params["ec_items"] = [{"transfer_id": tids[key]} for key in keys]
+        url = self.prefills[i] + "/v1/chat/completions"
+        prefill = asyncio.ensure_future(self._open(
+            request, url, dict(body, ec_transfer_params=params), rid))
+        try:
+            got = await asyncio.gather(*(
+                self._encode_item(body, first_of[key], k, (first + k) % n,
+                                  rid, consumer, headers, tids[key])
+                for k, key in enumerate(unique)))
+        except BaseException:
+            await _drop(prefill)
+            raise
+        failed = [g for g in got if isinstance(g, Failure)]
+        if failed:
+            await _drop(prefill)
+            hard = [f for f in failed if not f.soft]
+            if hard:
+                raise hard[0]
+            self.counters["items_not_encoded"] += len(failed)
+            logger.warning("%s: %d of %d items not pushed; the prefill gets "
+                           "the request again without ec_transfer_params",
+                           rid, len(failed), len(unique))
+            return await self._forward(request, i, "/v1/chat/completions",
+                                       body, rid)
+        resp = await prefill
+        return await self._relay(request, url, resp, rid)
 
     async def completions(self, request):
         self.counters["requests"] += 1

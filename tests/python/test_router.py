@@ -366,13 +366,14 @@ def test_completions_models_health(start, standin):
 # ---- push mode ----
 
 def test_push_ec_transfer_params_both_ways(start, standin):
+    """--sequential: upstream's proxy's order and params."""
     e0 = standin("e0", encoder_ok)
     e1 = standin("e1", encoder_ok)
     p0 = standin("p0", prefill_ok)
     p1 = standin("p1", prefill_ok)
     zmq = ["tcp://10.0.0.5:14579", "tcp://10.0.0.6:14579"]
-    r = start("--mode", "push", "--encode", e0.url, "--encode", e1.url,
-              "--prefill", p0.url, "--prefill", p1.url,
+    r = start("--mode", "push", "--sequential", "--encode", e0.url,
+              "--encode", e1.url, "--prefill", p0.url, "--prefill", p1.url,
               "--consumer-zmq", zmq[0], "--consumer-zmq", zmq[1])
     # The same image twice: encoded and pushed once, named twice.
     items = [image("a"), AUDIO, image("b"), image("a")]
@@ -413,11 +414,13 @@ def test_push_ec_transfer_params_both_ways(start, standin):
 
 
 def test_push_retries_on_the_other_encoder(start, standin):
+    """--sequential: a failed item is tried on the next encoder."""
     bad = standin("bad", fails_with(500, vllm_error(500, "engine dead")))
     good = standin("good", encoder_ok)
     pre = standin("pre", prefill_ok)
-    r = start("--mode", "push", "--encode", bad.url, "--encode", good.url,
-              "--prefill", pre.url, "--consumer-zmq", "tcp://127.0.0.1:9")
+    r = start("--mode", "push", "--sequential", "--encode", bad.url,
+              "--encode", good.url, "--prefill", pre.url,
+              "--consumer-zmq", "tcp://127.0.0.1:9")
     items = [image("a"), image("b")]
     status, _, body = r.post(chat(*items))
     assert status == 200, body
@@ -432,7 +435,8 @@ def test_push_retries_on_the_other_encoder(start, standin):
 
 
 def test_push_without_a_push_forwards_bare_or_fails(start, standin):
-    """One encoder: an item it fails (503 for image b) is not pushed. All
+    """--sequential, one encoder: an item it fails (503 for image b) is
+    not pushed. All
     of a request's items failed: the prefill gets it without
     ec_transfer_params; some pushed and some not: the client gets the
     encoder's error and the prefill nothing."""
@@ -446,8 +450,8 @@ def test_push_without_a_push_forwards_bare_or_fails(start, standin):
         return await encoder_ok(s, request, path, body)
     enc = standin("enc", picky)
     pre = standin("pre", prefill_ok)
-    r = start("--mode", "push", "--encode", enc.url, "--prefill", pre.url,
-              "--consumer-zmq", "tcp://127.0.0.1:9")
+    r = start("--mode", "push", "--sequential", "--encode", enc.url,
+              "--prefill", pre.url, "--consumer-zmq", "tcp://127.0.0.1:9")
     req = chat(image("b"))
     assert r.post(req)[0] == 200
     assert pre.posts() == [req]
@@ -455,6 +459,112 @@ def test_push_without_a_push_forwards_bare_or_fails(start, standin):
     assert (status, body) == (503, err)
     assert len(pre.posts()) == 1
     assert r.metrics()["items_not_encoded"] == 2
+
+
+def test_push_overlapped_prefill_request_goes_out_at_once(start, standin):
+    """Push mode (overlapped, the default): the prefill has its request
+    while the encoders are still encoding (they answer only once it has),
+    with each item's transfer_id by position and no mm_hash, the client's
+    keys kept; the client gets the prefill's answer."""
+    p0 = standin("p0", prefill_ok)
+
+    async def waits_for_prefill(s, request, path, body):
+        deadline = time.monotonic() + 5
+        while not p0.posts() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        s.saw_prefill = bool(p0.posts())
+        return await encoder_ok(s, request, path, body)
+    e0 = standin("e0", waits_for_prefill)
+    e1 = standin("e1", waits_for_prefill)
+    zmq = "tcp://10.0.0.5:14579"
+    r = start("--mode", "push", "--encode", e0.url, "--encode", e1.url,
+              "--prefill", p0.url, "--consumer-zmq", zmq)
+    items = [image("a"), AUDIO, image("b"), image("a")]
+    req = chat(*items, ec_transfer_params={"client_key": 1})
+    t0 = time.monotonic()
+    status, _, body = r.post(req)
+    assert status == 200 and json.loads(body)["choices"][0]["message"][
+        "content"] == "answer of p0", body
+    assert time.monotonic() - t0 < 4, "the encoders waited for the prefill"
+    assert e0.saw_prefill and e1.saw_prefill
+    tid_of = {}
+    for b in e0.posts() + e1.posts():
+        ec = b["ec_transfer_params"]
+        assert ec["consumer_zmq"] == zmq
+        (item,) = b["messages"][0]["content"]
+        tid_of[json.dumps(item)] = ec["ec_items"][0]["transfer_id"]
+    assert len(tid_of) == 3  # the same image twice: encoded once
+    (got,) = p0.posts()
+    params = got["ec_transfer_params"]
+    assert params == {"client_key": 1, "ec_items": [
+        {"transfer_id": tid_of[json.dumps(it)]} for it in items]}
+    assert {k: v for k, v in got.items() if k != "ec_transfer_params"} \
+        == {k: v for k, v in req.items() if k != "ec_transfer_params"}
+
+
+def test_push_overlapped_failed_encoder_sends_the_request_again(
+        start, standin):
+    """Overlapped: an encoder that fails softly (503 for image b) drops the
+    prefill request in flight, which the router sends again without
+    ec_transfer_params (the prefill encodes); an encoder's 400 ends the
+    request with that answer. The prefill answers a request with
+    ec_transfer_params with its headers at once (as vLLM's stream does)
+    and nothing more until its connection closes: the router must close
+    it."""
+    err = vllm_error(503, "overloaded")
+    bad = vllm_error(400, "not an image")
+
+    async def picky(s, request, path, body):
+        text = json.dumps(body["messages"]) if body else ""
+        if "b.jpg" in text:
+            return web.Response(status=503, body=err,
+                                content_type="application/json")
+        if "c.jpg" in text:
+            return web.Response(status=400, body=bad,
+                                content_type="application/json")
+        return await encoder_ok(s, request, path, body)
+
+    async def holds_pushed(s, request, path, body):
+        if body and body.get("ec_transfer_params"):
+            # Headers first, as vLLM's streamed answer has them at once.
+            resp = web.StreamResponse()
+            resp.headers["Content-Type"] = "text/event-stream"
+            await resp.prepare(request)
+            deadline = time.monotonic() + 20  # until the router drops it
+            while time.monotonic() < deadline:
+                t = request.transport
+                if t is None or t.is_closing():
+                    s.dropped += 1
+                    break
+                await asyncio.sleep(0.01)
+            return resp
+        return await prefill_ok(s, request, path, body)
+    enc = standin("enc", picky)
+    pre = standin("pre", holds_pushed)
+    pre.dropped = 0
+    r = start("--mode", "push", "--encode", enc.url, "--prefill", pre.url,
+              "--consumer-zmq", "tcp://127.0.0.1:9")
+    req = chat(image("a"), image("b"))
+    t0 = time.monotonic()
+    status, _, body = r.post(req)
+    assert status == 200, body
+    assert time.monotonic() - t0 < 10
+    first, again = pre.posts()
+    deadline = time.monotonic() + 5
+    while not pre.dropped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pre.dropped == 1
+    assert len(first["ec_transfer_params"]["ec_items"]) == 2
+    assert again == req
+    assert r.metrics()["items_not_encoded"] == 1
+    status, _, body = r.post(chat(image("c")))
+    assert (status, body) == (400, bad)
+    assert len(pre.posts()) == 3  # the dropped one only
+    deadline = time.monotonic() + 5
+    while pre.dropped < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pre.dropped == 2
+    assert r.metrics()["items_not_encoded"] == 1
 
 
 # ---- streams ----
