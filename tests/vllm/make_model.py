@@ -2,6 +2,7 @@
 """Makes a tiny Qwen2.5-VL model that vLLM serves, from nothing.
 
     python tests/vllm/make_model.py DIR [--poison] [--seed N]
+        [--hidden N --layers N --max-pixels N]
 
 DIR gets what `vllm ... --model DIR` reads: config.json (Qwen2.5-VL's
 architecture at toy sizes: text hidden 128, 2 layers; vision depth 2,
@@ -9,6 +10,11 @@ hidden 64), a byte-level BPE tokenizer trained here on a few lines of
 text, with Qwen's special tokens and a Qwen-style chat template, the
 image processor's config, and float32 random weights as safetensors
 (about 0.8 M parameters, 3.2 MB). Nothing is downloaded.
+
+--hidden, --layers and --max-pixels make a larger variant of the same
+model, whose image embeddings are the size a real model's are:
+bench/vllm_epd.py's "mib" model is --hidden 1024 --layers 1 --max-pixels
+1003520 (a 1280x720 image: 1,196 tokens x 1,024 float32, 4.9 MB).
 
 The weights are drawn with a standard deviation of 0.2: at 0.05 greedy
 outputs were nearly the same whatever the image, at 0.2 each image gives
@@ -123,7 +129,7 @@ def make_tokenizer(out):
     return {t: tok.token_to_id(t) for t in SPECIAL}, tok.get_vocab_size()
 
 
-def make_config(ids, vocab):
+def make_config(ids, vocab, hidden=128, layers=2):
     from transformers import Qwen2_5_VLConfig
 
     # Room for the vocabulary, rounded up.
@@ -131,14 +137,14 @@ def make_config(ids, vocab):
     return Qwen2_5_VLConfig(
         text_config={
             "vocab_size": vocab_size,
-            "hidden_size": 128,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-6,
+            "hidden_size": hidden,
+            "intermediate_size": 2 * hidden,
+            "num_hidden_layers": layers,
             # head 32: mrope sections (temporal, height, width) add to 16.
+            "num_attention_heads": hidden // 32,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-6,
             "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6],
                              "rope_theta": 10000.0},
             "bos_token_id": ids["<|endoftext|>"],
@@ -156,7 +162,7 @@ def make_config(ids, vocab):
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
             "window_size": 112,
-            "out_hidden_size": 128,
+            "out_hidden_size": hidden,
             "fullatt_block_indexes": [1],
             "tokens_per_second": 2,
         },
@@ -169,7 +175,7 @@ def make_config(ids, vocab):
     )
 
 
-def write_processor(out):
+def write_processor(out, max_pixels=448 * 448):
     image = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
@@ -183,10 +189,11 @@ def write_processor(out):
         "patch_size": 14,
         "temporal_patch_size": 2,
         "merge_size": 2,
-        # At most 448 x 448 (256 tokens an image), at least 56 x 56.
+        # At most 448 x 448 (256 tokens an image) unless told, at least
+        # 56 x 56.
         "min_pixels": 56 * 56,
-        "max_pixels": 448 * 448,
-        "size": {"shortest_edge": 56 * 56, "longest_edge": 448 * 448},
+        "max_pixels": max_pixels,
+        "size": {"shortest_edge": 56 * 56, "longest_edge": max_pixels},
     }
     with open(os.path.join(out, "preprocessor_config.json"), "w") as f:
         json.dump(image, f, indent=2)
@@ -209,7 +216,18 @@ def main():
     ap.add_argument("--seed", type=int, default=20261205)
     ap.add_argument("--std", type=float, default=0.2,
                     help="standard deviation of the random weights")
+    ap.add_argument("--hidden", type=int, default=128,
+                    help="text hidden size, also each image token's width "
+                    "(a multiple of 32; default 128)")
+    ap.add_argument("--layers", type=int, default=2,
+                    help="text decoder layers (default 2)")
+    ap.add_argument("--max-pixels", type=int, default=448 * 448,
+                    help="the image processor's largest image, in pixels "
+                    "(default 448 x 448)")
     args = ap.parse_args()
+    if args.hidden < 64 or args.hidden % 32:
+        ap.error("--hidden is a multiple of 32, at least 64, not %d" %
+                 args.hidden)
 
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
@@ -217,7 +235,7 @@ def main():
     out = args.dir
     os.makedirs(out, exist_ok=True)
     ids, vocab = make_tokenizer(out)
-    config = make_config(ids, vocab)
+    config = make_config(ids, vocab, args.hidden, args.layers)
     torch.manual_seed(args.seed)
     model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
     merger = 0
@@ -237,7 +255,7 @@ def main():
     model.config.dtype = "float32"
     model.save_pretrained(out, safe_serialization=True)
     config.save_pretrained(out)
-    write_processor(out)
+    write_processor(out, args.max_pixels)
     n = sum(p.numel() for p in model.parameters())
     print("make_model: %s: %.2f M parameters%s" %
           (out, n / 1e6, ", merger negated" if args.poison else ""))
