@@ -130,8 +130,8 @@ class Instance(Process):
     """One vLLM API server."""
 
     def __init__(self, name, cwd, log_dir, core, ec=None, extra_args=(),
-                 env=None):
-        self.port = free_port()
+                 env=None, port=None):
+        self.port = port or free_port()  # port: a restarted one's
         self.url = "http://127.0.0.1:%d" % self.port
         argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", "tiny", "--host", "127.0.0.1",

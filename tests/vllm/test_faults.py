@@ -1,6 +1,9 @@
 """Faults inside real vLLM: an ecx encoder stopped (SIGSTOP: it answers
 nothing, its sockets stay open) or killed (SIGKILL, the whole process
-group) while a prefill has requests for its items in flight.
+group) while a prefill has requests for its items in flight; the
+registry killed mid-flight and started again; in push mode (through the
+router), the prefill killed mid-push and a new one started while the
+encoder runs, and an encoder that answers but never pushes.
 
 What must hold (docs/vllm.md, "When an encoder fails"): the prefill
 engine never dies; each affected request either completes with the
@@ -12,7 +15,9 @@ prefill's own time); every later request succeeds with equal tokens.
 import concurrent.futures
 import os
 import signal
+import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -140,3 +145,262 @@ def test_an_encoder_killed_mid_flight(workdir, logs, aggregated, prefill):
         later_requests_succeed(pre, aggregated, 45)
     finally:
         enc.stop()
+
+
+# ---- the registry gone (pull mode) ----
+
+def test_the_registry_killed_mid_flight(workdir, logs, aggregated, prefill):
+    """A standalone `ecx registry` (the one the encoder publishes to and
+    the prefill looks up in) SIGKILLed with the prefill's requests in
+    flight: each request ends within the bound, equal or failed; while it
+    is gone the encoder still answers and the prefill encodes everything
+    itself, with equal tokens; once a registry is back on its port, new
+    items are published and pulled again."""
+    pre, reg = prefill
+
+    def registry():
+        return harness.Process(
+            "faults-registry-%d" % time.monotonic_ns(),
+            [os.path.join(os.path.dirname(harness.PYTHON), "ecx"),
+             "registry", "--bind", "127.0.0.1", "--port", str(reg)],
+            str(workdir), harness.clean_env(), logs)
+
+    def up(proc):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/healthz" %
+                                            reg, timeout=2):
+                    return
+            except OSError:
+                assert proc.alive(), proc.tail()
+                time.sleep(0.1)
+        raise AssertionError("registry not up:\n" + proc.tail())
+
+    reg_proc = registry()
+    enc = harness.Instance("faults-encoder-ext-registry", str(workdir / "good"),
+                           logs, core=0, ec={
+                               "ec_connector": "ECXConnector",
+                               "ec_connector_module_path": "ecx.vllm",
+                               "ec_role": "ec_producer",
+                               "ec_connector_extra_config": {
+                                   "registry": "http://127.0.0.1:%d" % reg,
+                                   "bind_host": "127.0.0.1",
+                                   "timeout_ms": TIMEOUT_MS,
+                                   "capacity_bytes": "256MiB",
+                                   "log_interval_s": 1}},
+                           extra_args=["--mm-encoder-only"])
+    try:
+        up(reg_proc)
+        group([enc, pre])
+        bodies = harness.requests_set(46)
+        want = aggregated.tokens(bodies)
+        for b in bodies:
+            status, out = harness.post(enc.url, dict(b, max_tokens=1))
+            assert status == 200, (status, out)
+        before = harness.fresh_counters(pre)
+        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+            futs = [pool.submit(timed, pre.url, b) for b in bodies]
+            time.sleep(0.05)
+            reg_proc.proc.kill()
+            got = [f.result() for f in futs]
+        reg_proc.stop()
+        out = []
+        for (status, body, secs), w in zip(got, want):
+            equal = status == 200 and body["choices"][0]["token_ids"] == w
+            out.append((status, equal, round(secs, 2)))
+            assert secs <= BOUND_S and (equal or status >= 400), \
+                (status, secs, body)
+        print("registry killed:", out)
+        assert pre.alive() and pre.healthy(), pre.tail()
+        # Gone: the encoder encodes (its publishes fail), the prefill
+        # encodes all itself.
+        gone = harness.requests_set(47)
+        for b in gone:
+            t0 = time.monotonic()
+            status, o = harness.post(enc.url, dict(b, max_tokens=1))
+            assert status == 200 and time.monotonic() - t0 < BOUND_S, \
+                (status, o)
+        assert harness.tokens_many(pre.url, gone) == aggregated.tokens(gone)
+        # Back (empty): what the encoder publishes now is pulled.
+        reg_proc = registry()
+        up(reg_proc)
+        back = harness.requests_set(48)
+        mid = harness.fresh_counters(pre)
+        for b in back:
+            status, o = harness.post(enc.url, dict(b, max_tokens=1))
+            assert status == 200, (status, o)
+        assert harness.tokens_many(pre.url, back) == aggregated.tokens(back)
+        after = harness.fresh_counters(pre)
+        n = sum(len(b["messages"][0]["content"]) - 1 for b in back)
+        assert after["items_remote"] - mid.get("items_remote", 0) == n, \
+            (mid, after)
+        assert after.get("lookup_errors", 0) > before.get("lookup_errors", 0)
+        assert enc.alive() and enc.healthy(), enc.tail()
+    finally:
+        enc.stop()
+        reg_proc.stop()
+
+
+# ---- push mode: the consumer gone, restarted; an encoder that never
+# sends ----
+
+PUSH_WAIT_S = 5  # the push prefill's push_wait_timeout_s
+
+
+def push_prefill(workdir, logs, port, ec_port):
+    return harness.Instance(
+        "faults-push-prefill-%d" % time.monotonic_ns(), str(workdir / "good"),
+        logs, core=1, port=port, ec={
+            "ec_connector": "ECXConnector",
+            "ec_connector_module_path": "ecx.vllm",
+            "ec_role": "ec_consumer", "ec_buffer_device": "cpu",
+            "ec_ip": "127.0.0.1", "ec_port": ec_port,
+            "ec_connector_extra_config": {
+                "push": True, "push_wait_timeout_s": PUSH_WAIT_S,
+                "control_timeout_s": 2, "recv_capacity_bytes": "256MiB",
+                "log_interval_s": 1}})
+
+
+@pytest.fixture(scope="module")
+def push(workdir, logs):
+    """An ecx encoder, an ecx push prefill and the router (push mode,
+    overlapped) in front; the prefill may be replaced (same ports)."""
+    port, ec_port, reg = harness.free_ports(3)
+    enc = encoder(workdir, logs, reg, "faults-push-encoder")
+    state = {"enc": enc, "pre": push_prefill(workdir, logs, port, ec_port),
+             "ec_port": ec_port, "port": port}
+    router = None
+    try:
+        group([enc, state["pre"]])
+        router = harness.Router(
+            "faults-router-push", logs, str(workdir / "good"), "push",
+            [enc.url], [state["pre"].url], ["tcp://127.0.0.1:%d" % ec_port])
+        state["router"] = router
+        yield state
+    finally:
+        if router is not None:
+            router.stop()
+        state["pre"].stop()
+        enc.stop()
+
+
+def test_a_push_whose_consumer_is_killed_then_restarted(
+        workdir, logs, aggregated, push):
+    """The push prefill SIGKILLed with 7 requests in flight through the
+    router: each ends within the bound (equal tokens, or an error), the
+    encoder lives and answers. A new prefill on the same ports, started
+    while the encoder keeps running, is pushed into: tokens equal, every
+    item pushed."""
+    enc, pre, router = push["enc"], push["pre"], push["router"]
+    bodies = harness.requests_set(51)
+    want = aggregated.tokens(bodies)
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        futs = [pool.submit(timed, router.url, b) for b in bodies]
+        time.sleep(0.05)
+        os.killpg(pre.proc.pid, signal.SIGKILL)
+        got = [f.result() for f in futs]
+    pre.stop()
+    out = []
+    for (status, body, secs), w in zip(got, want):
+        equal = status == 200 and body["choices"][0]["token_ids"] == w
+        out.append((status, equal, round(secs, 2)))
+        assert secs <= BOUND_S and (equal or status >= 400), \
+            (status, secs, body)
+    print("push consumer killed:", out)
+    assert enc.alive() and enc.healthy(), enc.tail()
+    # The encoder still encodes (its pushes to the dead consumer fail).
+    t0 = time.monotonic()
+    status, o = harness.post(enc.url, dict(harness.requests_set(52)[0],
+                                           max_tokens=1))
+    assert status == 200 and time.monotonic() - t0 < BOUND_S, (status, o)
+    # Restarted while the encoder runs: same HTTP and control ports.
+    new = push["pre"] = push_prefill(workdir, logs, push["port"],
+                                     push["ec_port"])
+    group([new])
+    again = harness.requests_set(53)
+    before = harness.fresh_counters(new)
+    assert harness.tokens_many(router.url, again) == aggregated.tokens(again)
+    after = harness.fresh_counters(new)
+    n = sum(len(b["messages"][0]["content"]) - 1 for b in again)
+    # Taken, not ready: pushes the encoder still had in flight for the
+    # killed consumer's requests (within its control_timeout_s) may land
+    # in the new one too, ready and asked for by nobody (they expire).
+    assert after.get("push_items_taken", 0) - \
+        before.get("push_items_taken", 0) == n, after
+    assert enc.alive()
+
+
+class SilentEncoder:
+    """An encoder that answers as a pushing encoder does (200, the
+    item's ec_transfer_params entry) and never pushes anything."""
+
+    def __init__(self):
+        import http.server
+        import json as _json
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = _json.loads(self.rfile.read(
+                    int(self.headers["Content-Length"])))
+                tid = body["ec_transfer_params"]["ec_items"][0]["transfer_id"]
+                out = _json.dumps({
+                    "id": "x", "object": "chat.completion", "choices": [],
+                    "ec_transfer_params": {"f" * 64: {
+                        "metadata": {}, "transfer_id": tid}}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                      Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_encoder_that_answers_but_never_sends(workdir, logs, aggregated,
+                                                 push):
+    """Through a router whose encoder answers 200 with a push's
+    ec_transfer_params and never pushes: every request fails (500) within
+    push_wait_timeout_s plus slack, the prefill lives, and requests
+    through the real encoder right after are answered with equal
+    tokens."""
+    pre = push["pre"]
+    silent = SilentEncoder()
+    router = None
+    try:
+        router = harness.Router(
+            "faults-router-silent", logs, str(workdir / "good"), "push",
+            [silent.url], [pre.url], ["tcp://127.0.0.1:%d" % push["ec_port"]])
+        bodies = harness.requests_set(54, pairs=False)
+        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+            got = list(pool.map(lambda b: timed(router.url, b), bodies))
+        print("silent encoder:", [(s, round(t, 2)) for s, _, t in got])
+        for status, body, secs in got:
+            assert status >= 500 and secs <= PUSH_WAIT_S + SLACK_S, \
+                (status, secs, body)
+            assert secs >= PUSH_WAIT_S - 0.5, (status, secs, body)
+        assert pre.alive() and pre.healthy(), pre.tail()
+        later = harness.requests_set(55)
+        assert harness.tokens_many(push["router"].url, later) == \
+            aggregated.tokens(later)
+    finally:
+        if router is not None:
+            router.stop()
+        silent.stop()
