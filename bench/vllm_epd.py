@@ -100,9 +100,9 @@ def ecx_ec(role, extra):
             "ec_connector_extra_config": dict(extra, log_interval_s=5)}
 
 
-def split(name, cwd, logs, tmp):
+def split(name, cwd, logs, tmp, ecx_extra=None):
     """(encoder, prefill, router mode, consumer zmq) of connector name,
-    started."""
+    started. ecx_extra: keys added to an ecx prefill's extra config."""
     reg, ec_port = harness.free_ports(2)
     enc_env = pre_env = None
     zmq = []
@@ -155,6 +155,8 @@ def split(name, cwd, logs, tmp):
         mode, zmq = "push", ["tcp://127.0.0.1:%d" % ec_port]
     else:
         raise ValueError(name)
+    if name.startswith("ecx"):
+        pre["ec_connector_extra_config"].update(ecx_extra or {})
     e = harness.Instance(name + "-encoder", cwd, logs, core=0, ec=enc,
                          extra_args=["--mm-encoder-only"] + COMMON,
                          env=enc_env)
@@ -243,6 +245,9 @@ def main():
     ap.add_argument("--runs", type=int, default=2,
                     help="runs of every cell, each with new images")
     ap.add_argument("--json", help="write every request's figures here")
+    ap.add_argument("--ecx-extra", type=json.loads, default={},
+                    metavar="JSON", help="keys added to the ecx prefills' "
+                    "ec_connector_extra_config, e.g. '{\"idle_wait_ms\": 0}'")
     ap.add_argument("--keep", action="store_true",
                     help="keep the working folder (models, logs)")
     args = ap.parse_args()
@@ -299,7 +304,7 @@ def bench_connector(args, model, conn, cwd, logs, tmp, concs, want):
                                   extra_args=COMMON)]
         mode, zmq = None, []
     else:
-        procs, mode, zmq = split(conn, cwd, logs, tmp)
+        procs, mode, zmq = split(conn, cwd, logs, tmp, args.ecx_extra)
     rows = []
     try:
         harness.wait_healthy(procs)

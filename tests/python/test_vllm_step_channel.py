@@ -206,6 +206,42 @@ def test_pull_wait_ms_schedules_in_the_arrival_step(registry, producers):  # noq
         steps.shutdown(eng.sched, [w for w, _ in eng.workers])
 
 
+@pytest.mark.parametrize("wait_ms", [0, 50])
+def test_an_idle_engine_waits_for_the_item(registry, producers, wait_ms):  # noqa: F811
+    """Steps back to back, as vLLM's engine loop runs while a request
+    waits: with idle_wait_ms, a step after one that scheduled nothing
+    waits (once) for the item's news instead of returning at once, so the
+    request is scheduled within 3 steps and the engine does not spin;
+    with 0 (the control) it spins through many more empty steps."""
+    reg = registry()
+    hashes = [steps.mm_hash(f"idle-{wait_ms}-{i}") for i in range(4)]
+    producers(reg.url, hashes)
+    eng = engine(reg.url, idle_wait_ms=wait_ms)
+    eng.idle_aware = True
+    try:
+        counts = []
+        for k, h in enumerate(hashes):
+            req = steps.Request(f"i{k}", [h])
+            first = eng.steps + 1
+            eng.add(req)
+            t0 = time.monotonic()
+            while req.request_id not in eng.scheduled and \
+                    time.monotonic() - t0 < 3 * SCALE:
+                eng.step()
+            assert req.request_id in eng.scheduled
+            counts.append(eng.scheduled[req.request_id] - first + 1)
+            eng.finish(req)
+        # The first pull also makes each rank's handshake: not counted.
+        if wait_ms:
+            assert max(counts[1:]) <= 3, counts
+            assert eng.sched.stats()["idle_wait_s"] > 0
+        else:
+            assert "idle_wait_s" not in eng.sched.stats()
+        print("steps to schedule, idle_wait_ms=%d: %s" % (wait_ms, counts))
+    finally:
+        steps.shutdown(eng.sched, [w for w, _ in eng.workers])
+
+
 def test_every_rank_must_hold_it(registry, producers):  # noqa: F811
     """Rank 1 has no channel (another engine_id): it starts its pull from
     the step's metadata and reports it in the step's report only. Rank 0's

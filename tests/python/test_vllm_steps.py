@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import pytest
 import torch
@@ -140,6 +141,10 @@ class Engine:
         self.unavailable = {}  # rid -> seconds since added
         self.added = {}
         self.steps = 0
+        # With idle_aware, each step's output says how many tokens it
+        # scheduled (vLLM's total_num_scheduled_tokens; here a request's
+        # one), so that the connector knows an idle step.
+        self.idle_aware = False
 
     def add(self, req):
         self.waiting.append(req)
@@ -159,7 +164,10 @@ class Engine:
             self.waiting.remove(req)
             now_scheduled.append(req)
             self.scheduled[req.request_id] = self.steps
-        blob = pickle.dumps(self.sched.build_connector_meta(object()))
+        out = types.SimpleNamespace(
+            total_num_scheduled_tokens=len(now_scheduled)) \
+            if self.idle_aware else object()
+        blob = pickle.dumps(self.sched.build_connector_meta(out))
         metas = []
         for w, cache in self.workers:
             w.bind_connector_metadata(pickle.loads(blob))

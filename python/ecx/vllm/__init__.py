@@ -49,6 +49,7 @@ returns upstream's proxy map from request_finished
 (../../../docs/vllm.md, "Push mode in the connector").
 """
 import logging
+import time
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorBase, ECConnectorMetadata, ECConnectorRole)
@@ -124,6 +125,7 @@ class ECXConnector(ECConnectorBase):
                 "base has ensure_cache_available (and async_load not "
                 "false)")
         self._stats = Counters()
+        self._idle = False  # the last step scheduled no token
         self._rank = rank(vllm_config)
         tp = tp_size(vllm_config)
         # The step channel between this engine's scheduler and workers
@@ -198,6 +200,18 @@ class ECXConnector(ECConnectorBase):
 
     def ensure_cache_available(self, request, num_computed_tokens: int
                                ) -> bool:
+        ready = self._scheduler.ensure_cache_available(request,
+                                                       num_computed_tokens)
+        if ready or not self._idle or self._cfg.idle_wait_ms <= 0:
+            return ready
+        # The last step ran nothing: rather than let the engine spin
+        # through empty steps, wait (once a step, idle_wait_ms at most)
+        # for news of an item landing, and ask again.
+        self._idle = False
+        t0 = time.monotonic()
+        if not self._scheduler.wait_news(self._cfg.idle_wait_ms / 1e3):
+            return False
+        self._stats.add("idle_wait_s", time.monotonic() - t0)
         return self._scheduler.ensure_cache_available(request,
                                                       num_computed_tokens)
 
@@ -211,6 +225,8 @@ class ECXConnector(ECConnectorBase):
         self._scheduler.update_state_after_free(request, index)
 
     def build_connector_meta(self, scheduler_output) -> ECConnectorMetadata:
+        self._idle = not getattr(scheduler_output,
+                                 "total_num_scheduled_tokens", 1)
         meta = self._scheduler.build_connector_meta(scheduler_output)
         # Every flow's scheduler (pull, push alone, an encoder's) logs its
         # counters every log_interval_s while the engine steps.

@@ -86,6 +86,7 @@ _KEYS = {"remote_registry_url", "registry", "registry_http_port",
          "bind_host", "advertise_host", "transport", "mooncake_protocol",
          "load_timeout_s", "async_load", "log_interval_s", "lease_ms",
          "lease_max_ms", "lease_share_pct", "pull_wait_ms", "integrity",
+         "idle_wait_ms",
          # push mode (pushflow/config.py)
          "push", "push_token", "control_timeout_s", "push_wait_timeout_s",
          "push_fallback_ms"}
@@ -145,6 +146,14 @@ class Config:
         # Today's flow: how long, in all, a step's ensure_cache_available
         # may wait for the pulls it has just started (0: never waits; the
         # items are then schedulable in the next step).
+        # A consumer's scheduler in an engine whose last step ran nothing
+        # (every request waits for its items) waits up to this long in a
+        # step for an item to land, instead of the engine spinning
+        # through empty steps on a core the encoder may need (0: never).
+        self.idle_wait_ms = float(extra.get("idle_wait_ms", 2))
+        if not 0 <= self.idle_wait_ms <= 100:
+            raise ValueError("ECXConnector: idle_wait_ms is 0 to 100, not "
+                             f"{self.idle_wait_ms:g}")
         self.pull_wait_ms = float(extra.get("pull_wait_ms", 0))
         if not 0 <= self.pull_wait_ms <= 1000:
             raise ValueError("ECXConnector: pull_wait_ms is 0 to 1000, not "

@@ -45,6 +45,7 @@ COUNTERS = {
     "pull_wait_s": "time items waited for their pull to land",
     "item_load_s": "time from an item's lookup to ready",
     "step_wait_s": "time workers waited for handovers in a step",
+    "idle_wait_s": "time an idle engine's scheduler waited for items",
     "pushes_planned": "pushes an encoder planned",
     "pushes_done": "pushes an encoder completed",
     "pushes_failed": "pushes an encoder failed",

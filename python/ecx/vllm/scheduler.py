@@ -71,6 +71,11 @@ class Scheduler:
     def take_unavailable_requests(self):
         return set()
 
+    def wait_news(self, timeout_s) -> bool:
+        """Waits up to timeout_s for news of an item (nothing to wait for
+        here); True if some came."""
+        return False
+
     def update_state_after_alloc(self, request, index):
         pass
 
@@ -263,13 +268,19 @@ class AsyncScheduler(Scheduler):
             self._channel.send_starts(self._to_send)
         self._to_send = []
 
-    def _read_news(self, timeout_s=0.0) -> None:
+    def wait_news(self, timeout_s) -> bool:
+        """Waits up to timeout_s for the workers' news (none without the
+        step channel) and applies it; True if some came."""
+        return self._read_news(timeout_s)
+
+    def _read_news(self, timeout_s=0.0) -> bool:
         """Applies what workers said since (waiting up to timeout_s for the
         first news where none has come): an item is ready once every rank
-        holds it, failed once one rank failed it."""
+        holds it, failed once one rank failed it. True if any came."""
         if self._channel is None:
-            return
-        for rank, held, failed in self._channel.news(timeout_s):
+            return False
+        news = self._channel.news(timeout_s)
+        for rank, held, failed in news:
             for h, attempt in held:
                 it = self._items.get(h)
                 if it is not None and it.spec.attempt == attempt and \
@@ -279,6 +290,7 @@ class AsyncScheduler(Scheduler):
                         self._ready(it)
             for h, attempt, why in failed:
                 self._failed(h, attempt, why)
+        return bool(news)
 
     def _wait(self, st) -> None:
         """With pull_wait_ms, waits in this step for the items of a request

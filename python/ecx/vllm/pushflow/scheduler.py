@@ -186,6 +186,23 @@ class PushScheduler:
             return False
         return not self._fallback(_Named(rid), mm_hashes)
 
+    def wait_news(self, timeout_s) -> bool:
+        """Waits up to timeout_s for a push event (or, beside pulls, the
+        workers' news of a pull) and takes it in; True if one came."""
+        deadline = self._clock() + timeout_s
+        while True:
+            left = deadline - self._clock()
+            slice_ms = max(0, int(left * 1e3 + 0.999))
+            if self._pull is not None:
+                slice_ms = min(slice_ms, 1)
+            if self._sock.poll(slice_ms):
+                self._drain()
+                return True
+            if self._pull is not None and self._pull.wait_news(0):
+                return True
+            if self._clock() >= deadline:
+                return False
+
     # ---- records ----
 
     def _end(self, tid, state, cancel=False):
