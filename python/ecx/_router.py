@@ -68,6 +68,16 @@ async def answer_failures(request, handler):
         return f.response()
 
 
+def distinct(items):
+    """(each item's key, {key: its first item}) of items: an item that
+    appears twice is encoded once."""
+    keys = [json.dumps(it, sort_keys=True) for it in items]
+    first_of = {}
+    for key, item in zip(keys, items):
+        first_of.setdefault(key, item)
+    return keys, first_of
+
+
 async def _drop(task):
     """Ends a prefill request task: cancelled if still opening, its
     response closed (the connection with it) if it has one."""
@@ -258,10 +268,7 @@ class Router:
         items = media_items(body)
         if not items:
             return body
-        keys = [json.dumps(it, sort_keys=True) for it in items]
-        first_of = {}
-        for key, item in zip(keys, items):
-            first_of.setdefault(key, item)
+        keys, first_of = distinct(items)
         unique = list(first_of)
         n = len(self.encoders)
         first, self._enc = self._enc, (self._enc + len(unique)) % n
@@ -406,21 +413,12 @@ class Router:
                                    rid)
 
     async def _chat_overlapped(self, request, body, rid, i, consumer):
-        """Push mode, overlapped: the prefill request goes out at once,
-        beside the encoder requests, naming each item's transfer_id by its
-        position (ec_items without mm_hash, upstream's lookup by index),
-        so that the prefill handles the request and processes its media
-        while the encoders encode and push. Its answer reaches the client
-        once every encoder has answered. Where an encoder failed softly,
-        the prefill request is dropped (its connection closed: vLLM aborts
-        it and its consumer cancels the transfers) and the request is
-        sent again without ec_transfer_params, for the prefill to encode
-        (or pull) itself; an encoder's 4xx ends it."""
-        items = media_items(body)
-        keys = [json.dumps(it, sort_keys=True) for it in items]
-        first_of = {}
-        for key, item in zip(keys, items):
-            first_of.setdefault(key, item)
+        """Push mode, overlapped (router.py says what and why): the prefill
+        request goes out beside the encoders' with ec_items by position;
+        its answer reaches the client once every encoder has answered. An
+        encoder's soft failure drops it and sends the request again
+        without ec_transfer_params; a 4xx drops it and ends the request."""
+        keys, first_of = distinct(media_items(body))
         unique = list(first_of)
         tids = {key: uuid.uuid4().hex for key in unique}
         n = len(self.encoders)

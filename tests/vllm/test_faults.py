@@ -62,6 +62,25 @@ def timed(url, body):
     return status, out, time.monotonic() - t0
 
 
+def in_flight(url, bodies, want, what, act):
+    """Sends bodies to url all at once and calls act() 50 ms later (the
+    fault); each answer must be want's tokens or an HTTP error, within
+    BOUND_S. Returns (status, equal, seconds) of each, and prints them."""
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        futs = [pool.submit(timed, url, b) for b in bodies]
+        time.sleep(0.05)
+        act()
+        got = [f.result() for f in futs]
+    out = []
+    for (status, body, secs), w in zip(got, want):
+        equal = status == 200 and body["choices"][0]["token_ids"] == w
+        out.append((status, equal, round(secs, 2)))
+        assert secs <= BOUND_S and (equal or status >= 400), \
+            (what, status, secs, body)
+    print(what + ":", out)
+    return out
+
+
 def fault(workdir, logs, aggregated, prefill, name, sig, seed):
     """Items published by an encoder, then the prefill asked for them and
     the encoder's process group sent sig 50 ms later. Returns what each
@@ -76,19 +95,8 @@ def fault(workdir, logs, aggregated, prefill, name, sig, seed):
             status, out = harness.post(enc.url, dict(b, max_tokens=1))
             assert status == 200, (status, out)
         before = harness.fresh_counters(pre)
-        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-            futs = [pool.submit(timed, pre.url, b) for b in bodies]
-            time.sleep(0.05)
-            os.killpg(enc.proc.pid, sig)
-            got = [f.result() for f in futs]
-        out = []
-        for (status, body, secs), w in zip(got, want):
-            equal = status == 200 and \
-                body["choices"][0]["token_ids"] == w
-            out.append((status, equal, secs))
-            assert secs <= BOUND_S, (name, status, secs, body)
-            assert status == 200 and equal or status >= 400, \
-                (name, status, body)
+        out = in_flight(pre.url, bodies, want, name,
+                        lambda: os.killpg(enc.proc.pid, sig))
         assert pre.alive() and pre.healthy(), pre.tail()
         after = harness.fresh_counters(pre)
         # every request asked for its items (looked up); nothing passed
@@ -113,7 +121,6 @@ def test_an_encoder_stopped_mid_flight(workdir, logs, aggregated, prefill):
                                    "faults-encoder-stopped", signal.SIGSTOP,
                                    seed=41)
     try:
-        print("stopped encoder:", out)
         later_requests_succeed(prefill[0], aggregated, 42)
         os.killpg(enc.proc.pid, signal.SIGCONT)
         pre = prefill[0]
@@ -139,7 +146,6 @@ def test_an_encoder_killed_mid_flight(workdir, logs, aggregated, prefill):
                                    "faults-encoder-killed", signal.SIGKILL,
                                    seed=44)
     try:
-        print("killed encoder:", out)
         pre = prefill[0]
         assert harness.tokens_many(pre.url, bodies) == want
         later_requests_succeed(pre, aggregated, 45)
@@ -199,19 +205,9 @@ def test_the_registry_killed_mid_flight(workdir, logs, aggregated, prefill):
             status, out = harness.post(enc.url, dict(b, max_tokens=1))
             assert status == 200, (status, out)
         before = harness.fresh_counters(pre)
-        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-            futs = [pool.submit(timed, pre.url, b) for b in bodies]
-            time.sleep(0.05)
-            reg_proc.proc.kill()
-            got = [f.result() for f in futs]
+        in_flight(pre.url, bodies, want, "registry killed",
+                  reg_proc.proc.kill)
         reg_proc.stop()
-        out = []
-        for (status, body, secs), w in zip(got, want):
-            equal = status == 200 and body["choices"][0]["token_ids"] == w
-            out.append((status, equal, round(secs, 2)))
-            assert secs <= BOUND_S and (equal or status >= 400), \
-                (status, secs, body)
-        print("registry killed:", out)
         assert pre.alive() and pre.healthy(), pre.tail()
         # Gone: the encoder encodes (its publishes fail), the prefill
         # encodes all itself.
@@ -295,19 +291,9 @@ def test_a_push_whose_consumer_is_killed_then_restarted(
     enc, pre, router = push["enc"], push["pre"], push["router"]
     bodies = harness.requests_set(51)
     want = aggregated.tokens(bodies)
-    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        futs = [pool.submit(timed, router.url, b) for b in bodies]
-        time.sleep(0.05)
-        os.killpg(pre.proc.pid, signal.SIGKILL)
-        got = [f.result() for f in futs]
+    in_flight(router.url, bodies, want, "push consumer killed",
+              lambda: os.killpg(pre.proc.pid, signal.SIGKILL))
     pre.stop()
-    out = []
-    for (status, body, secs), w in zip(got, want):
-        equal = status == 200 and body["choices"][0]["token_ids"] == w
-        out.append((status, equal, round(secs, 2)))
-        assert secs <= BOUND_S and (equal or status >= 400), \
-            (status, secs, body)
-    print("push consumer killed:", out)
     assert enc.alive() and enc.healthy(), enc.tail()
     # The encoder still encodes (its pushes to the dead consumer fail).
     t0 = time.monotonic()
