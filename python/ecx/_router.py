@@ -81,13 +81,10 @@ def distinct(items):
 async def _drop(task):
     """Ends a prefill request task: cancelled if still opening, its
     response closed (the connection with it) if it has one."""
-    if not task.done():
-        task.cancel()
-    try:
-        resp = await task
-    except (asyncio.CancelledError, Failure):
-        return
-    resp.close()
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 def media_items(body):
@@ -203,14 +200,15 @@ class Router:
         when tid, the transfer id the prefill already waits for, is
         given). Returns (mm_hash, entry, transfer_id) in push mode and
         None in pull mode, or the Failure."""
+        given = tid
         tries = 2 if consumer is not None and len(self.encoders) > 1 and \
-            tid is None else 1
+            given is None else 1
         failure = None
         for t in range(tries):
             url = self.encoders[(first + t) % len(self.encoders)]
             if t:
                 self.counters["encoder_retries"] += 1
-            tid = tid or uuid.uuid4().hex
+            tid = given or uuid.uuid4().hex
             req = {"model": body.get("model"),
                    "messages": [{"role": "user", "content": [item]}],
                    "max_tokens": 1, "stream": False}
@@ -232,7 +230,6 @@ class Router:
                 logger.warning("item %d of %s: %s", k, rid,
                                json.loads(f.body)["error"]["message"])
                 self.counters["encoder_failures"] += 1
-                tid = None
                 continue
             if 400 <= status < 500:
                 self.counters["upstream_errors"] += 1
@@ -243,7 +240,6 @@ class Router:
                                k, rid, url, status,
                                data[:300].decode(errors="replace"))
                 self.counters["encoder_failures"] += 1
-                tid = None
                 continue
             if consumer is None:
                 return None

@@ -265,13 +265,19 @@ def test_every_rank_must_hold_it(registry, producers):  # noqa: F811
         steps.shutdown(eng.sched, [w for w, _ in eng.workers])
 
 
-def test_one_rank_failing_fails_the_request_at_once(registry, producers):  # noqa: F811
+@pytest.mark.parametrize("idle", [False, True])
+def test_one_rank_failing_fails_the_request_at_once(registry, producers,  # noqa: F811
+                                                    idle):
     """Rank 1's pulls are refused (a wrong token): its news fails the
-    request within the step after, never scheduled."""
+    request within the step after, never scheduled. With idle steps
+    (idle_wait_ms waits for that news), the request is not taken on
+    again after the news gave it up: counted once."""
     reg = registry()
-    hashes = [steps.mm_hash(f"auth-{i}") for i in range(2)]
+    hashes = [steps.mm_hash(f"auth-{idle}-{i}") for i in range(2)]
     producers(reg.url, hashes)
-    eng = engine(reg.url, rank_extra={1: {"token": "wrong"}})
+    eng = engine(reg.url, rank_extra={1: {"token": "wrong"}},
+                 idle_wait_ms=50)
+    eng.idle_aware = idle
     try:
         eng.add(steps.Request("r", hashes))
         t0 = time.monotonic()
@@ -280,6 +286,7 @@ def test_one_rank_failing_fails_the_request_at_once(registry, producers):  # noq
             time.sleep(0.005)
         assert "r" in eng.unavailable and "r" not in eng.scheduled
         assert eng.unavailable["r"] < 2 * SCALE
+        assert eng.sched.stats()["requests"] == 1
     finally:
         steps.shutdown(eng.sched, [w for w, _ in eng.workers])
 

@@ -184,7 +184,21 @@ def test_the_registry_killed_mid_flight(workdir, logs, aggregated, prefill):
         raise AssertionError("registry not up:\n" + proc.tail())
 
     reg_proc = registry()
-    enc = harness.Instance("faults-encoder-ext-registry", str(workdir / "good"),
+    enc = None
+    try:
+        enc = encoder_of(workdir, logs, reg)
+    finally:
+        if enc is None:
+            reg_proc.stop()
+    try:
+        registry_faults(enc, pre, reg_proc, aggregated, registry, up)
+    finally:
+        enc.stop()
+
+
+def encoder_of(workdir, logs, reg):
+    """An ecx encoder publishing to the registry on port reg."""
+    return harness.Instance("faults-encoder-ext-registry", str(workdir / "good"),
                            logs, core=0, ec={
                                "ec_connector": "ECXConnector",
                                "ec_connector_module_path": "ecx.vllm",
@@ -196,6 +210,10 @@ def test_the_registry_killed_mid_flight(workdir, logs, aggregated, prefill):
                                    "capacity_bytes": "256MiB",
                                    "log_interval_s": 1}},
                            extra_args=["--mm-encoder-only"])
+
+
+def registry_faults(enc, pre, reg_proc, aggregated, registry, up):
+    """The registry test's steps; every registry it starts is stopped."""
     try:
         up(reg_proc)
         group([enc, pre])
@@ -234,7 +252,6 @@ def test_the_registry_killed_mid_flight(workdir, logs, aggregated, prefill):
         assert after.get("lookup_errors", 0) > before.get("lookup_errors", 0)
         assert enc.alive() and enc.healthy(), enc.tail()
     finally:
-        enc.stop()
         reg_proc.stop()
 
 
@@ -264,10 +281,10 @@ def push(workdir, logs):
     overlapped) in front; the prefill may be replaced (same ports)."""
     port, ec_port, reg = harness.free_ports(3)
     enc = encoder(workdir, logs, reg, "faults-push-encoder")
-    state = {"enc": enc, "pre": push_prefill(workdir, logs, port, ec_port),
-             "ec_port": ec_port, "port": port}
+    state = {"enc": enc, "pre": None, "ec_port": ec_port, "port": port}
     router = None
     try:
+        state["pre"] = push_prefill(workdir, logs, port, ec_port)
         group([enc, state["pre"]])
         router = harness.Router(
             "faults-router-push", logs, str(workdir / "good"), "push",
@@ -277,7 +294,8 @@ def push(workdir, logs):
     finally:
         if router is not None:
             router.stop()
-        state["pre"].stop()
+        if state["pre"] is not None:
+            state["pre"].stop()
         enc.stop()
 
 

@@ -202,16 +202,20 @@ class ECXConnector(ECConnectorBase):
                                ) -> bool:
         ready = self._scheduler.ensure_cache_available(request,
                                                        num_computed_tokens)
-        if ready or not self._idle or self._cfg.idle_wait_ms <= 0:
+        rid = request.request_id
+        if ready or not self._idle or self._cfg.idle_wait_ms <= 0 or \
+                self._scheduler.given_up(rid):
             return ready
         # The last step ran nothing: rather than let the engine spin
         # through empty steps, wait (once a step, idle_wait_ms at most)
-        # for news of an item landing, and ask again.
+        # for news of an item landing, and ask again, unless the news
+        # made the request unavailable (asked again, it would be new).
         self._idle = False
         t0 = time.monotonic()
-        if not self._scheduler.wait_news(self._cfg.idle_wait_ms / 1e3):
-            return False
+        news = self._scheduler.wait_news(self._cfg.idle_wait_ms / 1e3)
         self._stats.add("idle_wait_s", time.monotonic() - t0)
+        if not news or self._scheduler.given_up(rid):
+            return False
         return self._scheduler.ensure_cache_available(request,
                                                       num_computed_tokens)
 

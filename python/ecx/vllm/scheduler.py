@@ -76,6 +76,11 @@ class Scheduler:
         here); True if some came."""
         return False
 
+    def given_up(self, request_id) -> bool:
+        """Whether request_id is unavailable (told in the next
+        take_unavailable_requests)."""
+        return request_id in getattr(self, "_unavailable", ())
+
     def update_state_after_alloc(self, request, index):
         pass
 
@@ -170,6 +175,10 @@ class AsyncScheduler(Scheduler):
             self._drained = True
             self._read_news()
         rid = request.request_id
+        if rid in self._unavailable:
+            # Given up (news of a failed pull, just now): not taken on
+            # again before vLLM takes it out of the step.
+            return False
         st = self._reqs.get(rid)
         if st is None:
             st = self._admit(request, num_computed_tokens)

@@ -440,6 +440,10 @@ class PushScheduler:
             logger.warning("ECXConnector: request %s is unavailable: %s",
                            rid, why)
 
+    def given_up(self, request_id):
+        return request_id in self._unavailable or (
+            self._pull is not None and self._pull.given_up(request_id))
+
     def take_unavailable_requests(self):
         out, self._unavailable = self._unavailable, set()
         if self._pull is not None:
