@@ -21,7 +21,8 @@ Connectors (--connectors, default all):
 
 Every split runs an encoder (`--mm-encoder-only`, core 0) and a prefill
 (core 1), with ecx's router in front (python -m ecx.router, pull or push
-mode: the encoder's request first, then the prefill's). Each instance is
+mode: the encoder's request first, then the prefill's; --overlap passes
+the router's --overlap for the push connectors). Each instance is
 tests/vllm/harness.py's (float32, 127.0.0.1, free ports, its own process
 group) with prefix caching off; a connector's instances start, serve,
 and stop before the next connector's start.
@@ -245,6 +246,9 @@ def main():
     ap.add_argument("--runs", type=int, default=2,
                     help="runs of every cell, each with new images")
     ap.add_argument("--json", help="write every request's figures here")
+    ap.add_argument("--overlap", action="store_true",
+                    help="the router's --overlap for the push connectors "
+                    "(default: its default order)")
     ap.add_argument("--ecx-extra", type=json.loads, default={},
                     metavar="JSON", help="keys added to the ecx prefills' "
                     "ec_connector_extra_config, e.g. '{\"idle_wait_ms\": 0}'")
@@ -310,8 +314,10 @@ def bench_connector(args, model, conn, cwd, logs, tmp, concs, want):
         harness.wait_healthy(procs)
         url = procs[0].url
         if conn != "aggregated":
-            router = harness.Router("%s-%s-router" % (model, conn), logs, cwd,
-                                    mode, [procs[0].url], [procs[1].url], zmq)
+            router = harness.Router(
+                "%s-%s-router" % (model, conn), logs, cwd, mode,
+                [procs[0].url], [procs[1].url], zmq,
+                ["--overlap"] if mode == "push" and args.overlap else [])
             url = router.url
         pre = procs[-1]
         for size in MODELS[model]["sizes"]:

@@ -127,7 +127,7 @@ class Router:
         self.prefills = args.prefill
         self.consumers = args.consumer_zmq
         self.push = args.mode == "push"
-        self.overlap = not getattr(args, "sequential", False)
+        self.overlap = getattr(args, "overlap", False)
         self.timeout_s = args.timeout
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
         self._enc = 0

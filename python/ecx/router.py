@@ -39,17 +39,19 @@ Two modes:
         request carries {"consumer_zmq": ..., "ec_items":
         [{"transfer_id": <new uuid4 hex>}]}; the encoder answers with a
         top-level ec_transfer_params {mm_hash: {"metadata": ...,
-        "transfer_id": ...}}. The prefill request goes out at once,
-        beside the encoder requests (overlapped: the prefill handles it
-        and processes its media while the encoders encode and push), with
-        ec_transfer_params "ec_items": [{"transfer_id"}] in the request's
-        item order (no mm_hash: the consumer takes the i-th entry for its
-        i-th item, upstream's lookup by index), beside any keys the
-        client's ec_transfer_params had; its answer reaches the client
-        once every encoder has answered. With --sequential, the prefill
-        request waits for every encoder's answer, as upstream's proxy
-        does, and gets "ec_items": [{"mm_hash", "transfer_id"}] and each
-        encoder entry under its mm_hash.
+        "transfer_id": ...}}; once every encoder has answered (upstream's
+        proxy's order), the prefill request gets ec_transfer_params with
+        "ec_items": [{"mm_hash", "transfer_id"}] in the request's item
+        order, each encoder entry under its mm_hash, and any keys the
+        client's ec_transfer_params had. With --overlap, the prefill
+        request goes out at once instead, beside the encoder requests
+        (the prefill handles it and processes its media while the
+        encoders encode and push), with "ec_items": [{"transfer_id"}] by
+        position (no mm_hash: the consumer takes the i-th entry for its
+        i-th item, upstream's lookup by index); its answer reaches the
+        client once every encoder has answered. Not the default: with
+        it, one CI run of tests/vllm/test_mooncake.py saw an ecx
+        consumer's control port not answer an ecx encoder for 30 s.
 Errors: the prefill's 4xx or 5xx answer, and an encoder's 4xx (a bad
 image), go back to the client with their status and body; an instance
 that cannot be reached gives 502 and one that does not answer within
@@ -62,16 +64,16 @@ logged:
 
   pull  the request goes to the prefill all the same, and the prefill
         encodes the items it does not find.
-  push  overlapped, each item goes to one encoder; where one fails, the
-        prefill request in flight is dropped (its connection closed:
-        vLLM aborts it, its consumer cancels the transfers) and the
-        request is sent again without ec_transfer_params. With
-        --sequential, the item is tried once more on the next encoder
-        (with a new transfer_id) when there are several; if every item
-        of the request still failed, the request goes to the prefill
-        without ec_transfer_params, and if some items were pushed and
-        others failed, the client gets the failure (the encoder's status
-        and body, 502 or 504). A prefill request without
+  push  the item is tried once more on the next encoder (with a new
+        transfer_id) when there are several; if every item of the
+        request still failed, the request goes to the prefill without
+        ec_transfer_params, and if some items were pushed and others
+        failed, the client gets the failure (the encoder's status and
+        body, 502 or 504). With --overlap, each item goes to one encoder;
+        where one fails, the prefill request in flight is dropped (its
+        connection closed: vLLM aborts it, its consumer cancels the
+        transfers) and the request is sent again without
+        ec_transfer_params. A prefill request without
         ec_transfer_params is encoded by an ecx consumer itself (or
         pulled, beside a registry); upstream's ECMooncakeConnector
         consumer instead waits push_wait_timeout_s for pushes that never
@@ -125,21 +127,21 @@ def parse_args(argv=None):
         "requests. push is upstream vLLM's ec_transfer_params protocol "
         "(ECMooncakeConnector, or ECXConnector in push mode): each encoder "
         "request names the prefill's --consumer-zmq and a transfer_id per "
-        "item, and the prefill request goes out at once beside them, "
-        "naming each item's transfer_id by position (ec_items "
-        "[{transfer_id}]); with --sequential it waits for the encoders and "
-        "gets ec_items [{mm_hash, transfer_id}] and their entries. Errors: the prefill's "
+        "item, and the prefill request, once they have answered, gets "
+        "ec_items [{mm_hash, transfer_id}] and their entries (with "
+        "--overlap it goes out at once beside them, naming each item's "
+        "transfer_id by position). Errors: the prefill's "
         "4xx/5xx, and an encoder's 4xx, come back with their status and "
         "body; an instance that cannot be reached: 502; "
         "no answer within --timeout: 504; a body that is not JSON: 400. "
         "An encoder that fails with 5xx, cannot be reached or times out "
         "does not end the request: in pull mode the prefill encodes the "
-        "item itself; in push mode the prefill's request in flight is "
-        "dropped and sent again without ec_transfer_params (with "
-        "--sequential: the item is retried once on the next encoder; if "
-        "no item could be pushed the prefill gets no ec_transfer_params, "
-        "while a request with some items pushed and some not fails with "
-        "the encoder's error); an ecx consumer then encodes the items "
+        "item itself; in push mode the item is retried once on the next "
+        "encoder; if no item could be pushed the prefill gets no "
+        "ec_transfer_params, while a request with some items pushed and "
+        "some not fails with the encoder's error (with --overlap: the "
+        "prefill's request in flight is dropped and sent again without "
+        "ec_transfer_params); an ecx consumer then encodes the items "
         "itself, upstream's ECMooncakeConnector waits its "
         "push_wait_timeout_s and fails the request. "
         "An encoder's 4xx ends the request. SIGINT/SIGTERM stop the "
@@ -158,10 +160,11 @@ def parse_args(argv=None):
                    help="push mode: the control address (rank 0) of each "
                    "--prefill instance's EC consumer, one per --prefill in "
                    "the same order; repeatable, or comma-separated")
-    p.add_argument("--sequential", action="store_true",
-                   help="push mode: send the prefill its request only once "
-                   "every encoder has answered (upstream's proxy's order), "
-                   "not at once beside the encoder requests")
+    p.add_argument("--overlap", action="store_true",
+                   help="push mode: send the prefill its request at once, "
+                   "beside the encoder requests, naming the items' "
+                   "transfer_ids by position (default: once every encoder "
+                   "has answered, upstream's proxy's order)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000,

@@ -366,13 +366,13 @@ def test_completions_models_health(start, standin):
 # ---- push mode ----
 
 def test_push_ec_transfer_params_both_ways(start, standin):
-    """--sequential: upstream's proxy's order and params."""
+    """Upstream's proxy's order and params (the default)."""
     e0 = standin("e0", encoder_ok)
     e1 = standin("e1", encoder_ok)
     p0 = standin("p0", prefill_ok)
     p1 = standin("p1", prefill_ok)
     zmq = ["tcp://10.0.0.5:14579", "tcp://10.0.0.6:14579"]
-    r = start("--mode", "push", "--sequential", "--encode", e0.url,
+    r = start("--mode", "push", "--encode", e0.url,
               "--encode", e1.url, "--prefill", p0.url, "--prefill", p1.url,
               "--consumer-zmq", zmq[0], "--consumer-zmq", zmq[1])
     # The same image twice: encoded and pushed once, named twice.
@@ -414,11 +414,11 @@ def test_push_ec_transfer_params_both_ways(start, standin):
 
 
 def test_push_retries_on_the_other_encoder(start, standin):
-    """--sequential: a failed item is tried on the next encoder."""
+    """A failed item is tried on the next encoder."""
     bad = standin("bad", fails_with(500, vllm_error(500, "engine dead")))
     good = standin("good", encoder_ok)
     pre = standin("pre", prefill_ok)
-    r = start("--mode", "push", "--sequential", "--encode", bad.url,
+    r = start("--mode", "push", "--encode", bad.url,
               "--encode", good.url, "--prefill", pre.url,
               "--consumer-zmq", "tcp://127.0.0.1:9")
     items = [image("a"), image("b")]
@@ -435,8 +435,7 @@ def test_push_retries_on_the_other_encoder(start, standin):
 
 
 def test_push_without_a_push_forwards_bare_or_fails(start, standin):
-    """--sequential, one encoder: an item it fails (503 for image b) is
-    not pushed. All
+    """One encoder: an item it fails (503 for image b) is not pushed. All
     of a request's items failed: the prefill gets it without
     ec_transfer_params; some pushed and some not: the client gets the
     encoder's error and the prefill nothing."""
@@ -450,7 +449,7 @@ def test_push_without_a_push_forwards_bare_or_fails(start, standin):
         return await encoder_ok(s, request, path, body)
     enc = standin("enc", picky)
     pre = standin("pre", prefill_ok)
-    r = start("--mode", "push", "--sequential", "--encode", enc.url,
+    r = start("--mode", "push", "--encode", enc.url,
               "--prefill", pre.url, "--consumer-zmq", "tcp://127.0.0.1:9")
     req = chat(image("b"))
     assert r.post(req)[0] == 200
@@ -462,7 +461,7 @@ def test_push_without_a_push_forwards_bare_or_fails(start, standin):
 
 
 def test_push_overlapped_prefill_request_goes_out_at_once(start, standin):
-    """Push mode (overlapped, the default): the prefill has its request
+    """Push mode with --overlap: the prefill has its request
     while the encoders are still encoding (they answer only once it has),
     with each item's transfer_id by position and no mm_hash, the client's
     keys kept; the client gets the prefill's answer."""
@@ -477,8 +476,8 @@ def test_push_overlapped_prefill_request_goes_out_at_once(start, standin):
     e0 = standin("e0", waits_for_prefill)
     e1 = standin("e1", waits_for_prefill)
     zmq = "tcp://10.0.0.5:14579"
-    r = start("--mode", "push", "--encode", e0.url, "--encode", e1.url,
-              "--prefill", p0.url, "--consumer-zmq", zmq)
+    r = start("--mode", "push", "--overlap", "--encode", e0.url,
+              "--encode", e1.url, "--prefill", p0.url, "--consumer-zmq", zmq)
     items = [image("a"), AUDIO, image("b"), image("a")]
     req = chat(*items, ec_transfer_params={"client_key": 1})
     t0 = time.monotonic()
@@ -504,7 +503,7 @@ def test_push_overlapped_prefill_request_goes_out_at_once(start, standin):
 
 def test_push_overlapped_failed_encoder_sends_the_request_again(
         start, standin):
-    """Overlapped: an encoder that fails softly (503 for image b) drops the
+    """--overlap: an encoder that fails softly (503 for image b) drops the
     prefill request in flight, which the router sends again without
     ec_transfer_params (the prefill encodes); an encoder's 400 ends the
     request with that answer. The prefill answers a request with
@@ -542,8 +541,8 @@ def test_push_overlapped_failed_encoder_sends_the_request_again(
     enc = standin("enc", picky)
     pre = standin("pre", holds_pushed)
     pre.dropped = 0
-    r = start("--mode", "push", "--encode", enc.url, "--prefill", pre.url,
-              "--consumer-zmq", "tcp://127.0.0.1:9")
+    r = start("--mode", "push", "--overlap", "--encode", enc.url,
+              "--prefill", pre.url, "--consumer-zmq", "tcp://127.0.0.1:9")
     req = chat(image("a"), image("b"))
     t0 = time.monotonic()
     status, _, body = r.post(req)

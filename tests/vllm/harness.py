@@ -183,9 +183,10 @@ class Router(Process):
     """ecx's EPD router (python -m ecx.router) of the test venv."""
 
     def __init__(self, name, log_dir, cwd, mode, encoders, prefills,
-                 consumer_zmq=()):
+                 consumer_zmq=(), extra=()):
         argv = [PYTHON, "-m", "ecx.router", "--host", "127.0.0.1",
                 "--port", "0", "--mode", mode, "--timeout", "120"]
+        argv += list(extra)
         for e in encoders:
             argv += ["--encode", e]
         for p in prefills:

@@ -278,7 +278,7 @@ def push_prefill(workdir, logs, port, ec_port):
 @pytest.fixture(scope="module")
 def push(workdir, logs):
     """An ecx encoder, an ecx push prefill and the router (push mode,
-    overlapped) in front; the prefill may be replaced (same ports)."""
+    --overlap) in front; the prefill may be replaced (same ports)."""
     port, ec_port, reg = harness.free_ports(3)
     enc = encoder(workdir, logs, reg, "faults-push-encoder")
     state = {"enc": enc, "pre": None, "ec_port": ec_port, "port": port}
@@ -288,7 +288,8 @@ def push(workdir, logs):
         group([enc, state["pre"]])
         router = harness.Router(
             "faults-router-push", logs, str(workdir / "good"), "push",
-            [enc.url], [state["pre"].url], ["tcp://127.0.0.1:%d" % ec_port])
+            [enc.url], [state["pre"].url], ["tcp://127.0.0.1:%d" % ec_port],
+            ["--overlap"])
         state["router"] = router
         yield state
     finally:
@@ -391,7 +392,8 @@ def test_an_encoder_that_answers_but_never_sends(workdir, logs, aggregated,
     try:
         router = harness.Router(
             "faults-router-silent", logs, str(workdir / "good"), "push",
-            [silent.url], [pre.url], ["tcp://127.0.0.1:%d" % push["ec_port"]])
+            [silent.url], [pre.url], ["tcp://127.0.0.1:%d" % push["ec_port"]],
+            ["--overlap"])
         bodies = harness.requests_set(54, pairs=False)
         with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
             got = list(pool.map(lambda b: timed(router.url, b), bodies))

@@ -38,19 +38,13 @@ def cross(workdir, logs, aggregated):
             "registry_http_port": harness.free_port(), "bind_host": "127.0.0.1",
             "capacity_bytes": "256MiB", "log_interval_s": 1}},
         extra_args=["--mm-encoder-only"], env=MOONCAKE_ENV)
-    # Each pair's encoder and prefill on different cores: the router
-    # sends a prefill its request while the encoder still encodes, and a
-    # vLLM engine spins through empty steps while its request waits; on
-    # the encoder's core (ecx encoder and Mooncake prefill both on core
-    # 0), the Mooncake prefill's data port accepted no connection within
-    # the ecx encoder's deadline.
-    ecx_pre = harness.Instance("ecx-prefill-push", good, logs, core=0, ec={
+    ecx_pre = harness.Instance("ecx-prefill-push", good, logs, core=1, ec={
         "ec_connector": "ECXConnector", "ec_connector_module_path": "ecx.vllm",
         "ec_role": "ec_consumer", "ec_buffer_device": "cpu",
         "ec_ip": "127.0.0.1", "ec_port": ecx_port,
         "ec_connector_extra_config": {"recv_capacity_bytes": "256MiB",
                                       "log_interval_s": 1}}, env=MOONCAKE_ENV)
-    mc_pre = harness.Instance("mooncake-prefill-patched", good, logs, core=1, ec={
+    mc_pre = harness.Instance("mooncake-prefill-patched", good, logs, core=0, ec={
         "ec_connector": "ECMooncakeConnector", "ec_role": "ec_consumer",
         "ec_buffer_device": "cpu", "ec_buffer_size": 2 ** 28,
         "ec_ip": "127.0.0.1", "ec_port": mc_port,
