@@ -108,6 +108,23 @@ def fault(workdir, logs, aggregated, prefill, name, sig, seed):
         raise
 
 
+def pulled_again(enc, pre, aggregated, seed):
+    """A new set of requests encoded (and published) by enc, then sent to
+    pre: tokens equal, and every item pulled from enc (items_remote grows
+    by their count). Returns pre's counters after."""
+    bodies = harness.requests_set(seed)
+    before = harness.fresh_counters(pre)
+    for b in bodies:
+        status, o = harness.post(enc.url, dict(b, max_tokens=1))
+        assert status == 200, (status, o)
+    assert harness.tokens_many(pre.url, bodies) == aggregated.tokens(bodies)
+    after = harness.fresh_counters(pre)
+    n = sum(len(b["messages"][0]["content"]) - 1 for b in bodies)
+    assert after["items_remote"] - before.get("items_remote", 0) == n, \
+        (before, after)
+    return after
+
+
 def later_requests_succeed(pre, aggregated, seed):
     bodies = harness.requests_set(seed)
     assert harness.tokens_many(pre.url, bodies) == aggregated.tokens(bodies)
@@ -123,16 +140,7 @@ def test_an_encoder_stopped_mid_flight(workdir, logs, aggregated, prefill):
     try:
         later_requests_succeed(prefill[0], aggregated, 42)
         os.killpg(enc.proc.pid, signal.SIGCONT)
-        pre = prefill[0]
-        before = harness.fresh_counters(pre)
-        again = harness.requests_set(43)
-        for b in again:
-            status, o = harness.post(enc.url, dict(b, max_tokens=1))
-            assert status == 200, (status, o)
-        assert harness.tokens_many(pre.url, again) == aggregated.tokens(again)
-        after = harness.fresh_counters(pre)
-        n = sum(len(b["messages"][0]["content"]) - 1 for b in again)
-        assert after["items_remote"] - before.get("items_remote", 0) == n
+        pulled_again(enc, prefill[0], aggregated, 43)
     finally:
         os.killpg(enc.proc.pid, signal.SIGCONT)
         enc.stop()
@@ -239,16 +247,7 @@ def registry_faults(enc, pre, reg_proc, aggregated, registry, up):
         # Back (empty): what the encoder publishes now is pulled.
         reg_proc = registry()
         up(reg_proc)
-        back = harness.requests_set(48)
-        mid = harness.fresh_counters(pre)
-        for b in back:
-            status, o = harness.post(enc.url, dict(b, max_tokens=1))
-            assert status == 200, (status, o)
-        assert harness.tokens_many(pre.url, back) == aggregated.tokens(back)
-        after = harness.fresh_counters(pre)
-        n = sum(len(b["messages"][0]["content"]) - 1 for b in back)
-        assert after["items_remote"] - mid.get("items_remote", 0) == n, \
-            (mid, after)
+        after = pulled_again(enc, pre, aggregated, 48)
         assert after.get("lookup_errors", 0) > before.get("lookup_errors", 0)
         assert enc.alive() and enc.healthy(), enc.tail()
     finally:
