@@ -26,7 +26,14 @@ MOONCAKE_ENV = {"MC_FORCE_TCP": "1"}
 def cross(workdir, logs, aggregated):
     good = str(workdir / "good")
     ecx_port, mc_port = harness.free_ports(2)
-    mc_enc = harness.Instance("mooncake-encoder", good, logs, core=1, ec={
+    # Encoders on core 0, prefills on core 1: no encoder shares a core with
+    # a prefill it pushes into. A vLLM worker spins on os.sched_yield for a
+    # second after every step it is given, and a prefill whose requests
+    # wait for their items is given a step every few milliseconds, so its
+    # worker holds its core while it waits; an encoder pinned beside it was
+    # starved there (Mooncake's writer threads runnable at 0 % CPU, a batch
+    # write of 4 KiB taking 15-17 s, a push abandoned: tests/vllm/README.md).
+    mc_enc = harness.Instance("mooncake-encoder", good, logs, core=0, ec={
         "ec_connector": "ECMooncakeConnector", "ec_role": "ec_producer",
         "ec_buffer_device": "cpu", "ec_buffer_size": 2 ** 28,
         "ec_connector_extra_config": {"mooncake_protocol": "tcp"}},
@@ -44,7 +51,7 @@ def cross(workdir, logs, aggregated):
         "ec_ip": "127.0.0.1", "ec_port": ecx_port,
         "ec_connector_extra_config": {"recv_capacity_bytes": "256MiB",
                                       "log_interval_s": 1}}, env=MOONCAKE_ENV)
-    mc_pre = harness.Instance("mooncake-prefill-patched", good, logs, core=0, ec={
+    mc_pre = harness.Instance("mooncake-prefill-patched", good, logs, core=1, ec={
         "ec_connector": "ECMooncakeConnector", "ec_role": "ec_consumer",
         "ec_buffer_device": "cpu", "ec_buffer_size": 2 ** 28,
         "ec_ip": "127.0.0.1", "ec_port": mc_port,
