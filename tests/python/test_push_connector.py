@@ -414,3 +414,15 @@ def test_upstream_encoder_through_upstreams_proxy_flow(prefill, encoder):
     assert wait_scheduled(eng, "via-proxy") is not None
     assert not eng.unavailable
     eng.finish(req)
+
+
+def test_the_session_names_the_host_vllm_names(prefill, monkeypatch):
+    """The Mooncake session a reservation names (what upstream's encoder
+    writes to) carries advertise_host, else VLLM_HOST_IP, as upstream's
+    engine names itself; it named the machine's first address that is
+    not a loopback one even so, which a peer told 127.0.0.1 need not
+    reach."""
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")
+    assert prefill().shards()[0].pool.session.startswith("127.0.0.1:")
+    assert prefill(advertise_host="127.0.0.7").shards()[0].pool.session \
+        .startswith("127.0.0.7:")

@@ -3,6 +3,7 @@ the connector reads of vLLM's config (ranks, devices)."""
 import ctypes
 import logging
 import math
+import os
 import re
 from typing import Optional
 
@@ -181,6 +182,20 @@ class Config:
             logger.warning("ECXConnector: ignoring unknown "
                            "ec_connector_extra_config keys %s",
                            sorted(unknown))
+
+    def reach_host(self, bind_host=None) -> Optional[str]:
+        """The host peers reach this instance at (the producer's address
+        in the registry; the consumer's Mooncake session, which upstream's
+        encoder and the reference producer write to): advertise_host;
+        else, listening on a given address (bind_host), None (libecx
+        advertises that address); else vLLM's VLLM_HOST_IP, the address
+        upstream's Mooncake engine names itself by; else None (libecx's
+        default: the first address that is not a loopback one)."""
+        if self.advertise_host:
+            return self.advertise_host
+        if bind_host and bind_host not in ("0.0.0.0", "::", "[::]"):
+            return None
+        return os.environ.get("VLLM_HOST_IP") or None
 
 
 def tp_size(vllm_config) -> int:

@@ -123,7 +123,7 @@ class Worker(NoWorker):
                 c = self._cfg
                 self._producer = ecx.Producer(
                     capacity_bytes=c.capacity_bytes, bind_host=c.bind_host,
-                    advertise_host=c.advertise_host,
+                    advertise_host=c.reach_host(c.bind_host),
                     registry_port=None if c.registry else
                     c.registry_http_port,
                     registry=c.registry, token=c.token,
@@ -145,7 +145,8 @@ class Worker(NoWorker):
                 self._consumer = ecx.Consumer(
                     c.registry, token=c.token, timeout_ms=c.timeout_ms,
                     transport=c.transport,
-                    recv_capacity=c.recv_capacity_bytes)
+                    recv_capacity=c.recv_capacity_bytes,
+                    mooncake_host=c.reach_host())
             return self._consumer
 
     def save_caches(self, encoder_cache: dict, mm_hash: str,
