@@ -17,7 +17,10 @@ Connectors (--connectors, default all):
   ../shared/reference/ec_mooncake_connector.py.txt, loaded into vLLM by
   bench/vllm_ref/ref_ec_connector.py (its four shims are listed there);
 - `ecx-pull`, `ecx-push`: ECXConnector, pulling from the encoder's
-  registry, or pushed into by the encoder.
+  registry, or pushed into by the encoder. A row of its own with other
+  prefill settings: `ecx-pull+KEY=VALUE[+KEY=VALUE...]` (VALUE in JSON,
+  else a string), e.g. `--connectors ecx-pull,ecx-pull+idle_wait_ms=0`
+  to judge a setting against its default in the same run.
 
 Every split runs an encoder (`--mm-encoder-only`, core 0) and a prefill
 (core 1), with ecx's router in front (python -m ecx.router, pull or push
@@ -101,9 +104,32 @@ def ecx_ec(role, extra):
             "ec_connector_extra_config": dict(extra, log_interval_s=5)}
 
 
-def split(name, cwd, logs, tmp, ecx_extra=None):
-    """(encoder, prefill, router mode, consumer zmq) of connector name,
-    started. ecx_extra: keys added to an ecx prefill's extra config."""
+def variant(conn):
+    """(base connector, prefill keys) of a --connectors entry: ecx rows
+    may carry +KEY=VALUE settings of their own. Raises ValueError."""
+    base, *sets = conn.split("+")
+    if base not in CONNECTORS:
+        raise ValueError("unknown connector %r (have %s)" %
+                         (base, ", ".join(CONNECTORS)))
+    if sets and not base.startswith("ecx"):
+        raise ValueError("%r: only ecx rows take +KEY=VALUE" % conn)
+    keys = {}
+    for kv in sets:
+        k, eq, v = kv.partition("=")
+        if not k or not eq:
+            raise ValueError("%r: %r is not KEY=VALUE" % (conn, kv))
+        try:
+            keys[k] = json.loads(v)
+        except ValueError:
+            keys[k] = v
+    return base, keys
+
+
+def split(conn, cwd, logs, tmp, ecx_extra=None):
+    """(encoder, prefill, router mode, consumer zmq) of connector conn,
+    started. ecx_extra: keys added to an ecx prefill's extra config (the
+    row's own +KEY=VALUE keys over them)."""
+    name, own = variant(conn)
     reg, ec_port = harness.free_ports(2)
     enc_env = pre_env = None
     zmq = []
@@ -158,10 +184,11 @@ def split(name, cwd, logs, tmp, ecx_extra=None):
         raise ValueError(name)
     if name.startswith("ecx"):
         pre["ec_connector_extra_config"].update(ecx_extra or {})
-    e = harness.Instance(name + "-encoder", cwd, logs, core=0, ec=enc,
+        pre["ec_connector_extra_config"].update(own)
+    e = harness.Instance(conn + "-encoder", cwd, logs, core=0, ec=enc,
                          extra_args=["--mm-encoder-only"] + COMMON,
                          env=enc_env)
-    p = harness.Instance(name + "-prefill", cwd, logs, core=1, ec=pre,
+    p = harness.Instance(conn + "-prefill", cwd, logs, core=1, ec=pre,
                          extra_args=COMMON, env=pre_env)
     return [e, p], mode, zmq
 
@@ -238,7 +265,9 @@ def main():
     ap.add_argument("--models", default="tiny,mib",
                     help="comma-separated, of %s" % ", ".join(MODELS))
     ap.add_argument("--connectors", default=",".join(CONNECTORS),
-                    help="comma-separated, of %s" % ", ".join(CONNECTORS))
+                    help="comma-separated, of %s; an ecx row may add "
+                    "+KEY=VALUE prefill settings (ecx-pull+idle_wait_ms=0)"
+                    % ", ".join(CONNECTORS))
     ap.add_argument("--concurrency", default="1,8",
                     help="requests in flight per cell, comma-separated")
     ap.add_argument("--requests", type=int, default=10,
@@ -262,9 +291,10 @@ def main():
         if m not in MODELS:
             ap.error("unknown model %r (have %s)" % (m, ", ".join(MODELS)))
     for c in conns:
-        if c not in CONNECTORS:
-            ap.error("unknown connector %r (have %s)" %
-                     (c, ", ".join(CONNECTORS)))
+        try:
+            variant(c)
+        except ValueError as e:
+            ap.error(str(e))
     if any(c < 1 for c in concs) or args.requests < 1 or args.runs < 1:
         ap.error("--concurrency, --requests and --runs are at least 1")
     if "aggregated" not in conns:
