@@ -33,24 +33,50 @@ START_S = float(os.environ.get("ECX_VLLM_START_S", "600"))
 MAX_TOKENS = 32
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_GIVEN = set()  # ports this process has handed out
+
+
+def _ephemeral_floor():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_ports(n):
-    """n distinct free ports (held together while chosen)."""
-    socks = []
+    """n distinct ports free on 127.0.0.1, from below the kernel's
+    ephemeral range, never handed out twice by this process. The kernel
+    picks a port for a bind to port 0 or a connect from that range only,
+    so no other socket (an instance's own, starting meanwhile) takes one of
+    these between its choice and the bind of the server it is for: a port
+    chosen by binding 0 was, once, and an encoder then failed to start
+    with EADDRINUSE on its registry port."""
+    hi = min(_ephemeral_floor(), 65536) - 1
+    lo = 20000 if hi >= 21000 else 1024
+    socks, ports = [], []
     try:
-        for _ in range(n):
+        while len(ports) < n:
+            p = random.randint(lo, hi)
+            if p in _GIVEN:
+                continue
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            ports.append(p)
+            _GIVEN.add(p)
+        return ports
     finally:
         for s in socks:
             s.close()
+
+
+def free_port():
+    return free_ports(1)[0]
 
 
 def clean_env(extra=None):
