@@ -20,7 +20,8 @@ Connectors (--connectors, default all):
   registry, or pushed into by the encoder. A row of its own with other
   prefill settings: `ecx-pull+KEY=VALUE[+KEY=VALUE...]` (VALUE in JSON,
   else a string), e.g. `--connectors ecx-pull,ecx-pull+idle_wait_ms=0`
-  to judge a setting against its default in the same run.
+  to judge a setting against its default in the same run (a key the
+  connector does not know stops the run; a VALUE holds no `,` or `+`).
 
 Every split runs an encoder (`--mm-encoder-only`, core 0) and a prefill
 (core 1), with ecx's router in front (python -m ecx.router, pull or push
@@ -62,6 +63,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -125,6 +127,11 @@ def variant(conn):
     return base, keys
 
 
+def filename(conn):
+    """conn as a log file's name (a +KEY=VALUE may hold a URL)."""
+    return re.sub(r"[^\w.=+-]", "_", conn)
+
+
 def split(conn, cwd, logs, tmp, ecx_extra=None):
     """(encoder, prefill, router mode, consumer zmq) of connector conn,
     started. ecx_extra: keys added to an ecx prefill's extra config (the
@@ -185,10 +192,11 @@ def split(conn, cwd, logs, tmp, ecx_extra=None):
     if name.startswith("ecx"):
         pre["ec_connector_extra_config"].update(ecx_extra or {})
         pre["ec_connector_extra_config"].update(own)
-    e = harness.Instance(conn + "-encoder", cwd, logs, core=0, ec=enc,
-                         extra_args=["--mm-encoder-only"] + COMMON,
+    e = harness.Instance(filename(conn) + "-encoder", cwd, logs, core=0,
+                         ec=enc, extra_args=["--mm-encoder-only"] + COMMON,
                          env=enc_env)
-    p = harness.Instance(conn + "-prefill", cwd, logs, core=1, ec=pre,
+    p = harness.Instance(filename(conn) + "-prefill", cwd, logs, core=1,
+                         ec=pre,
                          extra_args=COMMON, env=pre_env)
     return [e, p], mode, zmq
 
@@ -342,10 +350,14 @@ def bench_connector(args, model, conn, cwd, logs, tmp, concs, want):
     rows = []
     try:
         harness.wait_healthy(procs)
+        ignored = [ln for ln in procs[-1].text().splitlines()
+                   if "ignoring unknown ec_connector_extra_config" in ln]
+        if ignored:  # a misspelt +KEY=VALUE: the row would be the default
+            raise RuntimeError("%s: %s" % (conn, ignored[0].strip()))
         url = procs[0].url
         if conn != "aggregated":
             router = harness.Router(
-                "%s-%s-router" % (model, conn), logs, cwd, mode,
+                "%s-%s-router" % (model, filename(conn)), logs, cwd, mode,
                 [procs[0].url], [procs[1].url], zmq,
                 ["--overlap"] if mode == "push" and args.overlap else [])
             url = router.url

@@ -422,7 +422,26 @@ def test_the_session_names_the_host_vllm_names(prefill, monkeypatch):
     engine names itself; it named the machine's first address that is
     not a loopback one even so, which a peer told 127.0.0.1 need not
     reach."""
-    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")
-    assert prefill().shards()[0].pool.session.startswith("127.0.0.1:")
+    # Neither is libecx's default (this machine's first non-loopback
+    # address, or 127.0.0.1): the receiver listens on every address.
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.9")
+    assert prefill().shards()[0].pool.session.startswith("127.0.0.9:")
     assert prefill(advertise_host="127.0.0.7").shards()[0].pool.session \
         .startswith("127.0.0.7:")
+
+
+@pytest.mark.parametrize("extra, bind, env, want", [
+    ({"advertise_host": "10.1.1.1"}, "127.0.0.1", "10.2.2.2", "10.1.1.1"),
+    ({}, "127.0.0.1", "10.2.2.2", None),  # libecx advertises the bind host
+    ({}, "0.0.0.0", "10.2.2.2", "10.2.2.2"),
+    ({}, "::", "10.2.2.2", "10.2.2.2"),
+    ({}, None, "10.2.2.2", "10.2.2.2"),  # the consumer's: no bind host
+    ({}, "0.0.0.0", None, None),  # libecx's default
+])
+def test_reach_host(monkeypatch, extra, bind, env, want):
+    from ecx.vllm.config import Config
+    if env is None:
+        monkeypatch.delenv("VLLM_HOST_IP", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_HOST_IP", env)
+    assert Config(dict(extra)).reach_host(bind) == want

@@ -52,11 +52,18 @@ def free_ports(n):
     these between its choice and the bind of the server it is for: a port
     chosen by binding 0 was, once, and an encoder then failed to start
     with EADDRINUSE on its registry port."""
-    hi = min(_ephemeral_floor(), 65536) - 1
-    lo = 20000 if hi >= 21000 else 1024
+    # Below 49152 too (pyzmq's random ports), above Mooncake's 15000-17000.
+    hi = min(_ephemeral_floor(), 49152) - 1
+    lo = 20000
+    if hi - lo < 1000:
+        raise RuntimeError("free_ports: the kernel's ephemeral range starts "
+                           "at %d, leaving no room for test ports in "
+                           "%d..%d" % (hi + 1, lo, hi))
     socks, ports = [], []
     try:
-        while len(ports) < n:
+        for _ in range(100 * n + 1000):
+            if len(ports) == n:
+                break
             p = random.randint(lo, hi)
             if p in _GIVEN:
                 continue
@@ -69,6 +76,9 @@ def free_ports(n):
             socks.append(s)
             ports.append(p)
             _GIVEN.add(p)
+        if len(ports) < n:
+            raise RuntimeError("free_ports: no %d free ports in %d..%d" %
+                               (n, lo, hi))
         return ports
     finally:
         for s in socks:

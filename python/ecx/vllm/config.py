@@ -187,13 +187,14 @@ class Config:
         """The host peers reach this instance at (the producer's address
         in the registry; the consumer's Mooncake session, which upstream's
         encoder and the reference producer write to): advertise_host;
-        else, listening on a given address (bind_host), None (libecx
-        advertises that address); else vLLM's VLLM_HOST_IP, the address
-        upstream's Mooncake engine names itself by; else None (libecx's
-        default: the first address that is not a loopback one)."""
+        else, listening on a given address (bind_host other than libecx's
+        wildcards 0.0.0.0 and ::), None (libecx advertises that address);
+        else vLLM's VLLM_HOST_IP, which upstream's Mooncake engine names
+        itself by where it is set; else None (libecx's default: the first
+        non-loopback IPv4 address, 127.0.0.1 if there is none)."""
         if self.advertise_host:
             return self.advertise_host
-        if bind_host and bind_host not in ("0.0.0.0", "::", "[::]"):
+        if bind_host and bind_host not in ("0.0.0.0", "::"):
             return None
         return os.environ.get("VLLM_HOST_IP") or None
 
