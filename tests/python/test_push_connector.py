@@ -12,6 +12,7 @@ import pickle
 import random
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -83,11 +84,14 @@ class Engine:
         self.scheduled = {}  # rid -> step
         self.unavailable = set()
         self.steps = 0
+        self.engine_frees = False  # an engine that does not say
 
     def add(self, req):
         self.waiting.append(req)
 
-    def step(self):
+    def step(self, freed=()):
+        """freed: what the engine frees this step, said in
+        free_encoder_mm_hashes where engine_frees (as vLLM does)."""
         self.steps += 1
         now = []
         for req in list(self.waiting):
@@ -100,7 +104,9 @@ class Engine:
             self.waiting.remove(req)
             now.append(req)
             self.scheduled[req.request_id] = self.steps
-        blob = pickle.dumps(self.sched.build_connector_meta(object()))
+        out = types.SimpleNamespace(free_encoder_mm_hashes=list(freed)) \
+            if self.engine_frees else object()
+        blob = pickle.dumps(self.sched.build_connector_meta(out))
         metas = []
         for w, cache in self.workers:
             w.bind_connector_metadata(pickle.loads(blob))
@@ -415,6 +421,142 @@ def test_upstream_encoder_through_upstreams_proxy_flow(prefill, encoder):
     assert not eng.unavailable
     eng.finish(req)
 
+
+def plain(rid, items):
+    """A request sent straight to the prefill (no ec_transfer_params):
+    vLLM encodes its items here unless has_cache_item says otherwise."""
+    req = Request(rid, items)
+    req.ec_transfer_params = None
+    return req
+
+
+def pins(p, mm_hash):
+    """Each rank's pins on its resident copy of mm_hash (None: none)."""
+    out = []
+    for s in p.shards():
+        res = s.table.resident(mm_hash)
+        out.append(None if res is None else res.pins)
+    return out
+
+
+@pytest.mark.parametrize("engine_frees", [False, True])
+@pytest.mark.parametrize("first_done", ["A", "B"])
+@pytest.mark.parametrize("same_step", [True, False])
+def test_a_ready_push_goes_to_whichever_request_allocates_it_first(
+        prefill, encoder, same_step, first_done, engine_frees):
+    """Request A names the push of X; once X is ready, has_cache_item(X)
+    is True for any request, so request B (no ec_transfer_params), asking
+    for X before A takes it, is scheduled without encoding it: the ready
+    push must be handed over for B (Engine.step checks X is in each rank's
+    encoder_cache, byte-equal), A then finds it handed, and the copy stays
+    pinned on the shards until both have let go, whichever finishes
+    first (or, where the engine says what it frees, until it frees X)."""
+    p = prefill(tp=2)
+    enc = encoder()
+    it = push_item("shared", 256)
+    mm = it.mm_hash
+    a = Request("A", [it])
+    eng = p.engine
+    eng.engine_frees = engine_frees
+    eng.add(a)
+    eng.step()  # A asks before the push: waits
+    assert not eng.scheduled
+    eng.waiting.remove(a)  # held back (its other items, the budget)
+    assert enc.push(p.base, [it]) == []
+    deadline = time.monotonic() + 5
+    while not p.sched.has_cache_item(mm):
+        eng.step()
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    b = plain("B", [it])
+    eng.add(b)
+    if same_step:
+        eng.add(a)  # after B: B allocates X first
+        assert eng.step() == [b, a]
+    else:
+        assert eng.step() == [b]
+        eng.add(a)
+        assert eng.step() == [a]
+    assert not eng.unavailable
+    assert pins(p, mm) == [1, 1]
+    first, second = (a, b) if first_done == "A" else (b, a)
+    eng.finish(first)
+    eng.step()
+    assert pins(p, mm) == [1, 1]  # the other one still uses it
+    eng.finish(second)
+    eng.step([mm])  # vLLM frees X once no request uses it
+    assert pins(p, mm) == [0, 0]  # retired, kept resident
+    sched = p.sched._scheduler
+    assert not sched._local and not sched._reqs and not sched._recs
+    assert not sched._ready_hash and it.transfer_id in sched._tombs
+    assert not p.sched.has_cache_item(mm)
+    assert not p.sched.has_pending_push_work()  # nothing cancelled
+    for s in p.shards():
+        assert s.table.state(it.transfer_id) is None  # taken, not ended
+    assert p.sched.stats()["push_items_taken"] == 1
+    assert not eng.unavailable
+
+
+def test_a_handed_item_stays_pinned_for_a_request_that_did_not_name_it(
+        prefill, encoder):
+    """X handed for A (its push); B (no ec_transfer_params) then gets X
+    from the handed copy (has_cache_item True): with an engine that does
+    not say what it frees, the copy is unpinned on the shards only once
+    both have let go, not when A does while B still reads it."""
+    p = prefill(tp=2)
+    enc = encoder()
+    it = push_item("handed", 64)
+    a = Request("A", [it])
+    eng = p.engine
+    eng.add(a)
+    assert enc.push(p.base, [it]) == []
+    assert wait_scheduled(eng, "A") is not None
+    b = plain("B", [it])
+    eng.add(b)
+    assert eng.step() == [b]
+    eng.finish(a)
+    eng.step()
+    assert pins(p, it.mm_hash) == [1, 1]  # B still reads it
+    eng.finish(b)
+    eng.step()
+    assert pins(p, it.mm_hash) == [0, 0]
+    assert not p.sched._scheduler._local
+
+
+def test_a_ready_push_goes_to_a_pull_request_beside_pulls(registry, prefill,
+                                                          encoder):
+    """Beside pulls, a request without ec_items goes through the pull flow;
+    an item no producer holds is encoded here unless has_cache_item says
+    yes, which a ready push for another request makes it say: the push is
+    handed to it, and the pull flow is told of its end as before."""
+    reg = registry()
+    p = prefill(tp=2, remote_registry_url=reg.url, push=True, token="tok",
+                timeout_ms=2000, load_timeout_s=4,
+                recv_capacity_bytes="32MiB", push_fallback_ms=60000)
+    enc = encoder()
+    it = push_item("beside", 64)
+    assert enc.push(p.base, [it]) == []  # for request A, not yet here
+    eng = p.engine
+    deadline = time.monotonic() + 5
+    while not p.sched.has_cache_item(it.mm_hash):
+        eng.step()
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    b = plain("B", [it])
+    eng.add(b)
+    assert wait_scheduled(eng, "B") is not None  # looked up, not held
+    a = Request("A", [it])
+    eng.add(a)
+    assert eng.step() == [a]
+    eng.finish(b)
+    eng.finish(a)
+    eng.step()
+    assert pins(p, it.mm_hash) == [0, 0]
+    sched = p.sched._scheduler
+    assert not sched._local and not sched._reqs and not sched._borrowed
+    assert not sched._pull._reqs
+    assert p.sched.stats()["push_items_taken"] == 1
+    assert not eng.unavailable
 
 def test_the_session_names_the_host_vllm_names(prefill, monkeypatch):
     """The Mooncake session a reservation names (what upstream's encoder

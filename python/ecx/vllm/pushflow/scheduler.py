@@ -7,7 +7,10 @@ ec_transfer_params["ec_items"]; an item not ready waits in a record whose
 deadline is fixed at push_wait_timeout_s after it was first asked for,
 after which its request is unavailable (take_unavailable_requests; the
 engine lives). A ready item is handed over in the step that schedules it
-(the workers take it from their shards before the model runs). Items the
+(the workers take it from their shards before the model runs), for
+whichever request vLLM allocates it first: has_cache_item answers per
+item, so a request that does not name the push (one sent straight
+here, say) is handed it, and the one it was pushed for finds it handed. Items the
 engine frees stay resident on the shards (a later push of the same
 mm_hash is served from them); requests that finish with items not handed
 over have them cancelled on every shard; ended records stay as tombstones
@@ -95,6 +98,8 @@ class PushScheduler:
         self._tombs = collections.OrderedDict()  # transfer_id -> ended at
         self._reqs = {}  # request id -> {mm_hash: transfer_id}
         self._local = {}  # mm_hash -> request ids using the handed copy
+        # request id -> mm_hashes it uses of pushes it does not name
+        self._borrowed = {}
         self._ready_hash = {}  # mm_hash -> transfer_id AVAILABLE
         self._takes = []
         self._freed = []
@@ -335,15 +340,31 @@ class PushScheduler:
         return self._pull is not None and \
             self._pull.has_cache_item(identifier)
 
+    def _ours(self, h):
+        """Whether has_cache_item(h) holds for a push, not a pull: the
+        item is handed or ready, and the pull flow has no copy of it."""
+        return (h in self._local or h in self._ready_hash) and not (
+            self._pull is not None and self._pull.has_cache_item(h))
+
     def update_state_after_alloc(self, request, index):
         h = request.mm_features[index].identifier
-        tid = self._reqs.get(request.request_id, {}).get(h)
-        if tid is None or h in self._fb.get(request.request_id, ()):
+        rid = request.request_id
+        tid = self._reqs.get(rid, {}).get(h)
+        if h in self._fb.get(rid, ()) or (tid is None and
+                                          not self._ours(h)):
             if self._pull is not None:
                 self._pull.update_state_after_alloc(request, index)
             return
+        if tid is None:
+            # has_cache_item said yes for a push this request does not
+            # name (sent straight here, or its item was handed already
+            # when it asked): vLLM will not encode it, so it is this
+            # request's too, and a ready one is handed now, whichever
+            # request it was pushed for (which then finds it handed).
+            self._borrowed.setdefault(rid, set()).add(h)
+            tid = self._ready_hash.get(h)
         if h in self._local:
-            self._local[h].add(request.request_id)
+            self._local[h].add(rid)
             return
         rec = self._recs.get(tid)
         if rec is None or rec.state != AVAILABLE:
@@ -352,7 +373,7 @@ class PushScheduler:
         if self._ready_hash.get(h) == tid:
             del self._ready_hash[h]
         self._takes.append((h, tid))
-        self._local[h] = {request.request_id}
+        self._local[h] = {rid}
 
     def _let_go(self, rid, h):
         users = self._local.get(h)
@@ -364,12 +385,28 @@ class PushScheduler:
 
     _engine_frees = False  # the engine says what it frees (free list)
 
+    def _done_with(self, rid, h):
+        """Request rid has finished with handed item h."""
+        if self._engine_frees:  # the engine's free list lets it go
+            users = self._local.get(h)
+            if users is not None:
+                users.discard(rid)
+        else:
+            self._let_go(rid, h)
+
     def update_state_after_free(self, request, index):
         h = request.mm_features[index].identifier
-        if h in self._fb.get(request.request_id, ()):
+        rid = request.request_id
+        borrowed = self._borrowed.get(rid)
+        if h in self._fb.get(rid, ()):
             self._pull.update_state_after_free(request, index)
-        elif h in self._reqs.get(request.request_id, {}):
-            self._let_go(request.request_id, h)
+        elif h in self._reqs.get(rid, {}):
+            self._let_go(rid, h)
+        elif borrowed is not None and h in borrowed:
+            borrowed.discard(h)
+            if not borrowed:
+                del self._borrowed[rid]
+            self._let_go(rid, h)
         elif self._pull is not None:
             self._pull.update_state_after_free(request, index)
 
@@ -407,6 +444,8 @@ class PushScheduler:
     def request_finished(self, request):
         rid = request.request_id
         mine = self._reqs.pop(rid, None)
+        for h in self._borrowed.pop(rid, ()):
+            self._done_with(rid, h)
         self._fb_at.pop(rid, None)
         if self._fb.pop(rid, None):
             self._pull.request_finished(request)
@@ -415,12 +454,7 @@ class PushScheduler:
                 return self._pull.request_finished(request)
             return False, None
         for h, tid in mine.items():
-            if self._engine_frees:
-                users = self._local.get(h)
-                if users is not None:
-                    users.discard(rid)
-            else:
-                self._let_go(rid, h)
+            self._done_with(rid, h)
             rec = self._recs.get(tid)
             if tid in self._tombs or (rec is not None and
                                       rec.state == TAKING):
