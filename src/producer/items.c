@@ -19,8 +19,12 @@
  * stores: the destination is cold (fresh or evicted space), and the bytes
  * are read next by a pull, not by this thread, so they go to memory
  * without first reading each line in and without evicting the cache's
- * working set. Smaller items are memcpy'd. */
-#define STREAM_MIN ((uint64_t)256 << 10)
+ * working set. Smaller items are memcpy'd. At 64 KiB such a copy took
+ * 3.8-3.9 us where memcpy took 5.6-5.7, and a read of it from the other
+ * CPU right after 5.7-5.9 us against 4.9-5.0: less in all even for a
+ * pull that comes at once (ecx-bench-arena-copy, docs/bench.md, "Small
+ * saves"); under 64 KiB the two are closer. */
+#define STREAM_MIN ((uint64_t)64 << 10)
 
 /* ---- put, remove ---- */
 
