@@ -5,7 +5,7 @@ import os
 from . import _cdefs as C
 from ._args import b, size, token as _token
 from .dtypes import (copy_into, cuda_register, cuda_unregister, desc,
-                     describe, is_cuda)
+                     describe, is_cuda, torch_name)
 from .errors import check_fork, closed, error
 
 
@@ -94,8 +94,9 @@ class Producer:
         between reserve and commit; the first CUDA one page-locks the arena
         (cuMemHostRegister) so that copy is a DMA.
         """
-        if type(tensor).__module__.startswith("torch") and (
-                tensor.device.type != "cpu" or not tensor.is_contiguous()):
+        is_torch = type(tensor).__module__.startswith("torch")
+        if is_torch and (tensor.device.type != "cpu" or
+                         not tensor.is_contiguous()):
             if is_cuda(tensor):
                 self.pin_for_cuda()
             name = str(tensor.dtype).split(".")[-1]
@@ -109,8 +110,12 @@ class Producer:
                 raise
             self.commit(id)
             return True
-        name, shape, nbytes, ptr, keep = describe(tensor)
-        d = desc(name, shape)
+        if is_torch:  # CPU and contiguous (checked above)
+            d = desc(torch_name(tensor.dtype), tuple(tensor.shape))
+            ptr, keep = tensor.data_ptr(), tensor
+        else:
+            name, shape, _, ptr, keep = describe(tensor)
+            d = desc(name, shape)
         stored = ctypes.c_int()
         rc = C.ecx_producer_put_stored(self._handle(), b(id), ctypes.byref(d),
                                   ptr, ctypes.byref(stored))

@@ -68,6 +68,23 @@ def test_numpy_arrays_round_trip(pair):
         assert np.array_equal(o, np.ascontiguousarray(arrays[it.id]))
 
 
+def test_descs_are_remembered_per_dtype_and_shape():
+    """put makes a tensor's descriptor once per dtype and shape (the
+    library only reads it): the same shape given as a list or a tuple
+    gets the same one, another shape its own, and the store stays
+    bounded."""
+    from ecx.dtypes import _DESCS, _DESCS_MAX, desc
+    a = desc("bfloat16", (32, 1024))
+    assert desc("bfloat16", [32, 1024]) is a and a.nbytes == 65536
+    b = desc("bfloat16", (32, 1025))
+    assert b is not a and b.nbytes == 65600 and a.nbytes == 65536
+    for n in range(_DESCS_MAX + 10):
+        assert desc("uint8", (n,)).nbytes == n
+    assert len(_DESCS) <= _DESCS_MAX
+    with pytest.raises(ValueError, match="unknown dtype"):
+        desc("complex64", (1,))
+
+
 def test_scalar_and_empty(pair):
     p, c = pair
     p.put("scalar", torch.tensor(3.5))

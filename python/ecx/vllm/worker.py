@@ -118,6 +118,9 @@ class Worker(NoWorker):
         return self._pulls.held
 
     def _ensure_producer(self) -> ecx.Producer:
+        p = self._producer  # made once, never replaced: no lock to read
+        if p is not None:
+            return p
         with self._lock:
             if self._producer is None:
                 c = self._cfg

@@ -23,6 +23,7 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ...dtypes import torch_name
 from ..push.pusher import PushSpec, Pusher
 from ..push.wire import DTYPE_SIZES
 
@@ -43,10 +44,6 @@ class _Push:
         self.job = None
 
 
-def _dtype_name(t):
-    return str(t.dtype).split(".")[-1]
-
-
 class EncoderPushes:
     """producer: the rank's ecx.Producer; control_timeout_s, token: the
     control wire's (PushConfig); stats: Counters; wait_saved(mm_hash,
@@ -63,6 +60,9 @@ class EncoderPushes:
         self._wait_saved = wait_saved
         self._lock = threading.Lock()
         self._live = {}  # transfer_id -> _Push, planned and not ended
+        # mm_hash -> [_Push] of _live not bound yet: a save finds its
+        # pushes without a walk through every push in flight.
+        self._unbound = {}
         self._saved = collections.OrderedDict()  # mm_hash -> bound output
         self._jobs = ThreadPoolExecutor(JOB_THREADS,
                                         thread_name_prefix="ecx-push-job")
@@ -107,6 +107,7 @@ class EncoderPushes:
                     continue
                 push = _Push(p, self._spec(p, p.shape, p.dtype))
                 self._live[p.transfer_id] = push
+                self._unbound.setdefault(p.mm_hash, []).append(push)
                 if push.spec is not None:
                     fresh.setdefault(p.consumer_zmq, []).append(push)
                 if p.mm_hash in self._saved:
@@ -124,15 +125,13 @@ class EncoderPushes:
         starts its pushes. tensor: the output, or (shape, dtype name)."""
         shape, dtype = (tuple(tensor[0]), tensor[1]) \
             if isinstance(tensor, tuple) else \
-            (tuple(tensor.shape), _dtype_name(tensor))
+            (tuple(tensor.shape), torch_name(tensor.dtype))
         with self._lock:
             self._saved[mm_hash] = (shape, dtype)
             self._saved.move_to_end(mm_hash)
             while len(self._saved) > SAVED_MAX:
                 self._saved.popitem(last=False)
-            ready = [x for x in self._live.values()
-                     if x.plan.mm_hash == mm_hash and not x.bound]
-            for x in ready:
+            for x in self._unbound.pop(mm_hash, ()):
                 x.bound = True
                 if x.spec is None:
                     x.spec = self._spec(x.plan, shape, dtype)
@@ -148,6 +147,11 @@ class EncoderPushes:
                     if x.plan.request_id in request_ids and not x.bound]
             for x in gone:
                 x.bound = True
+                waiting = self._unbound.get(x.plan.mm_hash)
+                if waiting is not None:
+                    waiting.remove(x)
+                    if not waiting:
+                        del self._unbound[x.plan.mm_hash]
                 x.job = self._jobs.submit(self._drop, x)
 
     def pending(self):
