@@ -20,11 +20,18 @@
  * are read next by a pull, not by this thread, so they go to memory
  * without first reading each line in and without evicting the cache's
  * working set. Smaller items are memcpy'd. At 64 KiB such a copy took
- * 3.8-3.9 us where memcpy took 5.6-5.7, and a read of it from the other
- * CPU right after 5.7-5.9 us against 4.9-5.0: less in all even for a
- * pull that comes at once (ecx-bench-arena-copy, docs/bench.md, "Small
- * saves"); under 64 KiB the two are closer. */
+ * 3.8-4.4 us where memcpy took 5.0-5.7, and a read of it from the other
+ * CPU right after 5.5-5.9 us against 4.3-5.0: about even in all for a
+ * pull that comes at once, the save a third shorter (ecx-bench-arena-copy,
+ * docs/bench.md, "Small saves"); under 64 KiB the two are closer. With
+ * integrity on, the hash reads the bytes right after (commit): see
+ * STREAM_MIN_HASHED. */
 #define STREAM_MIN ((uint64_t)64 << 10)
+/* With integrity on, commit hashes the bytes right after the copy, and
+ * reads them back from memory after non-temporal stores: a 64 KiB put
+ * took 13.8-14.7 us that way against 11.8-12.1 with memcpy (the hash then
+ * reads them from the cache). So from here only, as before. */
+#define STREAM_MIN_HASHED ((uint64_t)256 << 10)
 
 /* ---- put, remove ---- */
 
@@ -232,12 +239,15 @@ int prod_cancel(ecx_producer *p, const char *id)
 	return 0;
 }
 
-/* dst <- n bytes of src, with non-temporal stores where the CPU has them;
- * they are ordered before the caller's next store (the commit). */
-static void copy_into_arena(void *dst, const void *src, uint64_t n)
+/* dst <- n bytes of src, with non-temporal stores from min bytes where
+ * the CPU has them; they are ordered before the caller's next store (the
+ * commit). */
+static void copy_into_arena(void *dst, const void *src, uint64_t n,
+                            uint64_t min)
 {
+	(void)min; /* (without SSE2: memcpy whatever the size) */
 #if defined(__SSE2__)
-	if (n >= STREAM_MIN) {
+	if (n >= min) {
 		char *d = dst;
 		const char *s = src;
 		size_t head = (16 - ((uintptr_t)d & 15)) & 15;
@@ -278,7 +288,8 @@ int prod_put(ecx_producer *p, const char *id, const ecx_tensor_desc *desc,
 		return 0;
 	}
 	if (desc->nbytes > 0)
-		copy_into_arena(dst, src, desc->nbytes);
+		copy_into_arena(dst, src, desc->nbytes,
+		                p->integrity ? STREAM_MIN_HASHED : STREAM_MIN);
 	rc = prod_commit(p, id);
 	if (rc == 0 && stored != NULL)
 		*stored = 1;

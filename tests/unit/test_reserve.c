@@ -174,18 +174,21 @@ static void test_reservations_hold_room(void **state)
 	ecx_producer_destroy(prod);
 }
 
-/* ecx_producer_put_stored: large items (written with non-temporal stores)
- * from unaligned sources, of sizes that are no multiple of a cache line,
- * load byte for byte; *stored says whether the bytes were copied. */
-static void test_put_stored(void **state)
+/* ecx_producer_put_stored: items from unaligned sources, of sizes that are
+ * no multiple of a cache line, each side of the sizes from which the copy
+ * into the arena uses non-temporal stores (64 KiB; 256 KiB with integrity
+ * on: items.c), load byte for byte, by a consumer that checks hashes and
+ * by one that does not; *stored says whether the bytes were copied. */
+static void put_stored(int integrity)
 {
-	(void)state;
-	ecx_producer *prod = producer(8u << 20, 1);
-	ecx_consumer *c = consumer(prod, 1);
-	size_t sizes[] = {1000 * KiB + 37, 256 * KiB, 100 * KiB + 5};
+	ecx_producer *prod = producer(8u << 20, integrity);
+	ecx_consumer *c = consumer(prod, integrity);
+	size_t sizes[] = {1000 * KiB + 37, 256 * KiB, 256 * KiB - 1,
+	                  100 * KiB + 5,   64 * KiB,  64 * KiB - 1};
+	enum { N = sizeof(sizes) / sizeof(sizes[0]) };
 	unsigned char *src = malloc(1100 * KiB);
 	unsigned char *got = malloc(1100 * KiB);
-	for (size_t k = 0; k < 3; k++) {
+	for (size_t k = 0; k < N; k++) {
 		char id[16];
 		snprintf(id, sizeof(id), "ps%zu", k);
 		ecx_tensor_desc d = bytes_desc(sizes[k]);
@@ -201,9 +204,10 @@ static void test_put_stored(void **state)
 		memset(got, 0xee, sizes[k]);
 		it.dst = got;
 		assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+		assert_int_equal(it.status, 0);
 		assert_memory_equal(got, src + k + 1, sizes[k]);
 		/* Held already: nothing copied, the first bytes stay. */
-		memset(src, 0, sizes[k] + 4);
+		memset(src, 0, sizes[k] + N + 1);
 		assert_int_equal(
 		    ecx_producer_put_stored(prod, id, &d, src, &stored), 0);
 		assert_int_equal(stored, 0);
@@ -215,6 +219,13 @@ static void test_put_stored(void **state)
 	free(got);
 	ecx_consumer_destroy(c);
 	ecx_producer_destroy(prod);
+}
+
+static void test_put_stored(void **state)
+{
+	(void)state;
+	put_stored(1);
+	put_stored(0);
 }
 
 int main(void)

@@ -227,16 +227,10 @@ def rank(vllm_config) -> int:
     return int(getattr(pc, "rank", 0) or 0)
 
 
-_RANK = None  # this process's rank, once torch.distributed has one
-
-
 def first_rank() -> bool:
     """True on the first tensor-parallel rank (or outside torch.distributed):
     the ranks of an encoder instance compute the same outputs."""
-    global _RANK
-    if _RANK is None:
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()):
-            return True
-        _RANK = dist.get_rank()  # a process's rank never changes
-    return _RANK == 0
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return True
