@@ -118,7 +118,7 @@ class Worker(NoWorker):
         return self._pulls.held
 
     def _ensure_producer(self) -> ecx.Producer:
-        p = self._producer  # made once, never replaced: no lock to read
+        p = self._producer  # made once (shutdown clears it): read unlocked
         if p is not None:
             return p
         with self._lock:
