@@ -770,3 +770,35 @@ def test_integrity_key_is_a_boolean():
     assert Config({"integrity": True}).integrity is True
     with pytest.raises(ValueError, match="integrity"):
         Config({"integrity": "yes"})
+
+
+def test_plans_bind_saved_outputs_even_if_one_is_evicted_meanwhile(
+        monkeypatch):
+    """A step plans pushes of two outputs saved before; binding the first
+    evicts the second from the remembered outputs (SAVED_MAX): both are
+    bound all the same (the plan took both outputs at once; it raised
+    KeyError on the second before)."""
+    from ecx.vllm.metadata import ECXPushSpec
+    from ecx.vllm.pushflow import pushes as P
+
+    class Stats:
+        def add(self, *a):
+            pass
+
+    prod = ecx.Producer(capacity_bytes=8 << 20, bind_host="127.0.0.1",
+                        registry_port=0)
+    ep = P.EncoderPushes(prod, control_timeout_s=0.5, token=None,
+                         stats=Stats())
+    try:
+        ep.bind("a", ((4,), "float32"))
+        ep.bind("b", ((4,), "float32"))
+        monkeypatch.setattr(P, "SAVED_MAX", 1)
+        ep.plan([ECXPushSpec(h, f"t-{h}", "tcp://127.0.0.1:1", f"r-{h}",
+                             (4,), "float32") for h in ("a", "b")])
+        with ep._lock:
+            live = list(ep._live.values())
+            assert len(live) == 2 and all(x.bound for x in live)
+            assert not ep._unbound
+    finally:
+        ep.close()
+        prod.close()

@@ -110,15 +110,18 @@ class EncoderPushes:
                 self._unbound.setdefault(p.mm_hash, []).append(push)
                 if push.spec is not None:
                     fresh.setdefault(p.consumer_zmq, []).append(push)
-                if p.mm_hash in self._saved:
-                    bind.append(p.mm_hash)
+                saved = self._saved.get(p.mm_hash)
+                if saved is not None:
+                    # Taken now: a bind below (or another thread's) may
+                    # evict it from _saved before its turn comes.
+                    bind.append((p.mm_hash, saved))
             for consumer, pushes in fresh.items():
                 fut = self._reserves.submit(self.pusher.reserve, consumer,
                                             [x.spec for x in pushes])
                 for x in pushes:
                     x.reserved = fut
-        for h in bind:
-            self.bind(h, self._saved[h])
+        for h, saved in bind:
+            self.bind(h, saved)
 
     def bind(self, mm_hash, tensor):
         """The output of mm_hash is in the Producer (or being committed):
