@@ -25,8 +25,8 @@ NAMES = {v[0]: k for k, v in DTYPES.items()}
 
 
 # Descs already made, by (dtype name, shape): the library only reads them,
-# and an encoder saves item after item of a few shapes (building one is
-# about 1 us, a tenth of a 64 KiB save). Bounded: cleared when full.
+# and an encoder saves item after item of a few shapes, so each is built
+# once (docs/bench.md, "Small saves"). Bounded: cleared when full.
 _DESCS = {}
 _DESCS_MAX = 256
 

@@ -99,8 +99,8 @@ class Producer:
                          not tensor.is_contiguous()):
             if is_cuda(tensor):
                 self.pin_for_cuda()
-            name = str(tensor.dtype).split(".")[-1]
-            dst = self.reserve(id, name, tuple(tensor.shape))
+            dst = self.reserve(id, torch_name(tensor.dtype),
+                               tuple(tensor.shape))
             if dst is None:
                 return False
             try:
