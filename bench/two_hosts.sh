@@ -7,16 +7,17 @@
 # in B with its producer and its raw TCP sender in A (--peer-wrap), so ecx
 # and its baseline are measured in the same run, interleaved; then UCX's
 # own ucx_perftest across the same pair, with the segment sizes ecx sets:
-# ucp_put_bw and ucp_am_bw at 7 MiB and 64 KiB, and ucp_am_lat (eager and
-# by rendezvous) at 1 MiB, 64 KiB and 256 B; then raw TCP with 1, 2 and 4
-# streams (would more lanes help on this link?). Prints per row the
-# min/median/max over the runs of ecx's GB/s, raw TCP's and their ratio,
-# and each run's ratio; then, per run, the floor of a load carried by UCX
-# against raw TCP's and ecx's: at 64 KiB and 1 MiB x1 UCX's two messages
-# (a pull of about 300 bytes and the data, one way each, the data the
-# faster of eager and rendezvous), at 7 MiB UCX's own stream (the faster
-# of ucp_put_bw and ucp_am_bw); and ecx's 7 MiB rows against ucp_put_bw of
-# the same run. Each run's load average is printed as it starts (the
+# ucp_put_bw and ucp_am_bw at 7 MiB and 64 KiB, ucp_am_bw at 1 MiB, and
+# ucp_am_lat (eager and by rendezvous) at 1 MiB, 64 KiB and 256 B; then
+# raw TCP with 1, 2 and 4 streams (would more lanes help on this link?).
+# Prints per row the min/median/max over the runs of ecx's GB/s, raw
+# TCP's and their ratio, and each run's ratio; then, per run, the floor
+# of a load carried by UCX against raw TCP's and ecx's: at 64 KiB and 1
+# MiB x1 UCX's two messages (a pull of about 300 bytes and the data, one
+# way each, the data the faster of eager and rendezvous), at 7 MiB UCX's
+# own stream (the faster of ucp_put_bw and ucp_am_bw); ecx's warm batches
+# of 64 KiB and 1 MiB against ucp_am_bw at their item's size; and ecx's 7
+# MiB rows against ucp_put_bw of the same run. Each run's load average is printed as it starts (the
 # machine may be shared). Needs root, ip, unshare, timeout, ucx_perftest
 # and /usr/bin/python3.
 #
@@ -26,6 +27,16 @@
 # runs those alone. LEAD=1 adds the rendezvous lead's paired comparison
 # (bench/rndv_lead.py: 1 MiB single loads from a producer that pads and
 # one that does not) after them, LEAD=only runs that alone.
+#
+# CC names the TCP congestion control both namespaces use: cubic by
+# default (Linux's own default), whatever the machine's is; the header
+# prints it. A namespace may only take one that
+# net.ipv4.tcp_allowed_congestion_control lists: the script adds CC to
+# that list for the run and puts the list back at its end. CC=bbr (this
+# machine kind's default) paces every flow across the veth: ecx's and raw
+# TCP's 7 MiB loads at about 2.2 GB/s instead of 6-9, and loads of 512
+# KiB at 1.4-5.7 GB/s from one run to the next (docs/deploy.md,
+# "Congestion control across the veth").
 #
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
@@ -60,6 +71,8 @@ fi
 # cannot hang the script; each step runs in the background and is waited
 # for, so INT and TERM reach their traps at once.
 T=(timeout -k 5 120)
+CC=${CC:-cubic}
+allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 A=ecxb-a-$$
 B=ecxb-b-$$
 VA=ecxba$$
@@ -78,6 +91,8 @@ cleanup() {
 	ip link del "$VA" 2>/dev/null # if setup stopped before moving it
 	ip netns del "$A" 2>/dev/null
 	ip netns del "$B" 2>/dev/null
+	[ "$(sysctl -n net.ipv4.tcp_allowed_congestion_control)" = "$allowed" ] ||
+		sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$allowed"
 	rm -rf "$work"
 }
 # `bg_wait CMD...`: CMD in the background, waited for; its status.
@@ -101,6 +116,18 @@ ip netns add "$A" && ip netns add "$B" &&
 		echo "two_hosts.sh: could not set up the namespaces" >&2
 		exit 1
 	}
+case " $allowed " in
+*" $CC "*) ;;
+*) sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$allowed $CC" ;;
+esac
+for ns in "$A" "$B"; do
+	ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$CC" || {
+		echo "two_hosts.sh: CC=$CC: not a congestion control this" \
+			"kernel has (net.ipv4.tcp_available_congestion_control:" \
+			"$(sysctl -n net.ipv4.tcp_available_congestion_control))" >&2
+		exit 2
+	}
+done
 
 # `in_ns NS CMD...`: CMD in NS with its own IPC namespace and /dev/shm.
 cat >"$work/in_ns" <<'SH'
@@ -162,18 +189,18 @@ lead_runs() {
 }
 if [ "${LEAD:-0}" = only ]; then
 	echo "# the rendezvous lead across two hosts: namespaces joined by a" \
-		"veth, $(nproc) cores, $RUNS runs"
+		"veth, $(nproc) cores, $RUNS runs, TCP congestion control $CC"
 	lead_runs
 	exit 0
 fi
 if [ "${PUSH:-0}" = only ]; then
 	echo "# pushes across two hosts: namespaces joined by a veth," \
-		"$(nproc) cores, $RUNS runs"
+		"$(nproc) cores, $RUNS runs, TCP congestion control $CC"
 	push_runs
 	exit 0
 fi
 echo "# two hosts: namespaces joined by a veth, $(nproc) cores, $RUNS runs," \
-	"load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	"TCP congestion control $CC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$RUNS"); do
 	echo "## run $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 	bg_wait timeout -k 5 900 "$work/in_ns" "$B" "$ECX" bench transfer \
@@ -183,7 +210,7 @@ for r in $(seq "$RUNS"); do
 		exit 1
 	}
 	for t in ucp_put_bw:7340032 ucp_put_bw:65536 ucp_am_bw:7340032 \
-		ucp_am_bw:65536 ucp_am_lat:1048576:rndv ucp_am_lat:1048576 \
+		ucp_am_bw:65536 ucp_am_bw:1048576 ucp_am_lat:1048576:rndv ucp_am_lat:1048576 \
 		ucp_am_lat:65536:rndv ucp_am_lat:65536 ucp_am_lat:256; do
 		IFS=: read -r test sz mode <<<"$t"
 		# Latency: one message at a time each way, both sides polling,
@@ -361,6 +388,20 @@ if one:
               " ".join("%.2f" % o["gbps"] for o in one),
               " ".join("%.2f" % (bw[o["run"]] / o["baseline_gbps"])
                        if o["baseline_gbps"] > 0 else "-" for o in one)))
+# The batches against UCX's own stream of messages of their item's size
+# (ucp_am_bw: many in flight, no reply), per run: what UCX itself moves
+# across this link at that size.
+for label, size in (("64KiB", 65536), ("1MiB", 1048576)):
+    am = dict(rows.get(("perftest", size, "ucp_am_bw"), []))
+    for key in sorted(k for k in rows if k[0] == label and k[1] > 1 and
+                      k[2] == "warm"):
+        q = [o["gbps"] / am[o["run"]] for o in rows[key] if am.get(o["run"])]
+        if q:
+            print("%s %s x%d warm / ucp_am_bw %s, same run: %.2f %.2f %.2f "
+                  "(min/median/max); %s" % (
+                      key[3], label, key[1], label, min(q),
+                      statistics.median(q), max(q),
+                      " ".join("%.2f" % x for x in q)))
 # ecx's warm 7 MiB loads against UCX's own puts of 7 MiB in the same run.
 put = dict(rows.get(("perftest", 7340032, "ucp_put_bw"), []))
 for key in sorted(k for k in rows if k[0] == "7MiB" and k[2] == "warm"):

@@ -110,9 +110,17 @@ extern const bench_size sizes[NSIZES]; /* 64 KiB, 1 MiB, 7 MiB */
 
 /* TCP_NODELAY on a socket (bench_peers.c; the registry's floor too). */
 void tcp_tune(int fd);
-/* The kernel's TCP buffer ceilings, as "up to S send, R receive", for a
- * table header (bench_peers.c). */
+/* The kernel's TCP buffer ceilings and congestion control, as "up to S
+ * send, R receive, congestion control C", for a table header
+ * (bench_peers.c). */
 void tcp_limits(char *buf, size_t len);
+/* The congestion control new TCP connections of this network namespace
+ * take (net.ipv4.tcp_congestion_control: ecx's, through UCX, and the raw
+ * TCP baseline's alike), into buf; "unknown" when it cannot be read.
+ * Returns buf. With bbr, pacing held both to about 2.2 GB/s on this
+ * machine kind where cubic let them move 6-9 (docs/deploy.md,
+ * "Congestion control across the veth"). */
+const char *tcp_cc(char *buf, size_t len);
 
 /* bench_buffers.c: the bytes of one item of size s; a pool of as many
  * items as the producer holds of it, holding the producer's bytes; memory

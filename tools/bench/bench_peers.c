@@ -157,10 +157,23 @@ void tcp_limits(char *buf, size_t len)
 			r[2] = 0;
 		fclose(f);
 	}
-	char a[32], b[32];
-	snprintf(buf, len, "up to %s send, %s receive",
-	         tool_bytes(w[2], a, sizeof(a)),
-	         tool_bytes(r[2], b, sizeof(b)));
+	char a[32], b[32], cc[32];
+	snprintf(buf, len, "up to %s send, %s receive, congestion control %s",
+	         tool_bytes(w[2], a, sizeof(a)), tool_bytes(r[2], b, sizeof(b)),
+	         tcp_cc(cc, sizeof(cc)));
+}
+
+const char *tcp_cc(char *buf, size_t len)
+{
+	snprintf(buf, len, "unknown");
+	FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+	if (f == NULL)
+		return buf;
+	if (fgets(buf, (int)len, f) == NULL)
+		snprintf(buf, len, "unknown");
+	fclose(f);
+	buf[strcspn(buf, "\n")] = '\0';
+	return buf;
 }
 
 /* ---- the transfer benchmark's side: starting and awaiting them ---- */

@@ -391,14 +391,15 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	double b50 = (double)samples_pct(&blat, 50) / 1e3;
 	double b99 = (double)samples_pct(&blat, 99) / 1e3;
 	const char *cache = cold ? "cold" : "warm";
-	char buf[96], row[96], modes[256] = "";
+	char buf[96], row[96], modes[256] = "", cc[32];
 	size_t off = 0;
 	if (vias[x->v].raw_tcp)
-		off =
-		    (size_t)snprintf(modes, sizeof(modes),
-		                     ", \"baseline_blocking_gbps\": %.3f, "
-		                     "\"baseline_polling_gbps\": %.3f",
-		                     reps_med(&bmode[0]), reps_med(&bmode[1]));
+		off = (size_t)snprintf(modes, sizeof(modes),
+		                       ", \"baseline_blocking_gbps\": %.3f, "
+		                       "\"baseline_polling_gbps\": %.3f, "
+		                       "\"tcp_cc\": \"%s\"",
+		                       reps_med(&bmode[0]), reps_med(&bmode[1]),
+		                       tcp_cc(cc, sizeof(cc)));
 	if (nb == 1 && off < sizeof(modes))
 		snprintf(modes + off, sizeof(modes) - off,
 		         ", \"first_load_p50_us\": %.1f, "
@@ -583,7 +584,7 @@ out:
 int bench_transfer(const bench_opts *o)
 {
 	if (!o->json) {
-		char lim[96];
+		char lim[160];
 		tcp_limits(lim, sizeof(lim));
 		printf(
 		    "transfer: producer process -> consumer process, "
