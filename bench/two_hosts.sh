@@ -36,13 +36,14 @@
 # machine kind's default) paces every flow across the veth: ecx's and raw
 # TCP's 7 MiB loads at about 2.2 GB/s instead of 6-9, and loads of 512
 # KiB at 1.4-5.7 GB/s from one run to the next (docs/deploy.md,
-# "Congestion control across the veth").
+# "The congestion control decides these figures").
 #
 # Usage: bench/two_hosts.sh PATH/TO/ecx [RUNS]
 set -u
 ECX=$(readlink -f "${1:?usage: two_hosts.sh PATH/TO/ecx [RUNS]}")
 RUNS=${2:-5}
 VIA=${VIA:-tcp}
+CC=${CC:-cubic}
 PY=/usr/bin/python3
 case "$RUNS" in '' | *[!0-9]* | 0)
 	echo "two_hosts.sh: RUNS must be a positive number" >&2
@@ -67,11 +68,20 @@ if [ "$(id -u)" != 0 ]; then
 	echo "two_hosts.sh: needs root (network namespaces)" >&2
 	exit 2
 fi
+case " $(sysctl -n net.ipv4.tcp_available_congestion_control) " in
+*" $CC "*) ;;
+*)
+	echo "two_hosts.sh: CC=$CC: not a congestion control this kernel has" \
+		"loaded (net.ipv4.tcp_available_congestion_control:" \
+		"$(sysctl -n net.ipv4.tcp_available_congestion_control);" \
+		"modprobe tcp_$CC may add it)" >&2
+	exit 2
+	;;
+esac
 # Every server and client runs under `timeout`, so a failed connect
 # cannot hang the script; each step runs in the background and is waited
 # for, so INT and TERM reach their traps at once.
 T=(timeout -k 5 120)
-CC=${CC:-cubic}
 allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 A=ecxb-a-$$
 B=ecxb-b-$$
@@ -122,10 +132,8 @@ case " $allowed " in
 esac
 for ns in "$A" "$B"; do
 	ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$CC" || {
-		echo "two_hosts.sh: CC=$CC: not a congestion control this" \
-			"kernel has (net.ipv4.tcp_available_congestion_control:" \
-			"$(sysctl -n net.ipv4.tcp_available_congestion_control))" >&2
-		exit 2
+		echo "two_hosts.sh: CC=$CC: could not be set in the namespaces" >&2
+		exit 1
 	}
 done
 

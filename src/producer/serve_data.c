@@ -15,9 +15,10 @@
 #define MOD "producer"
 
 /* Data sends (a pull with data_am) of at least this much are forced to
- * rendezvous, so the consumer receives them in place; UCX chooses for
- * smaller ones (eager, mostly). Eager 2 MiB messages were slower across
- * the veth (docs/deploy.md). */
+ * rendezvous, so the consumer names their destinations (UCX receives
+ * there what it has not already read into its receive segment, and
+ * copies that part out); UCX chooses for smaller ones (eager, mostly).
+ * Eager 2 MiB messages were slower across the veth (docs/deploy.md). */
 #define AM_RNDV_MIN ((uint64_t)64 << 10)
 /* A pull's only data message, when it carries the reply, goes eagerly up
  * to this much (no rendezvous handshake), else as any other. */

@@ -119,7 +119,7 @@ void tcp_limits(char *buf, size_t len);
  * TCP baseline's alike), into buf; "unknown" when it cannot be read.
  * Returns buf. With bbr, pacing held both to about 2.2 GB/s on this
  * machine kind where cubic let them move 6-9 (docs/deploy.md,
- * "Congestion control across the veth"). */
+ * "The congestion control decides these figures"). */
 const char *tcp_cc(char *buf, size_t len);
 
 /* bench_buffers.c: the bytes of one item of size s; a pool of as many
