@@ -15,11 +15,12 @@
 # of a load carried by UCX against raw TCP's and ecx's: at 64 KiB and 1
 # MiB x1 UCX's two messages (a pull of about 300 bytes and the data, one
 # way each, the data the faster of eager and rendezvous), at 7 MiB UCX's
-# own stream (the faster of ucp_put_bw and ucp_am_bw); ecx's warm batches
-# of 64 KiB and 1 MiB against ucp_am_bw at their item's size; and ecx's 7
-# MiB rows against ucp_put_bw of the same run. Each run's load average is printed as it starts (the
-# machine may be shared). Needs root, ip, unshare, timeout, ucx_perftest
-# and /usr/bin/python3.
+# own stream (the faster of ucp_put_bw and ucp_am_bw); and ecx's 7 MiB
+# rows against ucp_put_bw of the same run. It also sets ecx's warm
+# batches of 64 KiB and 1 MiB against ucp_am_bw at their item's size, per
+# run. Each run's load average is printed as it starts (the machine may
+# be shared). Needs root, ip, unshare, sysctl, timeout, ucx_perftest and
+# /usr/bin/python3.
 #
 # VIA (default tcp) is the rows' --via: VIA=tcp,mooncake adds the rows over
 # Mooncake's wire (the reference's pull) beside them, same run. PUSH=1 adds
@@ -28,11 +29,13 @@
 # (bench/rndv_lead.py: 1 MiB single loads from a producer that pads and
 # one that does not) after them, LEAD=only runs that alone.
 #
-# CC names the TCP congestion control both namespaces use: cubic by
-# default (Linux's own default), whatever the machine's is; the header
-# prints it. A namespace may only take one that
+# CC names the TCP congestion control both namespaces use: cubic (Linux's
+# own default) unless set, regardless of the machine's default; the
+# header prints it. A namespace may only take one that
 # net.ipv4.tcp_allowed_congestion_control lists: the script adds CC to
-# that list for the run and puts the list back at its end. CC=bbr (this
+# that list for the run and puts the list back when it exits (a SIGKILL
+# leaves CC on the list; two runs at once may leave it there too, or
+# take it off under the other). CC=bbr (this
 # machine kind's default) paces every flow across the veth: ecx's and raw
 # TCP's 7 MiB loads at about 2.2 GB/s instead of 6-9, and loads of 512
 # KiB at 1.4-5.7 GB/s from one run to the next (docs/deploy.md,
@@ -57,7 +60,7 @@ fi
 perftest=ucx_perftest
 [ "${PUSH:-0}" = only ] || [ "${LEAD:-0}" = only ] && perftest=
 missing=
-for c in $perftest unshare ip timeout "$PY"; do
+for c in $perftest unshare ip sysctl timeout "$PY"; do
 	command -v "$c" >/dev/null || missing="$missing $c"
 done
 if [ -n "$missing" ]; then
@@ -128,7 +131,13 @@ ip netns add "$A" && ip netns add "$B" &&
 	}
 case " $allowed " in
 *" $CC "*) ;;
-*) sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$allowed $CC" ;;
+*)
+	sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$allowed $CC" || {
+		echo "two_hosts.sh: CC=$CC: could not be added to" \
+			"net.ipv4.tcp_allowed_congestion_control ($allowed)" >&2
+		exit 1
+	}
+	;;
 esac
 for ns in "$A" "$B"; do
 	ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$CC" || {
@@ -403,12 +412,14 @@ for label, size in (("64KiB", 65536), ("1MiB", 1048576)):
     am = dict(rows.get(("perftest", size, "ucp_am_bw"), []))
     for key in sorted(k for k in rows if k[0] == label and k[1] > 1 and
                       k[2] == "warm"):
-        q = [o["gbps"] / am[o["run"]] for o in rows[key] if am.get(o["run"])]
+        got = [o for o in rows[key] if am.get(o["run"])]
+        q = [o["gbps"] / am[o["run"]] for o in got]
         if q:
             print("%s %s x%d warm / ucp_am_bw %s, same run: %.2f %.2f %.2f "
-                  "(min/median/max); %s" % (
+                  "(min/median/max); runs %s: %s" % (
                       key[3], label, key[1], label, min(q),
                       statistics.median(q), max(q),
+                      " ".join(str(o["run"]) for o in got),
                       " ".join("%.2f" % x for x in q)))
 # ecx's warm 7 MiB loads against UCX's own puts of 7 MiB in the same run.
 put = dict(rows.get(("perftest", 7340032, "ucp_put_bw"), []))

@@ -196,9 +196,10 @@ typedef struct pull {
 	uint64_t *quar; /* offsets of the arena allocations it quarantines */
 	size_t nquar;
 	/* Over TCP (data_am) the items' bytes come as active messages that
-	 * this side receives in place (replies.c): per item, whether they
-	 * landed; the receives still landing; and whether the reply came
-	 * before they were done (the last one then ends the pull). */
+	 * this side receives into their destinations (replies.c): per item,
+	 * whether they landed; the receives still landing; and whether the
+	 * reply came before they were done (the last one then ends the pull).
+	 */
 	int *dstat;
 	unsigned recving;
 	bool answered;
@@ -269,9 +270,9 @@ struct ecx_consumer {
 	 * consumer older than lead sent (its producers put the reply in the
 	 * data message's header). */
 	bool test_no_lead;
-	/* Over TCP, ask for the data as active messages received in place
-	 * (replies.c) rather than puts: ECX_TCP_DATA=am (the default) or
-	 * put. */
+	/* Over TCP, ask for the data as active messages received into the
+	 * destinations (replies.c) rather than puts: ECX_TCP_DATA=am (the
+	 * default) or put. */
 	bool tcp_data_am;
 	ecx_ucx *ucx;
 	ecx_rdv_client *rdv;

@@ -1,8 +1,10 @@
 /*
  * replies.c - what producers send back on a connection: the reply that ends
  * each pull (ECX_AM_REPLY), and, for a pull that asked for its data as
- * active messages (over TCP), the data (ECX_AM_DATA), received in place
- * into the items' destinations by rendezvous. Both run in a progress call
+ * active messages (over TCP), the data (ECX_AM_DATA), received into the
+ * items' destinations by rendezvous (UCX copies out of its receive
+ * segment what it had read into it first: up to all of a message of 1
+ * MiB or less). Both run in a progress call
  * of the worker (the waiting caller's or the progress thread's).
  *
  * A data_am pull ends when its reply has come (alone, or inside the header

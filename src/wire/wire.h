@@ -178,10 +178,12 @@ typedef struct ecx_pull_req {
 	 * one that is being written stops. 0: none (older consumers). */
 	uint64_t expires_ms;
 	/* Sent as "data": "am": the consumer asks for the items' bytes as
-	 * active messages ECX_AM_DATA (below), which it receives in place,
-	 * instead of puts. Over TCP UCX (1.13) emulates puts with copies on
-	 * both sides; rendezvous active messages land in the destination
-	 * from the socket. Producers that do not know it put as before. */
+	 * active messages ECX_AM_DATA (below), which it receives into the
+	 * destinations, instead of puts. Over TCP UCX (1.13) emulates puts
+	 * with copies on both sides; rendezvous active messages land in the
+	 * destination from the socket, but for what UCX had already read
+	 * into its receive segment (copied out). Producers that do not know it
+	 * put as before. */
 	bool data_am;
 	/* "hash": the item hash the consumer checks (ECX_HASH_*; DEFAULT:
 	 * absent, or a name this producer does not know). */

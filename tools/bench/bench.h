@@ -114,12 +114,13 @@ void tcp_tune(int fd);
  * send, R receive, congestion control C", for a table header
  * (bench_peers.c). */
 void tcp_limits(char *buf, size_t len);
-/* The congestion control new TCP connections of this network namespace
- * take (net.ipv4.tcp_congestion_control: ecx's, through UCX, and the raw
- * TCP baseline's alike), into buf; "unknown" when it cannot be read.
- * Returns buf. With bbr, pacing held both to about 2.2 GB/s on this
- * machine kind where cubic let them move 6-9 (docs/deploy.md,
- * "The congestion control decides these figures"). */
+/* The congestion control new TCP connections of this process's network
+ * namespace take (net.ipv4.tcp_congestion_control: ecx's, through UCX,
+ * and the raw TCP baseline's alike; with --peer-wrap the sender's
+ * namespace may differ, bench/two_hosts.sh sets both), into buf; "unknown" when
+ * it cannot be read. Returns buf. With bbr, pacing held both to about 2.2 GB/s
+ * on this machine kind where cubic let them move 6-9 (docs/deploy.md, "The
+ * congestion control decides these figures"). */
 const char *tcp_cc(char *buf, size_t len);
 
 /* bench_buffers.c: the bytes of one item of size s; a pool of as many

@@ -141,7 +141,8 @@ int bench_tcp_source(const bench_opts *o)
 	return EXIT_OK;
 }
 
-/* The kernel's TCP buffer ceilings, for the table header. */
+/* The kernel's TCP buffer ceilings and congestion control, for the
+ * table header. */
 void tcp_limits(char *buf, size_t len)
 {
 	unsigned long w[3] = {0}, r[3] = {0};

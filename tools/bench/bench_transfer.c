@@ -391,7 +391,7 @@ static bool bench_row(bench_ctx *x, int s, int bi, bool cold)
 	double b50 = (double)samples_pct(&blat, 50) / 1e3;
 	double b99 = (double)samples_pct(&blat, 99) / 1e3;
 	const char *cache = cold ? "cold" : "warm";
-	char buf[96], row[96], modes[256] = "", cc[32];
+	char buf[96], row[96], modes[384] = "", cc[32];
 	size_t off = 0;
 	if (vias[x->v].raw_tcp)
 		off = (size_t)snprintf(modes, sizeof(modes),
