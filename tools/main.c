@@ -24,7 +24,9 @@ static const char usage[] =
     "\n"
     "Run 'ecx COMMAND --help' for a command's options.\n"
     "Environment: ECX_TOKEN (default for --token), ECX_LOG (error, warn,\n"
-    "info, debug; default warn), UCX_* (override ecx's UCX defaults).\n"
+    "info, debug; default warn), UCX_* (override ecx's UCX defaults),\n"
+    "ECX_TCP_DATA, ECX_TCP_LANE, ECX_TCP_LANE_MIN, ECX_TCP_LANE_PORT (how\n"
+    "data goes over TCP; docs/protocol.md, \"The data lane\").\n"
     "Exit codes: 0 success, 1 failure, 2 usage error, 3 id not found.\n";
 
 int main(int argc, char **argv)

@@ -39,6 +39,10 @@ void cons_pconn_cut(ecx_consumer *c, ecx_ucx_side *side, ucp_ep_h ep)
 
 void cons_pconn_close(ecx_consumer *c, pconn *pc)
 {
+	if (pc->lane != NULL) {
+		cons_lane_kill(pc->lane);
+		cons_lane_put(c, pc->lane);
+	}
 	ecx_ucx_side_ep_close(c->ucx, pc->side, pc->ep, pc->transport, 100);
 	ecx_ucx_side_destroy(c->ucx, pc->side);
 	if (pc->pidfd >= 0)
@@ -192,9 +196,12 @@ static int pconn_fill(ecx_consumer *c, pconn *pc, ecx_zresp *z, uint64_t mid_ms,
 			pc->pid_poll = true;
 		}
 	}
-	return ecx_ucx_side_ep_create(
+	int rc = ecx_ucx_side_ep_create(
 	    c->ucx, pc->side, z->worker, z->worker_len, pc->transport,
 	    cons_pconn_on_error, pc, &pc->ep, why, whylen);
+	if (rc == 0)
+		cons_lane_open(c, pc, z);
+	return rc;
 }
 
 static void pconn_unlink(ecx_consumer *c, pconn *pc)

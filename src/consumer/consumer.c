@@ -76,6 +76,9 @@ int cons_create(const ecx_consumer_params *pp, ecx_consumer **out, char *why,
 		             data);
 		goto fail;
 	}
+	rc = cons_lane_min(c->tcp_data_am, &c->lane_min, why, whylen);
+	if (rc != 0)
+		goto fail;
 	rc = cons_mc_mode(HAS(MOONCAKE) ? pp->mooncake : NULL, &c->mc_mode, why,
 	                  whylen);
 	if (rc != 0)

@@ -62,6 +62,8 @@
 /* How long destroy waits for the producers' answers to its goodbyes. */
 #define ECX_BYE_WAIT_MS 1000
 
+typedef struct cons_lane cons_lane;
+
 typedef struct pconn {
 	struct pconn *next;
 	char address[ECX_ADDR_MAX];
@@ -102,6 +104,9 @@ typedef struct pconn {
 	int pidfd;
 	bool pid_poll;
 	bool gone;
+	/* Over TCP, its data lane (lane.c), set before the hello ends and
+	 * fixed until its close; NULL: none. */
+	cons_lane *lane;
 	struct ecx_consumer *c;
 } pconn;
 
@@ -122,6 +127,10 @@ typedef struct dead_peer {
  * load sends on it any more (a pull on a closed connection is lost); it
  * is replaced. Called with c->lock. */
 bool cons_pconn_idle(const pconn *pc, uint64_t now_ms);
+/* Fails pc and every pull in flight on it with err (why, when not NULL,
+ * the load's detail); its zombies end. Called with c->lock. */
+void cons_pconn_fail_locked(ecx_consumer *c, pconn *pc, int err,
+                            const char *why);
 
 /* Checks every watched connection (at most once a millisecond, unless
  * force): one whose producer has exited is failed, its pulls in flight
@@ -203,6 +212,8 @@ typedef struct pull {
 	int *dstat;
 	unsigned recving;
 	bool answered;
+	/* It asked for its connection's data lane (lane.c). */
+	bool lane;
 } pull;
 
 struct ecx_load {
@@ -238,6 +249,8 @@ struct ecx_load {
 	 * thread of notify.c sleeps until it ends: its wait then leaves the
 	 * worker to the progress thread at once, with no linger. */
 	bool passive;
+	/* One of its pulls asked for a data lane: its waits read lanes. */
+	bool has_lane;
 	/* Items loaded with the reference's pull over Mooncake's wire
 	 * (mooncake.c): nmc of them, mc_left not answered yet (atomic). */
 	struct mcpull *mc;
@@ -274,6 +287,10 @@ struct ecx_consumer {
 	 * destinations (replies.c) rather than puts: ECX_TCP_DATA=am (the
 	 * default) or put. */
 	bool tcp_data_am;
+	/* A pull over TCP asks for its connection's data lane when one of
+	 * its items has at least this many bytes (ECX_TCP_LANE_MIN, 2 MiB);
+	 * 0: never (ECX_TCP_LANE=0, or data as puts). */
+	uint64_t lane_min;
 	ecx_ucx *ucx;
 	ecx_rdv_client *rdv;
 	ecx_rdv_leaser *leaser; /* lookups' leases */
@@ -357,6 +374,43 @@ uint64_t cons_item_xxh3(ecx_load *l, size_t i);
  * without one fails ECX_EUNSUPPORTED, one that differs ECX_ECORRUPT. Called
  * by the thread waiting for l, without the lock. */
 void cons_load_verify(ecx_load *l);
+/* A data frame of items first..first+count-1 of pull req on connection
+ * conn, len bytes, is about to be received: where it goes (marked landing),
+ * or NULL when no pull waits for it there (drop it). Takes c->lock. */
+char *cons_data_begin(ecx_consumer *c, uint64_t conn, uint64_t req,
+                      uint32_t first, uint32_t count, size_t len);
+/* Those items' receive ended with status (0: landed); the pull ends if
+ * its reply came. Takes c->lock. */
+void cons_data_end(ecx_consumer *c, uint64_t req, uint32_t first,
+                   uint32_t count, int status);
+/* The reply body of pull req (conn: its connection; 0: any) is taken.
+ * Takes c->lock. */
+void cons_reply_take(ecx_consumer *c, uint64_t conn, uint64_t req,
+                     const void *body, size_t len);
+
+/* lane.c */
+#define ECX_LANE_MIN_DEFAULT ((uint64_t)2 << 20)
+extern uint64_t cons_lane_frames, cons_lanes_opened;
+/* c->lane_min from the environment (ECX_TCP_LANE, ECX_TCP_LANE_MIN); 0
+ * where data goes as puts. ECX_EINVAL, with why, for a bad value. */
+int cons_lane_min(bool data_am, uint64_t *out, char *why, size_t whylen);
+/* Opens pc's data lane where the hello's answer z offers one and c asks
+ * for lanes (pc->lane; a lane that cannot be opened in 200 ms is none,
+ * with a warning). Not under c->lock (pc is not visible yet). */
+void cons_lane_open(ecx_consumer *c, pconn *pc, const ecx_zresp *z);
+/* Stops l reading for good (a frame being read fails): nothing lands
+ * after it returns. NULL: no-op. Never with c->lock. */
+void cons_lane_kill(cons_lane *l);
+/* Takes a reference to l (returned). Called with c->lock. */
+cons_lane *cons_lane_ref_locked(cons_lane *l);
+/* Drops a reference to l, freeing it at the last. Takes c->lock. */
+void cons_lane_put(ecx_consumer *c, cons_lane *l);
+/* The lanes of l's pulls still waited for, each referenced (up to cap;
+ * cons_lane_put each). Takes c->lock. */
+size_t cons_load_lanes(ecx_load *l, cons_lane **out, size_t cap);
+/* Reads what l's pulls' lanes hold, without blocking: how many reads
+ * took bytes. Never with c->lock. */
+int cons_load_read_lanes(ecx_load *l);
 /* Allocates (with integrity on) and frees l's hashing state. */
 bool cons_load_hash_init(ecx_load *l, size_t n);
 void cons_load_hash_free(ecx_load *l);

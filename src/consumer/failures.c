@@ -16,10 +16,8 @@
 
 /* ---- failures ---- */
 
-/* Fails pc and every pull in flight on it with err (why, when not NULL,
- * the load's detail); its zombies end. Called with c->lock. */
-static void pconn_fail_locked(ecx_consumer *c, pconn *pc, int err,
-                              const char *why)
+void cons_pconn_fail_locked(ecx_consumer *c, pconn *pc, int err,
+                            const char *why)
 {
 	pc->failed = true;
 	for (;;) {
@@ -81,7 +79,7 @@ void cons_pconn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 	ecx_consumer *c = pc->c;
 	pthread_mutex_lock(&c->lock);
 	const char *expected = pconn_error_expected(c, pc, ecx_now_ms());
-	pconn_fail_locked(c, pc, ECX_ECLOSED, NULL);
+	cons_pconn_fail_locked(c, pc, ECX_ECLOSED, NULL);
 	pthread_mutex_unlock(&c->lock);
 	if (expected != NULL)
 		ecx_debug(MOD,
@@ -115,7 +113,7 @@ static void pconn_dead_locked(ecx_consumer *c, pconn *pc, bool bye)
 	char why[400];
 	cons_dead_detail(pc->address, pc->pid, bye, why, sizeof(why));
 	ecx_info(MOD, "%s: its loads fail", why);
-	pconn_fail_locked(c, pc, ECX_ECLOSED, why);
+	cons_pconn_fail_locked(c, pc, ECX_ECLOSED, why);
 }
 
 ucs_status_t cons_am_bye(void *arg, const void *header, size_t header_len,

@@ -179,6 +179,15 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		r.expires_ms = e;
 	}
 	r.data_am = p->dstat != NULL;
+	/* Over the connection's data lane where an item is large enough for
+	 * it to pay (docs/deploy.md, "A data lane beside UCX"). */
+	uint64_t biggest = 0;
+	for (size_t k = 0; k < ni; k++)
+		biggest = it[k].nbytes > biggest ? it[k].nbytes : biggest;
+	r.lane = p->lane = r.data_am && p->pc->lane != NULL &&
+	                   c->lane_min != 0 && biggest >= c->lane_min;
+	if (p->lane)
+		__atomic_store_n(&l->has_lane, true, __ATOMIC_RELEASE);
 	/* The reply inside the data, where the data is one message. */
 	r.fold = r.data_am;
 	/* And at the front of its bytes, where it goes eagerly. */
@@ -399,6 +408,7 @@ bool cons_load_done(ecx_load *l)
 int cons_load_test(ecx_load *l)
 {
 	ecx_ucx_progress(l->c->ucx);
+	cons_load_read_lanes(l);
 	cons_mc_poll(l);
 	cons_pconns_watch(l->c, false);
 	return cons_load_done(l) ||
@@ -427,6 +437,7 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		/* With integrity on, what has landed is hashed meanwhile. */
 		int did = (int)ecx_ucx_progress(c->ucx);
 		did += cons_load_hash_landed(l);
+		did += cons_load_read_lanes(l);
 		did += cons_mc_poll(l);
 		/* A producer over shared memory that exits says nothing:
 		 * its process is watched (failures.c). */
@@ -454,6 +465,11 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		free(cut);
 		cut = NULL;
 	}
+	/* The lanes of pulls given up: killed before this returns. */
+	cons_lane *kbuf[16];
+	cons_lane **kill =
+	    l->npulls <= 16 ? kbuf : calloc(l->npulls + 1, sizeof(*kill));
+	size_t nkill = 0;
 	pthread_mutex_lock(&c->lock);
 	for (size_t k = 0; k < l->npulls; k++) {
 		pull *p = l->pulls[k];
@@ -465,6 +481,15 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 			 * until the producer's reply says it is done. */
 			bool inflight = cons_pull_take(c, p->req) != NULL;
 			cons_pull_fail(p, ECX_ETIMEDOUT);
+			/* Its lane goes with the connection (below), and no
+			 * read into its destinations outlasts this call. */
+			if (p->lane && p->pc != NULL && p->pc->lane != NULL &&
+			    kill != NULL) {
+				kill[nkill++] =
+				    cons_lane_ref_locked(p->pc->lane);
+			} else if (p->lane && p->pc != NULL) {
+				p->pc->failed = true; /* no memory: as before */
+			}
 			/* Suspect: the next load makes a new connection.
 			 * Over TCP this one is closed before the load
 			 * returns, so no put in transit lands later. */
@@ -493,6 +518,12 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		free(p);
 	}
 	pthread_mutex_unlock(&c->lock);
+	for (size_t i = 0; i < nkill; i++) {
+		cons_lane_kill(kill[i]);
+		cons_lane_put(c, kill[i]);
+	}
+	if (kill != kbuf)
+		free(kill);
 	for (size_t i = 0; i < ncut; i++)
 		cons_pconn_cut(c, cutpc[i]->side, cut[i]);
 	if (ncut > 0) {

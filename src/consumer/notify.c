@@ -116,6 +116,7 @@ static bool bg_sleep(struct cons_bgload *b, ecx_load *l)
 			return true;
 		}
 		int did = cons_load_hash_landed(l);
+		did += cons_load_read_lanes(l);
 		did += cons_mc_poll(l);
 		cons_pconns_watch(l->c, false);
 		pthread_mutex_unlock(&b->mu);
@@ -326,6 +327,7 @@ int cons_bg_test(ecx_load *l)
 		 * polls helps the bytes in, and ends a load that has loaded
 		 * at once (its wait returns at once). */
 		ecx_ucx_progress(l->c->ucx);
+		cons_load_read_lanes(in);
 		if (bg_clean(in)) {
 			b->claim = CLAIM_CALLER;
 			bg_end(b, in);

@@ -296,17 +296,25 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 	ecx_am_hdr h;
 	memcpy(&h, header, sizeof(h));
 	__atomic_add_fetch(&cons_reply_messages, 1, __ATOMIC_RELAXED);
+	cons_reply_take(c, 0, h.req, data, len);
+	return UCS_OK;
+}
+
+void cons_reply_take(ecx_consumer *c, uint64_t conn, uint64_t req,
+                     const void *body, size_t len)
+{
 	ecx_pull_resp r;
 	char why[200];
-	int rc = ecx_pull_resp_decode(data, len, &r, why, sizeof(why));
+	int rc = ecx_pull_resp_decode(body, len, &r, why, sizeof(why));
 	pthread_mutex_lock(&c->lock);
-	pull *p = pull_find(c, h.req);
-	if (p != NULL)
+	pull *p = pull_find(c, req);
+	/* (Over active messages the connection is the endpoint's: a reply
+	 * names its pull alone, as ever; conn 0 checks nothing.) */
+	if (p != NULL && (conn == 0 || p->pc->id == conn))
 		reply_take(c, p, rc, &r, why);
 	pthread_mutex_unlock(&c->lock);
 	if (rc == 0)
 		ecx_pull_resp_free(&r);
-	return UCS_OK;
 }
 
 /* ---- data as active messages ---- */
@@ -337,21 +345,27 @@ static void data_recv_done(void *request, ucs_status_t st, size_t length,
 	int s = st != UCS_OK       ? ecx_ucx_err(st)
 	        : length != d->len ? ECX_EPROTO
 	                           : 0;
+	cons_data_end(c, d->req, d->first, d->count, s);
+	free(d);
+}
+
+void cons_data_end(ecx_consumer *c, uint64_t req, uint32_t first,
+                   uint32_t count, int status)
+{
 	pthread_mutex_lock(&c->lock);
-	pull *p = pull_find(c, d->req);
+	pull *p = pull_find(c, req);
 	if (p != NULL) {
 		p->recving--;
-		for (uint32_t k = 0; k < d->count; k++)
-			p->dstat[d->first + k] = s;
-		if (s == 0)
-			items_landed(p, d->first, d->count);
+		for (uint32_t k = 0; k < count; k++)
+			p->dstat[first + k] = status;
+		if (status == 0)
+			items_landed(p, first, count);
 		if (p->answered && p->recving == 0) {
-			cons_pull_take(c, d->req);
+			cons_pull_take(c, req);
 			pull_end(c, p);
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
-	free(d);
 }
 
 /* Where items first..first+count-1 of p go, when they lie one after
@@ -578,4 +592,24 @@ void cons_load_verify(ecx_load *l)
 			x->status = ECX_ECORRUPT;
 		}
 	}
+}
+
+/* ---- the data lane (consumer/lane.c reads it) ---- */
+
+char *cons_data_begin(ecx_consumer *c, uint64_t conn, uint64_t req,
+                      uint32_t first, uint32_t count, size_t len)
+{
+	pthread_mutex_lock(&c->lock);
+	pull *p = pull_find(c, req);
+	char *dst = NULL;
+	if (p != NULL && p->pc->id == conn && !p->zombie && !p->done &&
+	    p->dstat != NULL)
+		dst = data_dst(p, first, count, len);
+	if (dst != NULL) {
+		for (uint32_t k = 0; k < count; k++)
+			p->dstat[first + k] = DATA_LANDING;
+		p->recving++;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return dst;
 }

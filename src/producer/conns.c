@@ -130,6 +130,9 @@ void prod_conns_reap(ecx_producer *p)
 			 * holding them finish with the flush's error. */
 			if (close_it->jobs == 0)
 				prod_rkeys_drop(close_it);
+			/* Its lane's frames fail now, not at their deadline. */
+			prod_lane_shutdown(
+			    __atomic_load_n(&close_it->lane, __ATOMIC_ACQUIRE));
 			ecx_ucx_side_ep_close(p->ucx, close_it->side,
 			                      close_it->ep, close_it->transport,
 			                      100);
@@ -149,6 +152,7 @@ void prod_conns_reap(ecx_producer *p)
 		pthread_mutex_unlock(&p->lock);
 		ecx_debug(MOD, "closed connection %llu",
 		          (unsigned long long)free_it->id);
+		prod_lane_free(free_it->lane);
 		free(free_it->addr);
 		free(free_it);
 	}

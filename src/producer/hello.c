@@ -111,6 +111,12 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	c->addr = addr;
 	c->addr_len = r->worker_len;
 	c->transport = transport;
+	/* Its lane's key, kept here too: c is the progress thread's once
+	 * published. */
+	unsigned char lane_key[ECX_LANE_KEY_LEN] = {0};
+	if (transport == ECX_TR_TCP && p->lane_port != 0)
+		prod_lane_key(lane_key);
+	memcpy(c->lane_key, lane_key, sizeof(lane_key));
 	c->p = p;
 	c->used_ns = ecx_now_ns();
 	c->hello_wall_ms = ecx_wall_ms();
@@ -141,7 +147,8 @@ static char *hello_answer(ecx_producer *p, const ecx_zreq *r)
 	uint64_t pid = transport == ECX_TR_SHM ? (uint64_t)getpid() : 0;
 	char *ans = ecx_zresp_encode_hello(
 	    wcopy, alen, p->epoch, id, hello_wall, transport,
-	    (uint64_t)p->idle_ms, pid, p->pid_start);
+	    (uint64_t)p->idle_ms, pid, p->pid_start,
+	    transport == ECX_TR_TCP ? p->lane_port : 0, lane_key);
 	free(wcopy);
 	return ans;
 }

@@ -31,6 +31,11 @@ void prod_job_reply(job *j, int err, const char *detail)
 	ecx_pull_resp r = prod_job_resp(j, err, detail);
 	if (j->c == NULL || __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE))
 		return;
+	/* After its data, on the lane it went on. */
+	if (j->lane != NULL) {
+		prod_lane_reply(j->lane, j->req, ecx_pull_resp_encode(&r));
+		return;
+	}
 	ecx_ucx_am_send(j->c->ep, ECX_AM_REPLY, j->conn_id, j->req,
 	                ecx_pull_resp_encode(&r), NULL);
 }

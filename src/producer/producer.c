@@ -79,6 +79,7 @@ int prod_create(const ecx_producer_params *pp, ecx_producer **out, char *why,
 	if (p == NULL)
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&p->lock, NULL);
+	p->lane_ls = p->lane_wake[0] = p->lane_wake[1] = -1;
 	p->mooncake = !(m & ECX_PRODUCER_PARAM_MOONCAKE) || pp->mooncake;
 	int rc = prod_ref_init(p, why, whylen);
 	if (rc != 0)
@@ -166,6 +167,10 @@ int prod_create(const ecx_producer_params *pp, ecx_producer **out, char *why,
 	if (rc != 0)
 		goto fail;
 	p->st.registrations = 1;
+	/* Before the rendezvous socket: its hellos offer the lane. */
+	if ((ecx_ucx_transports(p->ucx) & ECX_TR_TCP) &&
+	    (rc = prod_lanes_start(p, bind, why, whylen)) != 0)
+		goto fail;
 	ecx_rdv_server_opts zo = {
 	    .bind = bind,
 	    .advertise = adv,
@@ -264,6 +269,22 @@ size_t prod_metrics(void *arg, char *buf, size_t len)
 	    (unsigned long long)s.leases_expired);
 	if (n < 0)
 		return 0;
+	ecx_producer *p = arg;
+	int m = snprintf(
+	    (size_t)n < len ? buf + n : buf,
+	    (size_t)n < len ? len - (size_t)n : 0,
+	    "# HELP ecx_producer_lanes_total Data lanes consumers opened, "
+	    "taken or refused (a wrong key, no such connection).\n"
+	    "# TYPE ecx_producer_lanes_total counter\n"
+	    "ecx_producer_lanes_total{result=\"taken\"} %llu\n"
+	    "ecx_producer_lanes_total{result=\"refused\"} %llu\n",
+	    (unsigned long long)__atomic_load_n(&p->lanes_taken,
+	                                        __ATOMIC_RELAXED),
+	    (unsigned long long)__atomic_load_n(&p->lanes_refused,
+	                                        __ATOMIC_RELAXED));
+	if (m < 0)
+		return 0;
+	n += m;
 	return (size_t)n +
 	       prod_ref_metrics(arg, (size_t)n < len ? buf + n : buf,
 	                        (size_t)n < len ? len - (size_t)n : 0);
@@ -277,6 +298,7 @@ void prod_destroy(ecx_producer *p)
 	/* Reference pulls in flight end now and are answered, while the
 	 * rendezvous server can still send the answers. */
 	prod_ref_stop(p);
+	prod_lanes_stop(p);
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;
 	/* Unpublish everything this producer published; with the embedded

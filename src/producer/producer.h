@@ -17,6 +17,8 @@
  *               session (mooncake/writer.h) on threads of its own
  *   lease.c     leases: pins a lookup takes until the pull, a release or
  *               the expiry
+ *   lane.c      data lanes (TCP): taking them, and the frames of pulls
+ *               that asked for one
  *
  * May include: every layer below (core, wire, mem, xfer, rdv, dir,
  * registry). Never: consumer/. Locking: p->lock guards the items, the
@@ -75,6 +77,8 @@ typedef struct rkey_ent {
 	uint8_t *touched; /* per PREFAULT_CHUNK of it: pages mapped here */
 } rkey_ent;
 
+typedef struct prod_lane prod_lane;
+
 typedef struct conn {
 	uint64_t id;
 	ucp_ep_h ep; /* made at the first pull */
@@ -99,6 +103,11 @@ typedef struct conn {
 	bool closed;  /* its endpoint is closed; freed when jobs is 0 */
 	uint64_t closed_ns;
 	unsigned jobs; /* active jobs on it */
+	/* Over TCP: the key its hello's answer gave for its data lane, and
+	 * the lane once the consumer took it (set once, by the acceptor,
+	 * under the lock; read atomically; freed with the connection). */
+	unsigned char lane_key[ECX_LANE_KEY_LEN];
+	prod_lane *lane;
 	rkey_ent rk[RKEY_CACHE];
 	struct conn *next;
 	struct ecx_producer *p;
@@ -177,6 +186,9 @@ typedef struct job {
 	/* Puts followed by landed notices (the pull asked "landed"): sends
 	 * holds one per notice. */
 	bool landed;
+	/* Its data and reply go on its connection's lane (it asked, and
+	 * the connection had one when it started). */
+	prod_lane *lane;
 	rkey_ent **rkeys; /* per region, entries of the connection's cache */
 	rkey_ent *own;    /* per region, the job's own when the cache is full */
 	conn *c;
@@ -286,6 +298,14 @@ struct ecx_producer {
 	bool closing; /* destroy has begun: the registry takes no lease */
 	/* rendezvous */
 	ecx_rdv_server *rdv;
+	/* data lanes (lane.c): the listening socket (-1: none), its port,
+	 * the acceptor thread and the pipe that stops it; lanes taken and
+	 * refused (atomic) */
+	int lane_ls, lane_wake[2];
+	unsigned lane_port;
+	pthread_t lane_th;
+	bool lane_thread;
+	uint64_t lanes_taken, lanes_refused;
 	/* reference pulls (refpull.c): ref_lock guards the queue and the
 	 * threads; the counters are atomic */
 	bool mooncake; /* serve them (ECX_PRODUCER_PARAM_MOONCAKE) */
@@ -461,6 +481,29 @@ void prod_conn_on_error(void *arg, ucp_ep_h ep, ucs_status_t st);
 bool prod_conn_goes_with_side(const conn *c);
 /* Connection id, or NULL. Called with p->lock. */
 conn *prod_conn_find(ecx_producer *p, uint64_t id);
+
+/* lane.c */
+/* Listens for data lanes on bind (any port) and starts the acceptor;
+ * none with ECX_TCP_LANE=0. ECX_EIO, with why. */
+int prod_lanes_start(ecx_producer *p, const char *bind, char *why,
+                     size_t whylen);
+/* Stops the acceptor and closes the listening socket (lanes taken stay
+ * their connections'). */
+void prod_lanes_stop(ecx_producer *p);
+/* A fresh random key for a connection's lane (all zero, which no lane
+ * matches, where the system has no entropy to give). */
+void prod_lane_key(unsigned char *key);
+/* Sends the bytes of send s (len from src) on lane l, counted in its job's
+ * pending until sent or failed (then in s->status). Progress thread. */
+ucs_status_ptr_t prod_lane_data(prod_lane *l, job_send *s, const void *src,
+                                uint64_t len);
+/* Sends the reply body (taken, freed) of pull req on l after the frames
+ * before it; false (body freed) when it cannot be queued. */
+bool prod_lane_reply(prod_lane *l, uint64_t req, char *body);
+/* Fails l: what is queued fails, the consumer sees the end. NULL: no-op. */
+void prod_lane_shutdown(prod_lane *l);
+/* Shuts l down, joins its writer, frees it. NULL: no-op. */
+void prod_lane_free(prod_lane *l);
 /* Closes failed and idle connections and frees closed ones no job uses.
  * Progress thread only. */
 void prod_conns_reap(ecx_producer *p);

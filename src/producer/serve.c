@@ -384,6 +384,13 @@ static bool job_start(ecx_producer *p, job *j)
 		job_refuse(p, j, rc, why);
 		return false;
 	}
+	/* Over the connection's lane where the pull asks for it and there
+	 * is one: its data as frames there, its reply after them, no reply
+	 * inside a data message. */
+	if (j->pr.data_am && j->pr.lane && j->c->transport == ECX_TR_TCP)
+		j->lane = __atomic_load_n(&j->c->lane, __ATOMIC_ACQUIRE);
+	if (j->lane != NULL)
+		j->pr.fold = j->pr.lead = false;
 	if (!job_prepare(p, j)) {
 		prod_job_reply(j, ECX_ENOMEM, "out of memory");
 		job_drop(p, j);
@@ -577,6 +584,7 @@ void prod_serve_shutdown(ecx_producer *p)
 			                      c->transport, 100);
 			ecx_ucx_side_destroy(p->ucx, c->side);
 		}
+		prod_lane_free(c->lane);
 		free(c->addr);
 		free(c);
 	}

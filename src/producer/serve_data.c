@@ -168,6 +168,8 @@ ucs_status_ptr_t prod_data_send(ecx_producer *p, job *j, size_t i, size_t k,
 	                         .req = j->req,
 	                         .first = (uint32_t)i,
 	                         .count = (uint32_t)(k - i)};
+	if (j->lane != NULL)
+		return prod_lane_data(j->lane, s, src, len);
 	const void *hdr = &s->h;
 	size_t hlen = sizeof(s->h);
 	uint32_t flags = len >= AM_RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0;

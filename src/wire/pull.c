@@ -103,6 +103,8 @@ char *ecx_pull_req_encode(const ecx_pull_req *r)
 		js_lit(&o, ",\"reply\":\"data\"");
 	if (r->fold && r->lead)
 		js_lit(&o, ",\"lead\":true");
+	if (r->data_am && r->lane)
+		js_lit(&o, ",\"lane\":true");
 	if (r->token[0] != '\0') {
 		js_lit(&o, ",\"token\":");
 		js_str(&o, r->token);
@@ -246,6 +248,8 @@ int ecx_pull_req_decode(const char *buf, size_t len, ecx_pull_req *out,
 	         strcmp(f->valuestring, "data") == 0;
 	r.lead =
 	    r.fold && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "lead"));
+	r.lane = r.data_am &&
+	         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "lane"));
 	if (cJSON_GetObjectItemCaseSensitive(o, "token") != NULL &&
 	    (rc = ecx_json_get_str(o, "token", r.token, sizeof(r.token), why,
 	                           whylen)) != 0)

@@ -202,6 +202,11 @@ typedef struct ecx_pull_req {
 	 * of an eager data message's body (ecx_am_lead_hdr). Producers that
 	 * do not know it put the reply in the header as for fold alone. */
 	bool lead;
+	/* Sent as "lane": true (with data_am): the data and the reply go
+	 * over the connection's data lane (ecx_lane_hdr) where it has one.
+	 * Producers that do not know it, or have no lane for it, send them
+	 * as active messages. */
+	bool lane;
 	char token[ECX_TOKEN_MAX];
 	size_t nregions;
 	ecx_region *regions;
@@ -305,6 +310,39 @@ typedef struct ecx_am_lead_hdr {
 	uint16_t reply_len;
 } ecx_am_lead_hdr;
 
+/* The data lane (TCP; docs/protocol.md, "The data lane"): a plain TCP
+ * connection beside a connection's UCX endpoint, over which a pull that
+ * asks for it ("lane": true) gets its data and then its reply, so that the
+ * consumer receives the bytes from the socket straight into the items'
+ * destinations. The producer offers it in the hello's answer (a port and
+ * a key of ECX_LANE_KEY_LEN random bytes for that connection); the
+ * consumer connects, sends ecx_lane_hello, and the producer answers with
+ * the same 32 bytes once the lane is the connection's. Then only the
+ * producer sends: frames of an ecx_lane_hdr and len bytes, kind
+ * ECX_LANE_DATA (the bytes of items first..first+count-1 of pull req,
+ * neighbours in both memories, as an ECX_AM_DATA message's body) or
+ * ECX_LANE_REPLY (the pull's reply, an ecx_pull_resp's JSON, at most
+ * ECX_LANE_REPLY_MAX bytes, after every data frame of that pull). Host
+ * byte order, as the active messages' headers. */
+#define ECX_LANE_MAGIC 0x4e584345u /* "ECXN" in memory order */
+#define ECX_LANE_VERSION 1u
+#define ECX_LANE_KEY_LEN 16
+#define ECX_LANE_DATA 1u
+#define ECX_LANE_REPLY 2u
+#define ECX_LANE_REPLY_MAX ((uint64_t)4 << 20)
+typedef struct ecx_lane_hello {
+	uint32_t magic;   /* ECX_LANE_MAGIC */
+	uint32_t version; /* ECX_LANE_VERSION */
+	uint64_t conn;    /* the connection number from the hello's answer */
+	unsigned char key[ECX_LANE_KEY_LEN]; /* and its key */
+} ecx_lane_hello;
+typedef struct ecx_lane_hdr {
+	uint32_t magic; /* ECX_LANE_MAGIC */
+	uint32_t kind;  /* ECX_LANE_DATA or ECX_LANE_REPLY */
+	uint32_t first, count;
+	uint64_t req, len;
+} ecx_lane_hdr;
+
 /* Largest ZeroMQ message the producer accepts. */
 #define ECX_ZMQ_MAX_MSG (64 * 1024)
 
@@ -386,6 +424,10 @@ typedef struct ecx_zresp {
 	                       for this connection; 0 when absent */
 	uint64_t idle_ms;   /* hello: the producer closes a connection idle this
 	                       long; 0 when absent */
+	/* hello, over TCP: the producer's data lane (its port, 0 when
+	 * absent, and this connection's key) */
+	unsigned lane_port;
+	unsigned char lane_key[ECX_LANE_KEY_LEN];
 	/* hello: the producer's process id and its start time
 	 * (ecx_pid_start), for a consumer on the same host to notice its end;
 	 * 0 when absent */
@@ -412,7 +454,8 @@ char *ecx_zresp_encode_error(int err, const char *detail);
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
                              unsigned transport, uint64_t idle_ms, uint64_t pid,
-                             uint64_t pid_start);
+                             uint64_t pid_start, unsigned lane_port,
+                             const unsigned char *lane_key);
 /* {"ok":true,"epoch":E,"ms":M,"items":[{"lease":L} or {"code":"ENOSPC"},
  * ...]}: one entry per id asked, in order. */
 char *ecx_zresp_encode_lease(uint64_t epoch, uint64_t ms,

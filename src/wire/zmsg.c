@@ -367,7 +367,8 @@ char *ecx_zresp_encode_ref_pull(int err, const char *detail)
 char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
                              uint64_t epoch, uint64_t conn, uint64_t now_ms,
                              unsigned transport, uint64_t idle_ms, uint64_t pid,
-                             uint64_t pid_start)
+                             uint64_t pid_start, unsigned lane_port,
+                             const unsigned char *lane_key)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *w = b64_node(worker, worker_len);
@@ -389,6 +390,22 @@ char *ecx_zresp_encode_hello(const void *worker, size_t worker_len,
 	if (pid != 0 && pid_start != 0) {
 		cJSON_AddItemToObject(o, "pid", ecx_json_u64(pid));
 		cJSON_AddItemToObject(o, "pid_start", ecx_json_u64(pid_start));
+	}
+	if (lane_port != 0 && lane_key != NULL) {
+		static const char digits[] = "0123456789abcdef";
+		char hex[2 * ECX_LANE_KEY_LEN + 1];
+		for (size_t i = 0; i < ECX_LANE_KEY_LEN; i++) {
+			hex[2 * i] = digits[lane_key[i] >> 4];
+			hex[2 * i + 1] = digits[lane_key[i] & 15];
+		}
+		hex[2 * ECX_LANE_KEY_LEN] = '\0';
+		cJSON *l = cJSON_AddObjectToObject(o, "lane");
+		if (l == NULL) {
+			cJSON_Delete(o);
+			return NULL;
+		}
+		cJSON_AddNumberToObject(l, "port", lane_port);
+		cJSON_AddStringToObject(l, "key", hex);
 	}
 	return json_print_free(o);
 }
@@ -498,6 +515,32 @@ static int lease_items(const cJSON *o, ecx_zresp *r, char *why, size_t whylen)
 	return 0;
 }
 
+/* The hello's "lane": {"port": 1..65535, "key": 32 hex digits}. */
+static int lane_parse(const cJSON *l, ecx_zresp *r, char *why, size_t whylen)
+{
+	const cJSON *port = cJSON_GetObjectItemCaseSensitive(l, "port");
+	const cJSON *key = cJSON_GetObjectItemCaseSensitive(l, "key");
+	if (!cJSON_IsObject(l) || !cJSON_IsNumber(port) ||
+	    port->valuedouble < 1 || port->valuedouble > 65535 ||
+	    port->valuedouble != (double)(int)port->valuedouble ||
+	    !cJSON_IsString(key) || key->valuestring == NULL ||
+	    strlen(key->valuestring) != 2 * ECX_LANE_KEY_LEN)
+		return ecx_why(why, whylen, ECX_EPROTO,
+		               "\"lane\" is not {\"port\": 1..65535, "
+		               "\"key\": %d hex digits}",
+		               2 * ECX_LANE_KEY_LEN);
+	for (size_t i = 0; i < ECX_LANE_KEY_LEN; i++) {
+		int hi = ecx_hex_digit(key->valuestring[2 * i]);
+		int lo = ecx_hex_digit(key->valuestring[2 * i + 1]);
+		if (hi < 0 || lo < 0)
+			return ecx_why(why, whylen, ECX_EPROTO,
+			               "\"lane\" key is not hex");
+		r->lane_key[i] = (unsigned char)(hi << 4 | lo);
+	}
+	r->lane_port = (unsigned)port->valueint;
+	return 0;
+}
+
 int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
                      size_t whylen)
 {
@@ -562,6 +605,9 @@ int ecx_zresp_decode(const char *buf, size_t len, ecx_zresp *out, char *why,
 		    cJSON_GetObjectItemCaseSensitive(o, "pid_start") != NULL)
 			rc = ecx_json_get_u64(o, "pid_start", &r.pid_start, why,
 			                      whylen);
+		const cJSON *l = cJSON_GetObjectItemCaseSensitive(o, "lane");
+		if (rc == 0 && l != NULL)
+			rc = lane_parse(l, &r, why, whylen);
 	}
 	r.closed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "closed"));
 out:

@@ -1028,35 +1028,59 @@ static void test_runs(void **state)
 	runs_of(transport_of(state));
 }
 
-/* Over TCP the data comes as active messages received in place (the
- * default, above); a consumer told ECX_TCP_DATA=put asks for puts, and
- * one that asks for active messages from a producer that puts anyway (an
- * older one) takes the puts: every size, and neighbours in one write. */
-/* libecx's count of data messages its consumers took (replies.c). */
-extern uint64_t cons_data_messages;
+/* Over TCP the data comes as active messages received into the
+ * destinations (the default, above), items of 2 MiB or more over the data
+ * lane (test_tcp_lane); a consumer told ECX_TCP_DATA=put asks for puts,
+ * and one that asks for active messages from a producer that puts anyway
+ * (an older one) takes the puts: every size, and neighbours in one
+ * write. */
+/* libecx's count of data messages its consumers took (replies.c), and of
+ * data frames they read from lanes (lane.c). */
+extern uint64_t cons_data_messages, cons_lane_frames, cons_lanes_opened;
 
 static uint64_t data_messages(void)
 {
 	return __atomic_load_n(&cons_data_messages, __ATOMIC_RELAXED);
 }
 
+static uint64_t lane_frames(void)
+{
+	return __atomic_load_n(&cons_lane_frames, __ATOMIC_RELAXED);
+}
+
+static uint64_t lanes_opened(void)
+{
+	return __atomic_load_n(&cons_lanes_opened, __ATOMIC_RELAXED);
+}
+
 static void test_tcp_data_ways(void **state)
 {
 	(void)state;
-	uint64_t n0 = data_messages();
+	/* The default: the batches with the 7 MiB item over the lane. */
+	uint64_t f0 = lane_frames();
 	roundtrip("tcp");
+	uint64_t f1 = lane_frames();
+	assert_true(f1 > f0);
+	/* Lanes off: every size as active messages. */
+	uint64_t n0 = data_messages();
+	setenv("ECX_TCP_LANE", "0", 1);
+	roundtrip("tcp");
+	unsetenv("ECX_TCP_LANE");
 	uint64_t n1 = data_messages();
-	assert_true(n1 > n0); /* the default: active messages */
+	assert_true(n1 > n0);
+	assert_true(lane_frames() == f1);
 	setenv("ECX_TCP_DATA", "put", 1);
 	roundtrip("tcp");
 	runs_of("tcp");
 	unsetenv("ECX_TCP_DATA");
 	assert_true(data_messages() == n1); /* puts only */
+	assert_true(lane_frames() == f1);
 	setenv("ECX_TEST_PUT_ONLY", "1", 1);
 	roundtrip("tcp");
 	runs_of("tcp");
 	unsetenv("ECX_TEST_PUT_ONLY");
 	assert_true(data_messages() == n1); /* asked, but put */
+	assert_true(lane_frames() == f1);
 	/* A value it does not know is refused, by name. */
 	setenv("ECX_TCP_DATA", "rdma", 1);
 	ecx_consumer_params cp = {.field_mask = ECX_CONSUMER_PARAM_REGISTRY |
@@ -1070,6 +1094,182 @@ static void test_tcp_data_ways(void **state)
 	assert_null(c);
 	assert_non_null(strstr(why, "ECX_TCP_DATA=rdma"));
 	unsetenv("ECX_TCP_DATA");
+}
+
+/* The data lane (lane.c; docs/protocol.md, "The data lane"): a pull with
+ * an item of ECX_TCP_LANE_MIN or more (2 MiB) gets its data and its reply
+ * over the connection's lane, read straight into the destinations; other
+ * pulls as active messages. A lane the producer refuses (a wrong key) is
+ * none, and the loads go as active messages. Settings it does not know
+ * are refused by name. */
+static void test_tcp_lane(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", "--capacity", "67108864", NULL);
+	producer_put(&p, "big", "bfloat16", "1024x3584", "ok");
+	producer_put(&p, "mid", "uint8", "2097152", "ok");
+	producer_put(&p, "small", "uint8", "65536", "ok");
+	const char *ids[3] = {"big", "mid", "small"};
+	uint64_t o0 = lanes_opened(), f0 = lane_frames(), n0 = data_messages();
+	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	ecx_item it[3] = {{.id = "big"}, {.id = "mid"}, {.id = "small"}};
+	assert_int_equal(ecx_consumer_lookup(c, it, 3), 0);
+	for (int i = 0; i < 3; i++) {
+		it[i].dst = malloc(it[i].desc.nbytes);
+		assert_non_null(it[i].dst);
+		memset(it[i].dst, 0, it[i].desc.nbytes);
+	}
+	/* The small one alone: an active message; the lane opened with the
+	 * connection all the same. */
+	assert_int_equal(ecx_consumer_load(c, &it[2], 1), 0);
+	assert_true(tu_check("small", it[2].dst, it[2].desc.nbytes));
+	assert_int_equal(lanes_opened(), o0 + 1);
+	assert_int_equal(lane_frames(), f0);
+	assert_true(data_messages() > n0);
+	/* With the big ones: the whole pull over the lane, a frame per item
+	 * (not neighbours in memory), twice. */
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < 3; i++)
+			memset(it[i].dst, 0, it[i].desc.nbytes);
+		uint64_t n1 = data_messages();
+		assert_int_equal(ecx_consumer_load(c, it, 3), 0);
+		for (int i = 0; i < 3; i++)
+			assert_true(
+			    tu_check(ids[i], it[i].dst, it[i].desc.nbytes));
+		assert_int_equal(data_messages(), n1);
+	}
+	assert_int_equal(lane_frames(), f0 + 6);
+	ecx_consumer_destroy(c);
+	/* ECX_TCP_LANE_MIN=64KiB: the small one alone goes over it too. */
+	setenv("ECX_TCP_LANE_MIN", "64KiB", 1);
+	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	unsetenv("ECX_TCP_LANE_MIN");
+	assert_int_equal(ecx_consumer_lookup(c, &it[2], 1), 0);
+	uint64_t f1 = lane_frames();
+	assert_int_equal(ecx_consumer_load(c, &it[2], 1), 0);
+	assert_true(tu_check("small", it[2].dst, it[2].desc.nbytes));
+	assert_int_equal(lane_frames(), f1 + 1);
+	ecx_consumer_destroy(c);
+	/* A wrong key: refused, said, and the loads go as active messages. */
+	setenv("ECX_TEST_LANE_BAD_KEY", "1", 1);
+	logcap lc;
+	log_begin(&lc);
+	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	assert_int_equal(ecx_consumer_lookup(c, it, 3), 0);
+	uint64_t o1 = lanes_opened(), f2 = lane_frames();
+	memset(it[0].dst, 0, it[0].desc.nbytes);
+	assert_int_equal(ecx_consumer_load(c, it, 3), 0);
+	char *warned = log_end(&lc);
+	unsetenv("ECX_TEST_LANE_BAD_KEY");
+	for (int i = 0; i < 3; i++)
+		assert_true(tu_check(ids[i], it[i].dst, it[i].desc.nbytes));
+	assert_int_equal(lanes_opened(), o1);
+	assert_int_equal(lane_frames(), f2);
+	if (strstr(warned, "data lane to") == NULL ||
+	    strstr(warned, "refused") == NULL)
+		fail_msg("a refused lane was not warned about (\"%s\")",
+		         warned);
+	free(warned);
+	/* And counted: two taken (the first two consumers'), one refused. */
+	char m[16384];
+	producer_metrics(&p, m, sizeof(m));
+	assert_int_equal(
+	    metric(m, "ecx_producer_lanes_total{result=\"taken\"}"), 2);
+	assert_int_equal(
+	    metric(m, "ecx_producer_lanes_total{result=\"refused\"}"), 1);
+	ecx_consumer_destroy(c);
+	for (int i = 0; i < 3; i++)
+		free(it[i].dst);
+	producer_stop(&p);
+	/* Settings it does not know, refused by name. */
+	static const char *bad[][2] = {{"ECX_TCP_LANE", "yes"},
+	                               {"ECX_TCP_LANE_MIN", "0"},
+	                               {"ECX_TCP_LANE_MIN", "lots"}};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv(bad[i][0], bad[i][1], 1);
+		ecx_consumer_params cp = {.field_mask =
+		                              ECX_CONSUMER_PARAM_REGISTRY |
+		                              ECX_CONSUMER_PARAM_TRANSPORT,
+		                          .registry = "http://127.0.0.1:1",
+		                          .transport = "tcp"};
+		ecx_consumer *bc = NULL;
+		char why[256] = "";
+		assert_int_equal(
+		    ecx_consumer_create(&cp, &bc, why, sizeof(why)),
+		    ECX_EINVAL);
+		unsetenv(bad[i][0]);
+		assert_null(bc);
+		char want[64];
+		snprintf(want, sizeof(want), "%s=%s", bad[i][0], bad[i][1]);
+		if (strstr(why, want) == NULL)
+			fail_msg("%s refused without its name: \"%s\"", want,
+			         why);
+	}
+}
+
+/* A producer stopped (SIGSTOP) in the middle of a pull over the lane: the
+ * load times out within its bound, and not a byte lands in its
+ * destination after it returned, though the producer then goes on and
+ * another load on the same lane is still read (the timed-out load killed
+ * the lane: without that, that load's reads would go on with the first
+ * one's frame); the next load makes a new connection and lane. */
+static void test_tcp_lane_stopped(void **state)
+{
+	(void)state;
+	producer p;
+	producer_start(&p, "tcp", "--capacity", "201326592", NULL);
+	producer_put(&p, "huge", "uint8", "67108864", "ok");
+	producer_put(&p, "huge2", "uint8", "67108864", "ok");
+	ecx_consumer *c = consumer(p.url, "tcp", 600, NULL);
+	ecx_item it = {.id = "huge"}, it2 = {.id = "huge2"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	assert_int_equal(ecx_consumer_lookup(c, &it2, 1), 0);
+	size_t n = it.desc.nbytes;
+	char *dst = malloc(n), *seen = malloc(n), *dst2 = malloc(n);
+	assert_non_null(dst);
+	assert_non_null(seen);
+	assert_non_null(dst2);
+	it.dst = dst;
+	it2.dst = dst2;
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0); /* connected */
+	uint64_t o0 = lanes_opened(), f0 = lane_frames();
+	memset(dst, 0, n);
+	ecx_load *l, *l2;
+	assert_int_equal(ecx_consumer_load_start(c, &it, 1, &l), 0);
+	/* Stopped once its frame has begun to come (a test reads the
+	 * lane; 64 MiB take 5 ms or more to come whole). */
+	uint64_t tb = now_ms();
+	while (lane_frames() == f0 && now_ms() - tb < 500)
+		ecx_load_test(l);
+	assert_true(lane_frames() > f0); /* it goes over the lane */
+	tu_stop(p.ch.pid);
+	/* Another load on the same connection, ending 300 ms later. */
+	usleep(300000);
+	assert_int_equal(ecx_consumer_load_start(c, &it2, 1, &l2), 0);
+	uint64_t t0 = now_ms();
+	int rc = ecx_load_wait(l);
+	uint64_t took = now_ms() - t0;
+	assert_int_equal(rc, ECX_ETIMEDOUT);
+	assert_true(took < 300 + 500);
+	memcpy(seen, dst, n);
+	kill(p.ch.pid, SIGCONT);
+	/* The producer writes what it had left while the other load is
+	 * waited for (and its lanes read). */
+	rc = ecx_load_wait(l2);
+	assert_true(rc == ECX_ETIMEDOUT || rc == ECX_ECLOSED || rc == 0);
+	usleep(100000);
+	assert_memory_equal(seen, dst, n);
+	/* Not ended by the stop: the next load reconnects, lane and all. */
+	it.dst = dst;
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("huge", dst, n));
+	assert_true(lanes_opened() > o0);
+	free(seen);
+	free(dst);
+	free(dst2);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
 }
 
 /* Over TCP, neighbours share a data message up to 512 KiB (serve.c
@@ -2160,6 +2360,8 @@ static const struct CMUnitTest tcp_only[] = {
     cmocka_unit_test(test_pins_and_killed_consumer),
     cmocka_unit_test(test_slow_producer_caller),
     cmocka_unit_test(test_tcp_data_ways),
+    cmocka_unit_test(test_tcp_lane),
+    cmocka_unit_test(test_tcp_lane_stopped),
     cmocka_unit_test(test_tcp_data_runs),
     cmocka_unit_test(test_tcp_fold),
     cmocka_unit_test(test_tcp_lead),

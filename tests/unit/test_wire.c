@@ -1174,10 +1174,15 @@ static void test_zmsg(void **state)
 	assert_false(z.ok);
 	assert_int_equal(z.err, ECX_ENOTFOUND);
 	free(s);
+	unsigned char key[ECX_LANE_KEY_LEN];
+	for (size_t i = 0; i < sizeof(key); i++)
+		key[i] = (unsigned char)(0xf1 - 7 * i);
 	s = ecx_zresp_encode_hello(w, 10, 99, 5, 1764521000123ull, ECX_TR_TCP,
-	                           15000, 4242, 987654);
+	                           15000, 4242, 987654, 40123, key);
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
 	assert_true(z.ok);
+	assert_int_equal(z.lane_port, 40123);
+	assert_memory_equal(z.lane_key, key, sizeof(key));
 	assert_int_equal(z.pid, 4242);
 	assert_int_equal(z.pid_start, 987654);
 	assert_int_equal(z.epoch, 99);
@@ -1189,7 +1194,7 @@ static void test_zmsg(void **state)
 	free(s);
 	/* A producer from before now_ms: no clock, so pulls carry no
 	 * expiry. */
-	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0, 0, 0, 0);
+	s = ecx_zresp_encode_hello(w, 10, 99, 5, 0, 0, 0, 0, 0, 0, NULL);
 	assert_null(strstr(s, "now_ms"));
 	assert_null(strstr(s, "transport"));
 	assert_int_equal(ecx_zresp_decode(s, strlen(s), &z, why, 160), 0);
@@ -1197,6 +1202,8 @@ static void test_zmsg(void **state)
 	assert_int_equal(z.transport, 0);
 	assert_null(strstr(s, "idle_ms"));
 	assert_int_equal(z.idle_ms, 0);
+	assert_null(strstr(s, "lane"));
+	assert_int_equal(z.lane_port, 0);
 	assert_null(strstr(s, "pid"));
 	assert_int_equal(z.pid, 0);
 	assert_memory_equal(z.worker, w, 10);
@@ -1215,6 +1222,52 @@ static void test_zmsg(void **state)
 	assert_int_equal(ecx_zresp_decode("{}", 2, &z, why, 160), ECX_EPROTO);
 }
 
+/* The hello's lane: what a consumer refuses to read as one. */
+static void test_zresp_lane_rejects(void **state)
+{
+	(void)state;
+	static const char *bad[] = {
+	    "{\"ok\":true,\"worker\":\"AAAA\",\"epoch\":1,\"conn\":2,"
+	    "\"lane\":{\"port\":0,\"key\":\"00112233445566778899aabbccddeeff\"}"
+	    "}",
+	    "{\"ok\":true,\"worker\":\"AAAA\",\"epoch\":1,\"conn\":2,"
+	    "\"lane\":{\"port\":65536,\"key\":"
+	    "\"00112233445566778899aabbccddeeff\"}}",
+	    "{\"ok\":true,\"worker\":\"AAAA\",\"epoch\":1,\"conn\":2,"
+	    "\"lane\":{\"port\":80.5,\"key\":"
+	    "\"00112233445566778899aabbccddeeff\"}}",
+	    "{\"ok\":true,\"worker\":\"AAAA\",\"epoch\":1,\"conn\":2,"
+	    "\"lane\":{\"port\":80,\"key\":\"00112233\"}}",
+	    "{\"ok\":true,\"worker\":\"AAAA\",\"epoch\":1,\"conn\":2,"
+	    "\"lane\":{\"port\":80,\"key\":"
+	    "\"zz112233445566778899aabbccddeeff\"}}",
+	    "{\"ok\":true,\"worker\":\"AAAA\",\"epoch\":1,\"conn\":2,"
+	    "\"lane\":80}",
+	};
+	char why[160];
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ecx_zresp z;
+		assert_int_equal(ecx_zresp_decode(bad[i], strlen(bad[i]), &z,
+		                                  why, sizeof(why)),
+		                 ECX_EPROTO);
+		assert_non_null(strstr(why, "lane"));
+	}
+	/* A pull asks for the lane only with its data as active messages. */
+	ecx_pull_req r = {.req = 3, .data_am = true, .lane = true};
+	char *s = ecx_pull_req_encode(&r);
+	assert_non_null(strstr(s, "\"lane\":true"));
+	ecx_pull_req d;
+	assert_int_equal(
+	    ecx_pull_req_decode(s, strlen(s), &d, why, sizeof(why)), 0);
+	assert_true(d.lane);
+	ecx_pull_req_free(&d);
+	free(s);
+	r.data_am = false;
+	s = ecx_pull_req_encode(&r);
+	assert_null(strstr(s, "lane"));
+	free(s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1230,6 +1283,7 @@ int main(void)
 	    cmocka_unit_test(test_pull_roundtrip),
 	    cmocka_unit_test(test_pull_rejects),
 	    cmocka_unit_test(test_zmsg),
+	    cmocka_unit_test(test_zresp_lane_rejects),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
