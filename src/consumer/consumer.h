@@ -383,6 +383,11 @@ char *cons_data_begin(ecx_consumer *c, uint64_t conn, uint64_t req,
  * its reply came. Takes c->lock. */
 void cons_data_end(ecx_consumer *c, uint64_t req, uint32_t first,
                    uint32_t count, int status);
+/* With integrity on: the first upto bytes of item first of pull req
+ * (a data frame of that item alone, being read) are in, for the waiting
+ * caller to hash on while the rest comes. Takes c->lock. */
+void cons_data_piece(ecx_consumer *c, uint64_t conn, uint64_t req,
+                     uint32_t first, uint64_t upto);
 /* The reply body of pull req (conn: its connection; 0: any) is taken.
  * Takes c->lock. */
 void cons_reply_take(ecx_consumer *c, uint64_t conn, uint64_t req,

@@ -331,6 +331,15 @@ static int lane_read(cons_lane *l, const char **why)
 		} else {
 			l->got += (uint64_t)r;
 		}
+		if (l->got < l->h.len && l->rd == RD_DATA && l->c->integrity &&
+		    l->h.count == 1) {
+			/* An item's piece in: its waiting caller hashes it
+			 * now, while it sits in the CPU's caches, before
+			 * this reads on. */
+			cons_data_piece(l->c, l->conn, l->h.req, l->h.first,
+			                l->got);
+			return did;
+		}
 		if (l->got < l->h.len)
 			continue;
 		/* A frame is whole. */

@@ -613,3 +613,13 @@ char *cons_data_begin(ecx_consumer *c, uint64_t conn, uint64_t req,
 	pthread_mutex_unlock(&c->lock);
 	return dst;
 }
+
+void cons_data_piece(ecx_consumer *c, uint64_t conn, uint64_t req,
+                     uint32_t first, uint64_t upto)
+{
+	pthread_mutex_lock(&c->lock);
+	pull *p = pull_find(c, req);
+	if (p != NULL && p->pc->id == conn && first < p->n)
+		item_piece_landed(p, first, upto);
+	pthread_mutex_unlock(&c->lock);
+}
