@@ -131,6 +131,9 @@ bool cons_pconn_idle(const pconn *pc, uint64_t now_ms);
  * the load's detail); its zombies end. Called with c->lock. */
 void cons_pconn_fail_locked(ecx_consumer *c, pconn *pc, int err,
                             const char *why);
+/* Fails pc and every pull in flight on it but its zombies, which end as a
+ * failed connection's do (its goodbye's answer). Called with c->lock. */
+void cons_pconn_fail_live_locked(ecx_consumer *c, pconn *pc, int err);
 
 /* Checks every watched connection (at most once a millisecond, unless
  * force): one whose producer has exited is failed, its pulls in flight
@@ -212,8 +215,10 @@ typedef struct pull {
 	int *dstat;
 	unsigned recving;
 	bool answered;
-	/* It asked for its connection's data lane (lane.c). */
+	/* It asked for its connection's data lane (lane.c); its reply came
+	 * (after its last byte, on the lane or not). */
 	bool lane;
+	bool replied;
 } pull;
 
 struct ecx_load {
@@ -374,10 +379,11 @@ uint64_t cons_item_xxh3(ecx_load *l, size_t i);
  * without one fails ECX_EUNSUPPORTED, one that differs ECX_ECORRUPT. Called
  * by the thread waiting for l, without the lock. */
 void cons_load_verify(ecx_load *l);
-/* A data frame of items first..first+count-1 of pull req on connection
- * conn, len bytes, is about to be received: where it goes (marked landing),
- * or NULL when no pull waits for it there (drop it). Takes c->lock. */
-char *cons_data_begin(ecx_consumer *c, uint64_t conn, uint64_t req,
+/* A data frame of items first..first+count-1 of pull req, len bytes, is
+ * about to be read from lane: where it goes (marked landing), or NULL when
+ * no pull of that lane's connection waits for it there (drop it). Takes
+ * c->lock. */
+char *cons_data_begin(ecx_consumer *c, const cons_lane *lane, uint64_t req,
                       uint32_t first, uint32_t count, size_t len);
 /* Those items' receive ended with status (0: landed); the pull ends if
  * its reply came. Takes c->lock. */
@@ -386,11 +392,11 @@ void cons_data_end(ecx_consumer *c, uint64_t req, uint32_t first,
 /* With integrity on: the first upto bytes of item first of pull req
  * (a data frame of that item alone, being read) are in, for the waiting
  * caller to hash on while the rest comes. Takes c->lock. */
-void cons_data_piece(ecx_consumer *c, uint64_t conn, uint64_t req,
+void cons_data_piece(ecx_consumer *c, const cons_lane *lane, uint64_t req,
                      uint32_t first, uint64_t upto);
-/* The reply body of pull req (conn: its connection; 0: any) is taken.
- * Takes c->lock. */
-void cons_reply_take(ecx_consumer *c, uint64_t conn, uint64_t req,
+/* The reply body of pull req (from lane, for a pull of its connection;
+ * NULL: an active message, any) is taken. Takes c->lock. */
+void cons_reply_take(ecx_consumer *c, const cons_lane *lane, uint64_t req,
                      const void *body, size_t len);
 
 /* lane.c */

@@ -40,6 +40,21 @@ void cons_pconn_fail_locked(ecx_consumer *c, pconn *pc, int err,
 	}
 }
 
+void cons_pconn_fail_live_locked(ecx_consumer *c, pconn *pc, int err)
+{
+	pc->failed = true;
+	for (;;) {
+		pull *p = NULL;
+		for (pull *q = c->inflight; q != NULL && p == NULL; q = q->next)
+			if (q->pc == pc && !q->zombie)
+				p = q;
+		if (p == NULL)
+			break;
+		cons_pull_take(c, p->req);
+		cons_pull_fail(p, err);
+	}
+}
+
 bool cons_pconn_idle(const pconn *pc, uint64_t now_ms)
 {
 	return pc->idle_ms != 0 && now_ms > pc->used_ms &&

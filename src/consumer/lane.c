@@ -33,6 +33,8 @@
 #define LANE_OPEN_MS 200
 /* The buffer a frame for a pull no longer waited for is read into. */
 #define DRAIN_BUF (64u << 10)
+/* The most one call reads before it returns to its caller's loop. */
+#define READ_MAX ((uint64_t)4 << 20)
 
 /* What a lane is reading: a frame's header, its data into the items'
  * destinations, a frame nobody waits for (dropped), a reply. */
@@ -44,6 +46,7 @@ struct cons_lane {
 	uint64_t conn;
 	unsigned refs; /* under c->lock: its connection's, each reader's */
 	pthread_mutex_t mu;
+	bool stop; /* atomic: a kill waits for the reader; it stops now */
 	/* under mu */
 	bool dead;
 	int rd;
@@ -136,6 +139,7 @@ void cons_lane_open(ecx_consumer *c, pconn *pc, const ecx_zresp *z)
 	                    .version = ECX_LANE_VERSION,
 	                    .conn = z->conn};
 	memcpy(h.key, z->lane_key, sizeof(h.key));
+	/* Tests only: a wrong key, which the producer must refuse. */
 	if (getenv("ECX_TEST_LANE_BAD_KEY") != NULL)
 		h.key[0] ^= 1;
 	uint64_t t0 = ecx_now_ns();
@@ -166,7 +170,11 @@ void cons_lane_open(ecx_consumer *c, pconn *pc, const ecx_zresp *z)
 	l->conn = z->conn;
 	l->refs = 1;
 	pthread_mutex_init(&l->mu, NULL);
+	/* pc is listed already (a placeholder): a lane's failure looks it
+	 * up by its lane, under the lock. */
+	pthread_mutex_lock(&c->lock);
 	pc->lane = l;
+	pthread_mutex_unlock(&c->lock);
 	__atomic_add_fetch(&cons_lanes_opened, 1, __ATOMIC_RELAXED);
 	ecx_debug(MOD, "data lane to %s open", pc->address);
 }
@@ -212,6 +220,8 @@ void cons_lane_kill(cons_lane *l)
 {
 	if (l == NULL)
 		return;
+	/* A thread reading it stops at its next read (lane_read). */
+	__atomic_store_n(&l->stop, true, __ATOMIC_RELEASE);
 	pthread_mutex_lock(&l->mu);
 	if (!l->dead)
 		lane_stop(l, ECX_ETIMEDOUT);
@@ -250,7 +260,11 @@ static void lane_fail(cons_lane *l, const char *why)
 static int lane_read(cons_lane *l, const char **why)
 {
 	int did = 0;
-	while (!l->dead) {
+	uint64_t took = 0;
+	/* Bounded: a reader returns to its own load (whose deadline may
+	 * pass) after READ_MAX, and at once when a kill waits. */
+	while (!l->dead && took < READ_MAX &&
+	       !__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
 		void *at;
 		size_t want;
 		switch (l->rd) {
@@ -283,6 +297,7 @@ static int lane_read(cons_lane *l, const char **why)
 			return -1;
 		}
 		did++;
+		took += (uint64_t)r;
 		if (l->rd == RD_HDR) {
 			l->hgot += (size_t)r;
 			if (l->hgot < sizeof(l->h))
@@ -303,12 +318,12 @@ static int lane_read(cons_lane *l, const char **why)
 			} else {
 				__atomic_add_fetch(&cons_lane_frames, 1,
 				                   __ATOMIC_RELAXED);
-				l->dst = l->h.len == (size_t)l->h.len
-				             ? cons_data_begin(
-				                   l->c, l->conn, l->h.req,
-				                   l->h.first, l->h.count,
-				                   (size_t)l->h.len)
-				             : NULL;
+				l->dst =
+				    l->h.len == (size_t)l->h.len
+				        ? cons_data_begin(
+				              l->c, l, l->h.req, l->h.first,
+				              l->h.count, (size_t)l->h.len)
+				        : NULL;
 				l->rd = RD_DATA;
 				if (l->dst == NULL) {
 					/* Not a pull waited for (or not
@@ -336,8 +351,7 @@ static int lane_read(cons_lane *l, const char **why)
 			/* An item's piece in: its waiting caller hashes it
 			 * now, while it sits in the CPU's caches, before
 			 * this reads on. */
-			cons_data_piece(l->c, l->conn, l->h.req, l->h.first,
-			                l->got);
+			cons_data_piece(l->c, l, l->h.req, l->h.first, l->got);
 			return did;
 		}
 		if (l->got < l->h.len)
@@ -347,7 +361,7 @@ static int lane_read(cons_lane *l, const char **why)
 			cons_data_end(l->c, l->h.req, l->h.first, l->h.count,
 			              0);
 		else if (l->rd == RD_REPLY)
-			cons_reply_take(l->c, l->conn, l->h.req, l->buf,
+			cons_reply_take(l->c, l, l->h.req, l->buf,
 			                (size_t)l->h.len);
 		if (l->rd != RD_DATA) {
 			free(l->buf);
@@ -358,7 +372,7 @@ static int lane_read(cons_lane *l, const char **why)
 	return did;
 }
 
-int cons_lanes_read(ecx_consumer *c, cons_lane **lanes, size_t n)
+static int lanes_read(cons_lane **lanes, size_t n)
 {
 	int did = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -373,7 +387,6 @@ int cons_lanes_read(ecx_consumer *c, cons_lane **lanes, size_t n)
 		else
 			did += r;
 	}
-	(void)c;
 	return did;
 }
 
@@ -406,7 +419,7 @@ int cons_load_read_lanes(ecx_load *l)
 		return 0;
 	cons_lane *lanes[16];
 	size_t n = cons_load_lanes(l, lanes, 16);
-	int did = cons_lanes_read(l->c, lanes, n);
+	int did = lanes_read(lanes, n);
 	for (size_t i = 0; i < n; i++)
 		cons_lane_put(l->c, lanes[i]);
 	return did;

@@ -395,6 +395,28 @@ int cons_load_start(ecx_consumer *c, ecx_item *items, size_t n,
 	return 0;
 }
 
+/* A lane to kill at a load's end, and its connection, both held. */
+typedef struct lane_kill {
+	cons_lane *lane;
+	pconn *pc;
+} lane_kill;
+
+/* Adds pc's lane to kill (once), holding both; past cap (no memory for
+ * more) pc only fails, as a connection given up does. Called with
+ * c->lock. */
+static void lane_kill_add(lane_kill *kill, size_t *n, size_t cap, pconn *pc)
+{
+	for (size_t i = 0; i < *n; i++)
+		if (kill[i].pc == pc)
+			return;
+	if (*n == cap) {
+		pc->failed = true;
+		return;
+	}
+	pc->users++;
+	kill[(*n)++] = (lane_kill){cons_lane_ref_locked(pc->lane), pc};
+}
+
 bool cons_load_done(ecx_load *l)
 {
 	if (!cons_mc_done(l))
@@ -465,14 +487,24 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		free(cut);
 		cut = NULL;
 	}
-	/* The lanes of pulls given up: killed before this returns. */
-	cons_lane *kbuf[16];
-	cons_lane **kill =
-	    l->npulls <= 16 ? kbuf : calloc(l->npulls + 1, sizeof(*kill));
+	/* The lanes of pulls that ended without their reply (timed out, or
+	 * their connection failed): killed before this returns, so that no
+	 * thread reading them for another load goes on into these pulls'
+	 * destinations; their connections fail with them. */
+	lane_kill kbuf[16];
+	size_t kcap = l->npulls <= 16 ? 16 : l->npulls;
+	lane_kill *kill = kcap == 16 ? kbuf : calloc(kcap, sizeof(*kill));
+	if (kill == NULL) {
+		kill = kbuf;
+		kcap = 16;
+	}
 	size_t nkill = 0;
 	pthread_mutex_lock(&c->lock);
 	for (size_t k = 0; k < l->npulls; k++) {
 		pull *p = l->pulls[k];
+		if (p->lane && !p->replied && p->pc != NULL &&
+		    p->pc->lane != NULL)
+			lane_kill_add(kill, &nkill, kcap, p->pc);
 		if (!p->done) {
 			/* Past the deadline: the items fail, and the
 			 * connection is suspect, so the next load makes a new
@@ -481,15 +513,6 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 			 * until the producer's reply says it is done. */
 			bool inflight = cons_pull_take(c, p->req) != NULL;
 			cons_pull_fail(p, ECX_ETIMEDOUT);
-			/* Its lane goes with the connection (below), and no
-			 * read into its destinations outlasts this call. */
-			if (p->lane && p->pc != NULL && p->pc->lane != NULL &&
-			    kill != NULL) {
-				kill[nkill++] =
-				    cons_lane_ref_locked(p->pc->lane);
-			} else if (p->lane && p->pc != NULL) {
-				p->pc->failed = true; /* no memory: as before */
-			}
 			/* Suspect: the next load makes a new connection.
 			 * Over TCP this one is closed before the load
 			 * returns, so no put in transit lands later. */
@@ -518,10 +541,18 @@ int cons_load_wait_once(ecx_load *l, char *why, size_t whylen)
 		free(p);
 	}
 	pthread_mutex_unlock(&c->lock);
-	for (size_t i = 0; i < nkill; i++) {
-		cons_lane_kill(kill[i]);
-		cons_lane_put(c, kill[i]);
+	for (size_t i = 0; i < nkill; i++)
+		cons_lane_kill(kill[i].lane);
+	if (nkill > 0) {
+		pthread_mutex_lock(&c->lock);
+		for (size_t i = 0; i < nkill; i++) {
+			cons_pconn_fail_live_locked(c, kill[i].pc, ECX_ECLOSED);
+			kill[i].pc->users--;
+		}
+		pthread_mutex_unlock(&c->lock);
 	}
+	for (size_t i = 0; i < nkill; i++)
+		cons_lane_put(c, kill[i].lane);
 	if (kill != kbuf)
 		free(kill);
 	for (size_t i = 0; i < ncut; i++)

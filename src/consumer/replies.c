@@ -277,6 +277,7 @@ static void reply_take(ecx_consumer *c, pull *p, int rc, const ecx_pull_resp *r,
 {
 	if (!p->zombie)
 		reply_apply(p, rc, r, why);
+	p->replied = true;
 	if (p->recving > 0) {
 		p->answered = true;
 	} else {
@@ -296,11 +297,11 @@ ucs_status_t cons_am_reply(void *arg, const void *header, size_t header_len,
 	ecx_am_hdr h;
 	memcpy(&h, header, sizeof(h));
 	__atomic_add_fetch(&cons_reply_messages, 1, __ATOMIC_RELAXED);
-	cons_reply_take(c, 0, h.req, data, len);
+	cons_reply_take(c, NULL, h.req, data, len);
 	return UCS_OK;
 }
 
-void cons_reply_take(ecx_consumer *c, uint64_t conn, uint64_t req,
+void cons_reply_take(ecx_consumer *c, const cons_lane *lane, uint64_t req,
                      const void *body, size_t len)
 {
 	ecx_pull_resp r;
@@ -308,9 +309,9 @@ void cons_reply_take(ecx_consumer *c, uint64_t conn, uint64_t req,
 	int rc = ecx_pull_resp_decode(body, len, &r, why, sizeof(why));
 	pthread_mutex_lock(&c->lock);
 	pull *p = pull_find(c, req);
-	/* (Over active messages the connection is the endpoint's: a reply
-	 * names its pull alone, as ever; conn 0 checks nothing.) */
-	if (p != NULL && (conn == 0 || p->pc->id == conn))
+	/* From a lane: a pull of that lane's connection only (connection
+	 * numbers are per producer). */
+	if (p != NULL && (lane == NULL || p->pc->lane == lane))
 		reply_take(c, p, rc, &r, why);
 	pthread_mutex_unlock(&c->lock);
 	if (rc == 0)
@@ -596,13 +597,13 @@ void cons_load_verify(ecx_load *l)
 
 /* ---- the data lane (consumer/lane.c reads it) ---- */
 
-char *cons_data_begin(ecx_consumer *c, uint64_t conn, uint64_t req,
+char *cons_data_begin(ecx_consumer *c, const cons_lane *lane, uint64_t req,
                       uint32_t first, uint32_t count, size_t len)
 {
 	pthread_mutex_lock(&c->lock);
 	pull *p = pull_find(c, req);
 	char *dst = NULL;
-	if (p != NULL && p->pc->id == conn && !p->zombie && !p->done &&
+	if (p != NULL && p->pc->lane == lane && !p->zombie && !p->done &&
 	    p->dstat != NULL)
 		dst = data_dst(p, first, count, len);
 	if (dst != NULL) {
@@ -614,12 +615,12 @@ char *cons_data_begin(ecx_consumer *c, uint64_t conn, uint64_t req,
 	return dst;
 }
 
-void cons_data_piece(ecx_consumer *c, uint64_t conn, uint64_t req,
+void cons_data_piece(ecx_consumer *c, const cons_lane *lane, uint64_t req,
                      uint32_t first, uint64_t upto)
 {
 	pthread_mutex_lock(&c->lock);
 	pull *p = pull_find(c, req);
-	if (p != NULL && p->pc->id == conn && first < p->n)
+	if (p != NULL && p->pc->lane == lane && first < p->n)
 		item_piece_landed(p, first, upto);
 	pthread_mutex_unlock(&c->lock);
 }

@@ -63,6 +63,18 @@ bool prod_conn_exists(ecx_producer *p, uint64_t id)
  * it (its remote keys go with it: that unmaps the consumer's memory
  * here). A connection with no job for p->idle_ms is closed the same
  * way. */
+/* Stops c's lane and completes what its writer was done with, so that no
+ * thread reads a job's items once it is given up. Called with p->lock,
+ * on the progress thread. */
+static void lane_settle(ecx_producer *p, conn *c)
+{
+	prod_lane *l = __atomic_load_n(&c->lane, __ATOMIC_ACQUIRE);
+	if (l == NULL)
+		return;
+	prod_lane_quiesce(l);
+	prod_lanes_complete(p);
+}
+
 void prod_conns_reap(ecx_producer *p)
 {
 	uint64_t idle_ns = (uint64_t)p->idle_ms * 1000000u;
@@ -103,11 +115,15 @@ void prod_conns_reap(ecx_producer *p)
 				}
 				/* Its unfinished jobs are given up now, and
 				 * its worker goes below, in this same pass:
-				 * no progress in between. */
+				 * no progress in between. Its lane's writer
+				 * first stops reading their items. */
+				lane_settle(p, c);
 				prod_jobs_abandon(p, c);
 			}
-			if (c->jobs > 0 && now - c->closed_ns > 100000000u)
+			if (c->jobs > 0 && now - c->closed_ns > 100000000u) {
+				lane_settle(p, c);
 				prod_jobs_abandon(p, c);
+			}
 			if (c->jobs == 0) {
 				/* Counted until its memory is let go of
 				 * (below): a count of 0 means nothing of the

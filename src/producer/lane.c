@@ -31,12 +31,14 @@
 #include <unistd.h>
 
 #define MOD "producer"
-/* How long a consumer has to send its lane hello once connected. */
-#define LANE_HELLO_MS 1000
+/* How long a consumer has to send its lane hello once connected (it sends
+ * it at once; one socket is read at a time, so this bounds what a silent
+ * one holds up the others by). */
+#define LANE_HELLO_MS 100
 /* How often a writer waiting on a full socket looks at its lane's state. */
 #define LANE_POLL_MS 50
 
-typedef struct lane_msg {
+struct lane_msg {
 	struct lane_msg *next;
 	ecx_lane_hdr h;
 	const void *src; /* the items' bytes (data), or NULL */
@@ -44,7 +46,9 @@ typedef struct lane_msg {
 	job_send *s;     /* data: the send it completes */
 	size_t off;      /* bytes of header and body sent */
 	uint64_t deadline_ns;
-} lane_msg;
+	int rc; /* how it went, once done (on p->lane_done) */
+};
+typedef struct lane_msg lane_msg;
 
 struct prod_lane {
 	int fd;
@@ -101,19 +105,50 @@ static int msg_send_some(int fd, lane_msg *m)
 }
 
 /* m has gone (rc 0) or failed: its send completes (data), its memory goes.
- * From the writer thread (wake) the progress thread is woken to finish the
- * job. */
-static void msg_done(prod_lane *l, lane_msg *m, int rc, bool wake)
+ * Progress thread only: a job's completions all run there (an abandon
+ * there must not race one). */
+static void msg_done(lane_msg *m, int rc)
 {
 	if (m->s != NULL) {
 		if (rc != 0)
 			m->s->status = rc;
 		prod_job_part_done(m->s->j, UCS_OK);
-		if (wake)
-			ecx_ucx_wake(l->p->ucx);
 	}
 	free(m->body);
 	free(m);
+}
+
+/* The writer's m is done: handed to the progress thread (woken) to
+ * complete. */
+static void msg_hand(prod_lane *l, lane_msg *m, int rc)
+{
+	ecx_producer *p = l->p;
+	m->rc = rc;
+	m->next = NULL;
+	pthread_mutex_lock(&p->lane_mu);
+	if (p->lane_done_tail != NULL)
+		p->lane_done_tail->next = m;
+	else
+		p->lane_done = m;
+	p->lane_done_tail = m;
+	pthread_mutex_unlock(&p->lane_mu);
+	ecx_ucx_wake(p->ucx);
+}
+
+int prod_lanes_complete(ecx_producer *p)
+{
+	pthread_mutex_lock(&p->lane_mu);
+	lane_msg *m = p->lane_done;
+	p->lane_done = p->lane_done_tail = NULL;
+	pthread_mutex_unlock(&p->lane_mu);
+	int n = 0;
+	while (m != NULL) {
+		lane_msg *next = m->next;
+		msg_done(m, m->rc);
+		m = next;
+		n++;
+	}
+	return n;
 }
 
 /* Marks l failed and shuts its socket down (the consumer sees the end; a
@@ -181,8 +216,9 @@ static void *lane_writer(void *arg)
 			lane_break(l, rc == ECX_ETIMEDOUT
 			                  ? "the consumer takes no more bytes"
 			                  : "the consumer closed it");
+		pthread_cond_broadcast(&l->cv); /* a quiesce waits for it */
 		pthread_mutex_unlock(&l->mu);
-		msg_done(l, m, rc, true);
+		msg_hand(l, m, rc);
 		pthread_mutex_lock(&l->mu);
 	}
 	pthread_mutex_unlock(&l->mu);
@@ -197,7 +233,7 @@ static void lane_push(prod_lane *l, lane_msg *m)
 	pthread_mutex_lock(&l->mu);
 	if (l->broken) {
 		pthread_mutex_unlock(&l->mu);
-		msg_done(l, m, ECX_ECLOSED, false);
+		msg_done(m, ECX_ECLOSED);
 		return;
 	}
 	if (l->head == NULL && !l->busy) {
@@ -206,7 +242,7 @@ static void lane_push(prod_lane *l, lane_msg *m)
 			lane_break(l, "the consumer closed it");
 		if (rc != 0 || msg_sent(m)) {
 			pthread_mutex_unlock(&l->mu);
-			msg_done(l, m, rc, false);
+			msg_done(m, rc);
 			return;
 		}
 	}
@@ -246,7 +282,13 @@ bool prod_lane_reply(prod_lane *l, uint64_t req, char *body)
 	                  ? calloc(1, sizeof(*m))
 	                  : NULL;
 	if (m == NULL) {
+		/* Its data went on this lane: no other way can follow them in
+		 * order, so the lane fails, and the consumer with it. */
 		free(body);
+		pthread_mutex_lock(&l->mu);
+		lane_break(l, "a reply could not be queued (too long, or out "
+		              "of memory)");
+		pthread_mutex_unlock(&l->mu);
 		return false;
 	}
 	m->h = (ecx_lane_hdr){.magic = ECX_LANE_MAGIC,
@@ -264,6 +306,19 @@ void prod_lane_shutdown(prod_lane *l)
 		return;
 	pthread_mutex_lock(&l->mu);
 	lane_break(l, NULL);
+	pthread_mutex_unlock(&l->mu);
+}
+
+void prod_lane_quiesce(prod_lane *l)
+{
+	if (l == NULL)
+		return;
+	pthread_mutex_lock(&l->mu);
+	lane_break(l, NULL);
+	/* The writer fails what is queued at once (broken), and a send in
+	 * progress ends within a poll slice (its socket shut down). */
+	while (l->head != NULL || l->busy)
+		pthread_cond_wait(&l->cv, &l->mu);
 	pthread_mutex_unlock(&l->mu);
 }
 
@@ -333,13 +388,49 @@ static bool key_zero(const unsigned char *k)
 	return acc == 0;
 }
 
-/* Makes fd connection h->conn's lane if h says so with its key; else
- * NULL (why says). */
+/* Whether h names a connection of p's that may take a lane, with its
+ * key; else why. Called with p->lock. */
+static conn *lane_conn(ecx_producer *p, const ecx_lane_hello *h,
+                       const char **why)
+{
+	conn *c = p->conns;
+	while (c != NULL && c->id != h->conn)
+		c = c->next;
+	bool ok = c != NULL && c->transport == ECX_TR_TCP && c->lane == NULL &&
+	          !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) &&
+	          !c->closed && !key_zero(c->lane_key) &&
+	          ecx_ct_equal((const char *)c->lane_key, ECX_LANE_KEY_LEN,
+	                       (const char *)h->key, ECX_LANE_KEY_LEN);
+	*why = c == NULL         ? "no such connection"
+	       : c->lane != NULL ? "the connection has a lane"
+	                         : "wrong key, or no lane for it";
+	return ok ? c : NULL;
+}
+
+/* Makes fd connection h->conn's lane if h says so with its key: checked,
+ * answered (the socket is ours alone until the lane is published), then
+ * published, checked again; else NULL (why says). */
 static prod_lane *lane_take(ecx_producer *p, int fd, const ecx_lane_hello *h,
                             const char **why)
 {
 	if (h->magic != ECX_LANE_MAGIC || h->version != ECX_LANE_VERSION) {
 		*why = "not a lane hello of this version";
+		return NULL;
+	}
+	pthread_mutex_lock(&p->lock);
+	bool ok = lane_conn(p, h, why) != NULL;
+	pthread_mutex_unlock(&p->lock);
+	if (!ok)
+		return NULL;
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	/* The answer: the socket is empty, so 32 bytes go at once. A pull
+	 * that comes before the lane is published below goes as active
+	 * messages, which the consumer takes as well. */
+	if (send(fd, h, sizeof(*h), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+	    (ssize_t)sizeof(*h)) {
+		*why = "its answer could not be sent";
 		return NULL;
 	}
 	prod_lane *l = calloc(1, sizeof(*l));
@@ -360,27 +451,17 @@ static prod_lane *lane_take(ecx_producer *p, int fd, const ecx_lane_hello *h,
 		return NULL;
 	}
 	pthread_mutex_lock(&p->lock);
-	conn *c = p->conns;
-	while (c != NULL && c->id != h->conn)
-		c = c->next;
-	bool ok = c != NULL && c->transport == ECX_TR_TCP && c->lane == NULL &&
-	          !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) &&
-	          !c->closed && !key_zero(c->lane_key) &&
-	          ecx_ct_equal((const char *)c->lane_key, ECX_LANE_KEY_LEN,
-	                       (const char *)h->key, ECX_LANE_KEY_LEN);
-	*why = c == NULL         ? "no such connection"
-	       : c->lane != NULL ? "the connection has a lane"
-	                         : "wrong key, or no lane for it";
-	if (ok) {
+	conn *c = lane_conn(p, h, why);
+	if (c != NULL) {
 		pthread_mutex_lock(&l->mu);
 		l->cn = c;
 		pthread_mutex_unlock(&l->mu);
 		__atomic_store_n(&c->lane, l, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&p->lock);
-	if (!ok) {
-		l->fd = -1;
-		prod_lane_free(l); /* closes -1: harmless */
+	if (c == NULL) {
+		l->fd = -1; /* the caller's to close */
+		prod_lane_free(l);
 		return NULL;
 	}
 	return l;
@@ -393,15 +474,21 @@ static void *lane_acceptor(void *arg)
 		struct pollfd pf[2] = {
 		    {.fd = p->lane_ls, .events = POLLIN},
 		    {.fd = p->lane_wake[0], .events = POLLIN}};
-		if (poll(pf, 2, -1) < 0 && errno != EINTR)
-			break;
+		if (poll(pf, 2, -1) < 0 && errno != EINTR) {
+			usleep(10000); /* never spins */
+			continue;
+		}
 		if (pf[1].revents != 0)
 			break;
 		if (!(pf[0].revents & POLLIN))
 			continue;
 		int fd = accept4(p->lane_ls, NULL, NULL, SOCK_CLOEXEC);
-		if (fd < 0)
+		if (fd < 0) {
+			/* Out of descriptors, say: backs off, never spins. */
+			if (errno != EINTR && errno != ECONNABORTED)
+				usleep(10000);
 			continue;
+		}
 		ecx_lane_hello h;
 		const char *why = "no hello in time";
 		prod_lane *l = NULL;
@@ -414,14 +501,6 @@ static void *lane_acceptor(void *arg)
 			close(fd);
 			continue;
 		}
-		int one = 1;
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-		/* Its answer: the lane is the connection's. The socket is
-		 * empty, so 32 bytes go at once; one that fails breaks it. */
-		if (send(fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) !=
-		    (ssize_t)sizeof(h))
-			prod_lane_shutdown(l);
 		__atomic_add_fetch(&p->lanes_taken, 1, __ATOMIC_RELAXED);
 		ecx_debug(MOD, "data lane of connection %llu taken",
 		          (unsigned long long)h.conn);

@@ -80,6 +80,7 @@ int prod_create(const ecx_producer_params *pp, ecx_producer **out, char *why,
 		return ecx_why(why, whylen, ECX_ENOMEM, "out of memory");
 	pthread_mutex_init(&p->lock, NULL);
 	p->lane_ls = p->lane_wake[0] = p->lane_wake[1] = -1;
+	pthread_mutex_init(&p->lane_mu, NULL);
 	p->mooncake = !(m & ECX_PRODUCER_PARAM_MOONCAKE) || pp->mooncake;
 	int rc = prod_ref_init(p, why, whylen);
 	if (rc != 0)
@@ -334,5 +335,6 @@ void prod_destroy(ecx_producer *p)
 		memset(p->token, 0, p->token_len);
 	free(p->token);
 	pthread_mutex_destroy(&p->lock);
+	pthread_mutex_destroy(&p->lane_mu);
 	free(p);
 }

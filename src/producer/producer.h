@@ -78,6 +78,7 @@ typedef struct rkey_ent {
 } rkey_ent;
 
 typedef struct prod_lane prod_lane;
+struct lane_msg;
 
 typedef struct conn {
 	uint64_t id;
@@ -306,6 +307,10 @@ struct ecx_producer {
 	pthread_t lane_th;
 	bool lane_thread;
 	uint64_t lanes_taken, lanes_refused;
+	/* Frames the lanes' writers have done with, for the progress thread
+	 * to complete (prod_lanes_complete), under lane_mu. */
+	pthread_mutex_t lane_mu;
+	struct lane_msg *lane_done, *lane_done_tail;
 	/* reference pulls (refpull.c): ref_lock guards the queue and the
 	 * threads; the counters are atomic */
 	bool mooncake; /* serve them (ECX_PRODUCER_PARAM_MOONCAKE) */
@@ -483,8 +488,9 @@ bool prod_conn_goes_with_side(const conn *c);
 conn *prod_conn_find(ecx_producer *p, uint64_t id);
 
 /* lane.c */
-/* Listens for data lanes on bind (any port) and starts the acceptor;
- * none with ECX_TCP_LANE=0. ECX_EIO, with why. */
+/* Listens for data lanes on host (ECX_TCP_LANE_PORT, else any port) and
+ * starts the acceptor; none with ECX_TCP_LANE=0. ECX_EINVAL (a setting it
+ * does not know) or ECX_EIO, with why. */
 int prod_lanes_start(ecx_producer *p, const char *bind, char *why,
                      size_t whylen);
 /* Stops the acceptor and closes the listening socket (lanes taken stay
@@ -498,10 +504,18 @@ void prod_lane_key(unsigned char *key);
 ucs_status_ptr_t prod_lane_data(prod_lane *l, job_send *s, const void *src,
                                 uint64_t len);
 /* Sends the reply body (taken, freed) of pull req on l after the frames
- * before it; false (body freed) when it cannot be queued. */
+ * before it; false (body freed, the lane and its connection failed) when
+ * it cannot be queued. */
 bool prod_lane_reply(prod_lane *l, uint64_t req, char *body);
 /* Fails l: what is queued fails, the consumer sees the end. NULL: no-op. */
 void prod_lane_shutdown(prod_lane *l);
+/* prod_lane_shutdown, then waits until its writer sends nothing (what was
+ * queued is failed, handed to prod_lanes_complete): then a job of its may
+ * be abandoned. NULL: no-op. */
+void prod_lane_quiesce(prod_lane *l);
+/* Completes the frames the lanes' writers are done with: how many.
+ * Progress thread (or the destroy, once it has stopped). */
+int prod_lanes_complete(ecx_producer *p);
 /* Shuts l down, joins its writer, frees it. NULL: no-op. */
 void prod_lane_free(prod_lane *l);
 /* Closes failed and idle connections and frees closed ones no job uses.

@@ -449,6 +449,7 @@ static void job_finish(ecx_producer *p, job *j)
 void prod_progress(void *arg)
 {
 	ecx_producer *p = arg;
+	prod_lanes_complete(p);
 	for (;;) {
 		pthread_mutex_lock(&p->lock);
 		job *j = p->queue;
@@ -552,6 +553,11 @@ void prod_serve_shutdown(ecx_producer *p)
 		usleep(1000);
 	}
 	ecx_ucx_stop(p->ucx); /* joins it: what follows is this thread's */
+	/* The lanes' writers stop sending (what they had fails), and their
+	 * frames complete here, before any job is given up below. */
+	for (conn *c = p->conns; c != NULL; c = c->next)
+		prod_lane_quiesce(c->lane);
+	prod_lanes_complete(p);
 	serve_byes(p);
 	while (p->queue != NULL) {
 		job *j = p->queue;
@@ -588,4 +594,6 @@ void prod_serve_shutdown(ecx_producer *p)
 		free(c->addr);
 		free(c);
 	}
+	/* What the lanes' writers failed as they stopped. */
+	prod_lanes_complete(p);
 }

@@ -1036,7 +1036,8 @@ static void test_runs(void **state)
  * write. */
 /* libecx's count of data messages its consumers took (replies.c), and of
  * data frames they read from lanes (lane.c). */
-extern uint64_t cons_data_messages, cons_lane_frames, cons_lanes_opened;
+extern uint64_t cons_data_messages, cons_reply_messages, cons_lane_frames,
+    cons_lanes_opened;
 
 static uint64_t data_messages(void)
 {
@@ -1133,11 +1134,17 @@ static void test_tcp_lane(void **state)
 		for (int i = 0; i < 3; i++)
 			memset(it[i].dst, 0, it[i].desc.nbytes);
 		uint64_t n1 = data_messages();
+		uint64_t r1 =
+		    __atomic_load_n(&cons_reply_messages, __ATOMIC_RELAXED);
 		assert_int_equal(ecx_consumer_load(c, it, 3), 0);
 		for (int i = 0; i < 3; i++)
 			assert_true(
 			    tu_check(ids[i], it[i].dst, it[i].desc.nbytes));
+		/* Data and reply both came over the lane. */
 		assert_int_equal(data_messages(), n1);
+		assert_int_equal(
+		    __atomic_load_n(&cons_reply_messages, __ATOMIC_RELAXED),
+		    r1);
 	}
 	assert_int_equal(lane_frames(), f0 + 6);
 	ecx_consumer_destroy(c);
@@ -1211,9 +1218,10 @@ static void test_tcp_lane(void **state)
 /* A producer stopped (SIGSTOP) in the middle of a pull over the lane: the
  * load times out within its bound, and not a byte lands in its
  * destination after it returned, though the producer then goes on and
- * another load on the same lane is still read (the timed-out load killed
- * the lane: without that, that load's reads would go on with the first
- * one's frame); the next load makes a new connection and lane. */
+ * another load on that lane is waited for: the timed-out load killed the
+ * lane and failed its connection's other pulls at once (without both,
+ * the other load reads on into the first one's destination); the next
+ * load makes a new connection and lane. */
 static void test_tcp_lane_stopped(void **state)
 {
 	(void)state;
@@ -1221,7 +1229,7 @@ static void test_tcp_lane_stopped(void **state)
 	producer_start(&p, "tcp", "--capacity", "201326592", NULL);
 	producer_put(&p, "huge", "uint8", "67108864", "ok");
 	producer_put(&p, "huge2", "uint8", "67108864", "ok");
-	ecx_consumer *c = consumer(p.url, "tcp", 600, NULL);
+	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(600), NULL);
 	ecx_item it = {.id = "huge"}, it2 = {.id = "huge2"};
 	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
 	assert_int_equal(ecx_consumer_lookup(c, &it2, 1), 0);
@@ -1240,24 +1248,28 @@ static void test_tcp_lane_stopped(void **state)
 	/* Stopped once its frame has begun to come (a test reads the
 	 * lane; 64 MiB take 5 ms or more to come whole). */
 	uint64_t tb = now_ms();
-	while (lane_frames() == f0 && now_ms() - tb < 500)
+	while (lane_frames() == f0 && now_ms() - tb < (uint64_t)tu_ms(500))
 		ecx_load_test(l);
 	assert_true(lane_frames() > f0); /* it goes over the lane */
 	tu_stop(p.ch.pid);
 	/* Another load on the same connection, ending 300 ms later. */
-	usleep(300000);
+	usleep((useconds_t)tu_ms(300) * 1000u);
 	assert_int_equal(ecx_consumer_load_start(c, &it2, 1, &l2), 0);
 	uint64_t t0 = now_ms();
 	int rc = ecx_load_wait(l);
 	uint64_t took = now_ms() - t0;
 	assert_int_equal(rc, ECX_ETIMEDOUT);
-	assert_true(took < 300 + 500);
+	assert_true(took < (uint64_t)tu_ms(300 + 500));
 	memcpy(seen, dst, n);
 	kill(p.ch.pid, SIGCONT);
 	/* The producer writes what it had left while the other load is
-	 * waited for (and its lanes read). */
+	 * waited for (its lanes read, were the lane not killed): that one
+	 * failed with the lane's connection at once (or, tried again, loaded
+	 * over a new one). */
+	t0 = now_ms();
 	rc = ecx_load_wait(l2);
-	assert_true(rc == ECX_ETIMEDOUT || rc == ECX_ECLOSED || rc == 0);
+	assert_true(rc == ECX_ECLOSED || rc == 0);
+	assert_true(now_ms() - t0 < (uint64_t)tu_ms(500));
 	usleep(100000);
 	assert_memory_equal(seen, dst, n);
 	/* Not ended by the stop: the next load reconnects, lane and all. */
