@@ -593,5 +593,4 @@ void prod_lanes_stop(ecx_producer *p)
 		if (p->lane_wake[i] >= 0)
 			close(p->lane_wake[i]);
 	p->lane_ls = p->lane_wake[0] = p->lane_wake[1] = -1;
-	p->lane_port = 0;
 }

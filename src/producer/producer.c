@@ -299,9 +299,10 @@ void prod_destroy(ecx_producer *p)
 	/* Reference pulls in flight end now and are answered, while the
 	 * rendezvous server can still send the answers. */
 	prod_ref_stop(p);
-	prod_lanes_stop(p);
 	ecx_rdv_server_destroy(p->rdv);
 	p->rdv = NULL;
+	/* After the hellos (which offer the lane's port) have stopped. */
+	prod_lanes_stop(p);
 	/* Unpublish everything this producer published; with the embedded
 	 * registry, once its publisher (which puts entries back) stopped. */
 	if (p->registry != NULL) {
