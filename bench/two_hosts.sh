@@ -18,8 +18,10 @@
 # own stream (the faster of ucp_put_bw and ucp_am_bw); and ecx's 7 MiB
 # rows against ucp_put_bw of the same run. It also sets ecx's warm
 # batches of 64 KiB and 1 MiB against ucp_am_bw at their item's size, per
-# run. Each run's load average is printed as it starts (the machine may
-# be shared). Needs root, ip, unshare, sysctl, timeout, ucx_perftest and
+# run, and the price of integrity (ecx bench's hash rows: loads checking
+# each item's XXH3 against the same loads unchecked, same run). Each
+# run's load average is printed as it starts (the machine may be shared).
+# Needs root, ip, unshare, sysctl, timeout, ucx_perftest and
 # /usr/bin/python3.
 #
 # VIA (default tcp) is the rows' --via: VIA=tcp,mooncake adds the rows over
@@ -317,6 +319,11 @@ rows = {}
 for r in range(1, runs + 1):
     for line in open(f"{work}/run{r}.json"):
         o = json.loads(line)
+        if o.get("bench") == "transfer" and o.get("case") == "integrity":
+            o["run"] = r
+            rows.setdefault(("hash", o["size"], o["batch"], o["via"]),
+                            []).append(o)
+            continue
         if o.get("bench") != "transfer" or o.get("case") not in (
                 "tcp", "mooncake"):
             continue
@@ -339,7 +346,8 @@ for r in range(1, runs + 1):
 print("%-8s %-6s %-5s %-4s  %-23s %-23s %s" % (
     "via", "item", "batch", "", "ecx GB/s min/med/max", "raw TCP GB/s",
     "ecx/raw TCP min/median/max (spread: min vs median); each run's"))
-for key in sorted(k for k in rows if not k[0].startswith("perftest")):
+for key in sorted(k for k in rows if not k[0].startswith("perftest") and
+                  k[0] != "hash"):
     v = rows[key]
     e = [o["gbps"] for o in v]
     b = [o["baseline_gbps"] for o in v]
@@ -363,6 +371,18 @@ for key in sorted(k for k in rows if k[0] == "perftestlat"):
               key[2].replace("_rndv", ""), key[1],
               "rendezvous" if key[2].endswith("_rndv") else "eager", min(v),
               statistics.median(v), max(v)))
+# The price of integrity: warm loads by a consumer checking each item's
+# XXH3 against the same loads by one that does not, alternating (ecx
+# bench's hash rows).
+for key in sorted(k for k in rows if k[0] == "hash"):
+    v = rows[key]
+    q = [o["ratio"] for o in v]
+    print("%s %s x%d hash (integrity: checking / not), GB/s checking %s, "
+          "not %s; ratio %.2f %.2f %.2f (min/median/max); runs: %s" % (
+              key[3], key[1], key[2],
+              " ".join("%.2f" % o["gbps_checking"] for o in v),
+              " ".join("%.2f" % o["gbps_plain"] for o in v), min(q),
+              statistics.median(q), max(q), " ".join("%.2f" % x for x in q)))
 # A single load carried by UCX is at least two of its messages, the pull
 # (about 300 bytes, eager) and the data (the faster of eager and
 # rendezvous): their one-way latencies summed, per run, against the whole
