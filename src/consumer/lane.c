@@ -111,22 +111,10 @@ static int lane_hello(int fd, const ecx_lane_hello *h, int ms)
 	if (send(fd, h, sizeof(*h), MSG_NOSIGNAL | MSG_DONTWAIT) !=
 	    (ssize_t)sizeof(*h))
 		return -1;
-	uint64_t until = ecx_now_ns() + (uint64_t)ms * 1000000u;
 	ecx_lane_hello a;
-	size_t got = 0;
-	while (got < sizeof(a)) {
-		uint64_t now = ecx_now_ns();
-		if (now >= until)
-			return -1;
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		if (poll(&pf, 1, (int)((until - now) / 1000000u) + 1) <= 0)
-			continue;
-		ssize_t r = recv(fd, (char *)&a + got, sizeof(a) - got, 0);
-		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
-			return -1;
-		if (r > 0)
-			got += (size_t)r;
-	}
+	if (ecx_recv_until(fd, &a, sizeof(a),
+	                   ecx_now_ns() + (uint64_t)ms * 1000000u) != 0)
+		return -1;
 	return memcmp(&a, h, sizeof(a)) == 0 ? 0 : -1;
 }
 

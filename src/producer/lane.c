@@ -32,9 +32,10 @@
 
 #define MOD "producer"
 /* How long a consumer has to send its lane hello once connected (it sends
- * it at once; one socket is read at a time, so this bounds what a silent
- * one holds up the others by). */
+ * it at once), and how many hellos are read side by side (past that, new
+ * connections wait in the listening socket's backlog). */
 #define LANE_HELLO_MS 100
+#define HELLO_WAITING 64
 /* How often a writer waiting on a full socket looks at its lane's state. */
 #define LANE_POLL_MS 50
 
@@ -267,6 +268,10 @@ ucs_status_ptr_t prod_lane_data(prod_lane *l, job_send *s, const void *src,
 	                      .count = s->h.count,
 	                      .req = s->h.req,
 	                      .len = len};
+	if (l->p->lane_test_frame == 'm')
+		m->h.magic ^= 1;
+	else if (l->p->lane_test_frame == 'r')
+		m->h.req += 1u << 20;
 	m->src = src;
 	m->s = s;
 	/* Counted before it may complete (at once, below). */
@@ -358,28 +363,6 @@ void prod_lane_key(unsigned char *key)
 	}
 }
 
-/* Reads the consumer's hello from fd within LANE_HELLO_MS: 0, or -1. */
-static int hello_read(int fd, ecx_lane_hello *h)
-{
-	uint64_t until = ecx_now_ns() + (uint64_t)LANE_HELLO_MS * 1000000u;
-	size_t got = 0;
-	while (got < sizeof(*h)) {
-		uint64_t now = ecx_now_ns();
-		if (now >= until)
-			return -1;
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		if (poll(&pf, 1, (int)((until - now) / 1000000u) + 1) <= 0)
-			continue;
-		ssize_t r =
-		    recv(fd, (char *)h + got, sizeof(*h) - got, MSG_DONTWAIT);
-		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
-			return -1;
-		if (r > 0)
-			got += (size_t)r;
-	}
-	return 0;
-}
-
 static bool key_zero(const unsigned char *k)
 {
 	unsigned char acc = 0;
@@ -467,20 +450,85 @@ static prod_lane *lane_take(ecx_producer *p, int fd, const ecx_lane_hello *h,
 	return l;
 }
 
+/* A connection whose hello is still coming. */
+typedef struct hello_wait {
+	int fd;
+	size_t got;
+	uint64_t until_ns;
+	ecx_lane_hello h;
+} hello_wait;
+
+/* Takes or refuses the lane of w, whose hello came whole (got), or did not
+ * in time, or whose socket ended; w's descriptor is then the lane's, or
+ * closed. */
+static void hello_done(ecx_producer *p, hello_wait *w, bool got)
+{
+	const char *why = "no hello in time";
+	prod_lane *l = got ? lane_take(p, w->fd, &w->h, &why) : NULL;
+	if (l == NULL) {
+		ecx_warn(MOD, "data lane refused: %s", why);
+		__atomic_add_fetch(&p->lanes_refused, 1, __ATOMIC_RELAXED);
+		close(w->fd);
+	} else {
+		__atomic_add_fetch(&p->lanes_taken, 1, __ATOMIC_RELAXED);
+		ecx_debug(MOD, "data lane of connection %llu taken",
+		          (unsigned long long)w->h.conn);
+	}
+	w->fd = -1;
+}
+
+/* Takes lanes: accepts connections and reads their hellos side by side,
+ * each within LANE_HELLO_MS, so a silent one holds up no other. */
 static void *lane_acceptor(void *arg)
 {
 	ecx_producer *p = arg;
+	hello_wait w[HELLO_WAITING];
+	size_t nw = 0;
 	for (;;) {
-		struct pollfd pf[2] = {
-		    {.fd = p->lane_ls, .events = POLLIN},
-		    {.fd = p->lane_wake[0], .events = POLLIN}};
-		if (poll(pf, 2, -1) < 0 && errno != EINTR) {
+		struct pollfd pf[2 + HELLO_WAITING] = {
+		    {.fd = p->lane_wake[0], .events = POLLIN},
+		    {.fd = nw < HELLO_WAITING ? p->lane_ls : -1,
+		     .events = POLLIN}};
+		uint64_t now = ecx_now_ns(), next = UINT64_MAX;
+		for (size_t k = 0; k < nw; k++) {
+			pf[2 + k] =
+			    (struct pollfd){.fd = w[k].fd, .events = POLLIN};
+			if (w[k].until_ns < next)
+				next = w[k].until_ns;
+		}
+		int ms = next == UINT64_MAX ? -1
+		         : next <= now      ? 0
+		                       : (int)((next - now) / 1000000u) + 1;
+		if (poll(pf, 2 + nw, ms) < 0 && errno != EINTR) {
 			usleep(10000); /* never spins */
 			continue;
 		}
-		if (pf[1].revents != 0)
+		if (pf[0].revents != 0)
 			break;
-		if (!(pf[0].revents & POLLIN))
+		now = ecx_now_ns();
+		for (size_t k = 0; k < nw; k++) {
+			hello_wait *x = &w[k];
+			if (pf[2 + k].revents != 0) {
+				ssize_t r =
+				    recv(x->fd, (char *)&x->h + x->got,
+				         sizeof(x->h) - x->got, MSG_DONTWAIT);
+				if (r > 0)
+					x->got += (size_t)r;
+				if (x->got == sizeof(x->h))
+					hello_done(p, x, true);
+				else if (r == 0 || (r < 0 && errno != EAGAIN &&
+				                    errno != EINTR))
+					hello_done(p, x, false);
+			}
+			if (x->fd >= 0 && now >= x->until_ns)
+				hello_done(p, x, false);
+		}
+		size_t kept = 0; /* pollfd k + 2 matched w[k] until here */
+		for (size_t k = 0; k < nw; k++)
+			if (w[k].fd >= 0)
+				w[kept++] = w[k];
+		nw = kept;
+		if (!(pf[1].revents & POLLIN))
 			continue;
 		int fd = accept4(p->lane_ls, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0) {
@@ -489,22 +537,12 @@ static void *lane_acceptor(void *arg)
 				usleep(10000);
 			continue;
 		}
-		ecx_lane_hello h;
-		const char *why = "no hello in time";
-		prod_lane *l = NULL;
-		if (hello_read(fd, &h) == 0)
-			l = lane_take(p, fd, &h, &why);
-		if (l == NULL) {
-			ecx_warn(MOD, "data lane refused: %s", why);
-			__atomic_add_fetch(&p->lanes_refused, 1,
-			                   __ATOMIC_RELAXED);
-			close(fd);
-			continue;
-		}
-		__atomic_add_fetch(&p->lanes_taken, 1, __ATOMIC_RELAXED);
-		ecx_debug(MOD, "data lane of connection %llu taken",
-		          (unsigned long long)h.conn);
+		w[nw++] = (hello_wait){
+		    .fd = fd,
+		    .until_ns = now + (uint64_t)LANE_HELLO_MS * 1000000u};
 	}
+	for (size_t k = 0; k < nw; k++)
+		close(w[k].fd);
 	return NULL;
 }
 
@@ -521,6 +559,11 @@ int prod_lanes_start(ecx_producer *p, const char *host, char *why,
 		return ecx_why(why, whylen, ECX_EINVAL,
 		               "ECX_TCP_LANE=%s: use 1 (the default) or 0",
 		               off);
+	const char *t = getenv("ECX_TEST_LANE_FRAME");
+	p->lane_test_frame = t == NULL                 ? 0
+	                     : strcmp(t, "magic") == 0 ? 'm'
+	                     : strcmp(t, "req") == 0   ? 'r'
+	                                               : 0;
 	/* Where the rendezvous socket listens (a name resolved the same
 	 * way), never wider. */
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,

@@ -307,6 +307,10 @@ struct ecx_producer {
 	pthread_t lane_th;
 	bool lane_thread;
 	uint64_t lanes_taken, lanes_refused;
+	/* Tests only (ECX_TEST_LANE_FRAME): data frames made wrong on
+	 * purpose, 'magic' (a frame no consumer reads) or 'req' (the data of
+	 * a pull nobody waits for); 0 none. */
+	int lane_test_frame;
 	/* Frames the lanes' writers have done with, for the progress thread
 	 * to complete (prod_lanes_complete), under lane_mu. */
 	pthread_mutex_t lane_mu;

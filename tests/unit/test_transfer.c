@@ -53,6 +53,7 @@ static ecx_consumer *consumer(const char *url, const char *transport,
 	return c;
 }
 
+
 static ecx_consumer *consumer_checking(const char *url, const char *transport)
 {
 	ecx_consumer_params cp = {
@@ -1100,9 +1101,9 @@ static void test_tcp_data_ways(void **state)
 /* The data lane (lane.c; docs/protocol.md, "The data lane"): a pull with
  * an item of ECX_TCP_LANE_MIN or more (2 MiB) gets its data and its reply
  * over the connection's lane, read straight into the destinations; other
- * pulls as active messages. A lane the producer refuses (a wrong key) is
- * none, and the loads go as active messages. Settings it does not know
- * are refused by name. */
+ * pulls as active messages. A lane the producer refuses (a wrong key)
+ * is none, and the loads go as active messages. Settings it does not know are
+ * refused by name. */
 static void test_tcp_lane(void **state)
 {
 	(void)state;
@@ -1282,6 +1283,166 @@ static void test_tcp_lane_stopped(void **state)
 	free(dst2);
 	ecx_consumer_destroy(c);
 	producer_stop(&p);
+}
+
+/* A lane's frames made wrong on purpose by the producer
+ * (ECX_TEST_LANE_FRAME, tests only): the data of a pull nobody waits for
+ * is read and dropped, and the pull fails (its reply says done, but its
+ * bytes never came); a frame no consumer can read fails its connection at
+ * once, not at the load's deadline. Not a byte lands either way, and the
+ * next load of a sound producer works. Then the producer's own settings:
+ * ECX_TCP_LANE=0 offers no lane (loads go as active messages), a fixed
+ * ECX_TCP_LANE_PORT is the one it listens on (where sockets that say
+ * nothing hold up no lane), and values it does not know fail its start,
+ * named. */
+static void test_tcp_lane_frames(void **state)
+{
+	(void)state;
+	static const char *how[] = {"req", "magic"};
+	for (size_t k = 0; k < 2; k++) {
+		setenv("ECX_TEST_LANE_FRAME", how[k], 1);
+		producer p;
+		producer_start(&p, "tcp", NULL);
+		unsetenv("ECX_TEST_LANE_FRAME");
+		producer_put(&p, "big", "bfloat16", "1024x3584", "ok");
+		ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+		ecx_item it = {.id = "big"};
+		assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+		size_t n = it.desc.nbytes;
+		it.dst = calloc(1, n);
+		assert_non_null(it.dst);
+		uint64_t f0 = lane_frames(), t0 = now_ms();
+		logcap lc;
+		log_begin(&lc);
+		int rc = ecx_consumer_load(c, &it, 1);
+		char *warned = log_end(&lc);
+		uint64_t took = now_ms() - t0;
+		if (k == 0) {
+			/* Its frame came over the lane, and was dropped. */
+			assert_true(lane_frames() > f0);
+			assert_int_equal(it.status, ECX_EPROTO);
+		} else {
+			assert_true(it.status == ECX_ECLOSED ||
+			            it.status == ECX_EPROTO);
+			if (strstr(warned, "a frame it cannot read") == NULL)
+				fail_msg("a broken frame was not warned about "
+				         "(\"%s\")",
+				         warned);
+		}
+		free(warned);
+		assert_int_not_equal(rc, 0);
+		if (took >= (uint64_t)tu_ms(2500))
+			fail_msg("%s: the load took %llu ms (its bound: 5000)",
+			         how[k], (unsigned long long)took);
+		usleep(50000);
+		char *zero = calloc(1, n);
+		assert_non_null(zero);
+		assert_memory_equal(it.dst, zero, n);
+		free(zero);
+		free(it.dst);
+		ecx_consumer_destroy(c);
+		producer_stop(&p);
+	}
+	/* ECX_TCP_LANE=0 at the producer: no lane, loads as before. */
+	setenv("ECX_TCP_LANE", "0", 1);
+	producer p;
+	producer_start(&p, "tcp", NULL);
+	unsetenv("ECX_TCP_LANE");
+	producer_put(&p, "big", "bfloat16", "1024x3584", "ok");
+	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	ecx_item it = {.id = "big"};
+	assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+	it.dst = malloc(it.desc.nbytes);
+	assert_non_null(it.dst);
+	uint64_t o0 = lanes_opened(), f0 = lane_frames(), n0 = data_messages();
+	assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+	assert_true(tu_check("big", it.dst, it.desc.nbytes));
+	assert_int_equal(lanes_opened(), o0);
+	assert_int_equal(lane_frames(), f0);
+	assert_true(data_messages() > n0);
+	free(it.dst);
+	ecx_consumer_destroy(c);
+	producer_stop(&p);
+	/* A fixed port: the producer listens there (a second bind of it
+	 * fails), and a consumer's lane opens on it. */
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET,
+	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	assert_true(s >= 0);
+	assert_int_equal(bind(s, (struct sockaddr *)&a, al), 0);
+	assert_int_equal(getsockname(s, (struct sockaddr *)&a, &al), 0);
+	close(s); /* free again, for the producer */
+	char port[16];
+	snprintf(port, sizeof(port), "%u", ntohs(a.sin_port));
+	setenv("ECX_TCP_LANE_PORT", port, 1);
+	bool up = producer_try(&p, "tcp", (char *[]){NULL});
+	unsetenv("ECX_TCP_LANE_PORT");
+	if (up) { /* else another process took the port meanwhile */
+		s = socket(AF_INET, SOCK_STREAM, 0);
+		assert_true(s >= 0);
+		assert_int_not_equal(bind(s, (struct sockaddr *)&a, al), 0);
+		assert_int_equal(errno, EADDRINUSE);
+		close(s);
+		producer_put(&p, "big", "bfloat16", "1024x3584", "ok");
+		/* Sockets that connect there and say nothing hold up no
+		 * lane: hellos are read side by side (one at a time, 100 ms
+		 * each, these three would keep the consumer's past its 200
+		 * ms). */
+		int quiet[3];
+		for (int q = 0; q < 3; q++) {
+			quiet[q] = socket(AF_INET, SOCK_STREAM, 0);
+			assert_true(quiet[q] >= 0);
+			assert_int_equal(
+			    connect(quiet[q], (struct sockaddr *)&a, al), 0);
+		}
+		usleep(20000); /* accepted, and waited on */
+		c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+		it = (ecx_item){.id = "big"};
+		assert_int_equal(ecx_consumer_lookup(c, &it, 1), 0);
+		it.dst = malloc(it.desc.nbytes);
+		assert_non_null(it.dst);
+		o0 = lanes_opened();
+		f0 = lane_frames();
+		assert_int_equal(ecx_consumer_load(c, &it, 1), 0);
+		assert_true(tu_check("big", it.dst, it.desc.nbytes));
+		assert_int_equal(lanes_opened(), o0 + 1);
+		assert_true(lane_frames() > f0);
+		free(it.dst);
+		ecx_consumer_destroy(c);
+		/* Each quiet one refused after its 100 ms, and counted. */
+		usleep((useconds_t)tu_ms(300) * 1000u);
+		char m[16384];
+		producer_metrics(&p, m, sizeof(m));
+		assert_int_equal(
+		    metric(m, "ecx_producer_lanes_total{result=\"refused\"}"),
+		    3);
+		for (int q = 0; q < 3; q++)
+			close(quiet[q]);
+		producer_stop(&p);
+	}
+	/* Values it does not know: it does not start, and says which. */
+	static const char *bad[][2] = {{"ECX_TCP_LANE", "yes"},
+	                               {"ECX_TCP_LANE_PORT", "0"},
+	                               {"ECX_TCP_LANE_PORT", "70000"},
+	                               {"ECX_TCP_LANE_PORT", "http"}};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv(bad[i][0], bad[i][1], 1);
+		char why[512] = "";
+		bool started = producer_startv(&p, "tcp", (char *[]){NULL}, why,
+		                               sizeof(why));
+		unsetenv(bad[i][0]);
+		if (started) {
+			producer_stop(&p);
+			fail_msg("%s=%s: the producer started", bad[i][0],
+			         bad[i][1]);
+		}
+		char want[64];
+		snprintf(want, sizeof(want), "%s=%s", bad[i][0], bad[i][1]);
+		if (strstr(why, want) == NULL)
+			fail_msg("%s refused without its name: \"%s\"", want,
+			         why);
+	}
 }
 
 /* Over TCP, neighbours share a data message up to 512 KiB (serve.c
@@ -2374,6 +2535,7 @@ static const struct CMUnitTest tcp_only[] = {
     cmocka_unit_test(test_tcp_data_ways),
     cmocka_unit_test(test_tcp_lane),
     cmocka_unit_test(test_tcp_lane_stopped),
+    cmocka_unit_test(test_tcp_lane_frames),
     cmocka_unit_test(test_tcp_data_runs),
     cmocka_unit_test(test_tcp_fold),
     cmocka_unit_test(test_tcp_lead),
