@@ -292,8 +292,8 @@ struct ecx_consumer {
 	 * destinations (replies.c) rather than puts: ECX_TCP_DATA=am (the
 	 * default) or put. */
 	bool tcp_data_am;
-	/* A pull over TCP asks for its connection's data lane when one of
-	 * its items has at least this many bytes (ECX_TCP_LANE_MIN, 2 MiB);
+	/* A pull over TCP asks for its connection's data lane when its
+	 * items make at least this many bytes (ECX_TCP_LANE_MIN, 128 KiB);
 	 * 0: never (ECX_TCP_LANE=0, or data as puts). */
 	uint64_t lane_min;
 	ecx_ucx *ucx;
@@ -400,7 +400,7 @@ void cons_reply_take(ecx_consumer *c, const cons_lane *lane, uint64_t req,
                      const void *body, size_t len);
 
 /* lane.c */
-#define ECX_LANE_MIN_DEFAULT ((uint64_t)2 << 20)
+#define ECX_LANE_MIN_DEFAULT ((uint64_t)128 << 10)
 extern uint64_t cons_lane_frames, cons_lanes_opened;
 /* c->lane_min from the environment (ECX_TCP_LANE, ECX_TCP_LANE_MIN); 0
  * where data goes as puts. ECX_EINVAL, with why, for a bad value. */

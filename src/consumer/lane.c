@@ -4,7 +4,7 @@
  * without blocking by whoever waits for a load with a pull on it (the
  * caller of ecx_load_wait or ecx_load_test, a notified load's thread),
  * straight from the socket into the items' destinations. A pull asks for
- * its lane when one of its items is at least c->lane_min bytes.
+ * its lane when its items make at least c->lane_min bytes.
  *
  * A lane that ends or breaks the protocol fails its connection (every
  * pull on it fails, the next load makes a new one); a load that

@@ -179,13 +179,15 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 		r.expires_ms = e;
 	}
 	r.data_am = p->dstat != NULL;
-	/* Over the connection's data lane where an item is large enough for
-	 * it to pay (docs/deploy.md, "A data lane beside UCX"). */
-	uint64_t biggest = 0;
+	/* Over the connection's data lane where the pull moves enough for it
+	 * to pay: all but a single small item, whose data and folded reply
+	 * go in one active message (docs/deploy.md, "The data lane for every
+	 * pull but the smallest"). */
+	uint64_t total = 0;
 	for (size_t k = 0; k < ni; k++)
-		biggest = it[k].nbytes > biggest ? it[k].nbytes : biggest;
+		total += it[k].nbytes;
 	r.lane = p->lane = r.data_am && p->pc->lane != NULL &&
-	                   c->lane_min != 0 && biggest >= c->lane_min;
+	                   c->lane_min != 0 && total >= c->lane_min;
 	if (p->lane)
 		__atomic_store_n(&l->has_lane, true, __ATOMIC_RELEASE);
 	/* The reply inside the data, where the data is one message. */

@@ -53,6 +53,16 @@ static ecx_consumer *consumer(const char *url, const char *transport,
 	return c;
 }
 
+/* A consumer over TCP whose pulls all go as active messages
+ * (ECX_TCP_LANE=0: no data lane), for the tests of that path, which
+ * carries small pulls and those to producers that offer no lane. */
+static ecx_consumer *consumer_am(const char *url, int timeout_ms)
+{
+	setenv("ECX_TCP_LANE", "0", 1);
+	ecx_consumer *c = consumer(url, "tcp", timeout_ms, NULL);
+	unsetenv("ECX_TCP_LANE");
+	return c;
+}
 
 static ecx_consumer *consumer_checking(const char *url, const char *transport)
 {
@@ -1030,8 +1040,8 @@ static void test_runs(void **state)
 }
 
 /* Over TCP the data comes as active messages received into the
- * destinations (the default, above), items of 2 MiB or more over the data
- * lane (test_tcp_lane); a consumer told ECX_TCP_DATA=put asks for puts,
+ * destinations (a single small item; the rest over the data lane,
+ * test_tcp_lane); a consumer told ECX_TCP_DATA=put asks for puts,
  * and one that asks for active messages from a producer that puts anyway
  * (an older one) takes the puts: every size, and neighbours in one
  * write. */
@@ -1098,10 +1108,10 @@ static void test_tcp_data_ways(void **state)
 	unsetenv("ECX_TCP_DATA");
 }
 
-/* The data lane (lane.c; docs/protocol.md, "The data lane"): a pull with
- * an item of ECX_TCP_LANE_MIN or more (2 MiB) gets its data and its reply
- * over the connection's lane, read straight into the destinations; other
- * pulls as active messages. A lane the producer refuses (a wrong key)
+/* The data lane (lane.c; docs/protocol.md, "The data lane"): a pull whose
+ * items make ECX_TCP_LANE_MIN or more (128 KiB) gets its data and its
+ * reply over the connection's lane, read straight into the destinations;
+ * a smaller one as active messages. A lane the producer refuses (a wrong key)
  * is none, and the loads go as active messages. Settings it does not know are
  * refused by name. */
 static void test_tcp_lane(void **state)
@@ -1112,6 +1122,7 @@ static void test_tcp_lane(void **state)
 	producer_put(&p, "big", "bfloat16", "1024x3584", "ok");
 	producer_put(&p, "mid", "uint8", "2097152", "ok");
 	producer_put(&p, "small", "uint8", "65536", "ok");
+	producer_put(&p, "small2", "uint8", "65536", "ok");
 	const char *ids[3] = {"big", "mid", "small"};
 	uint64_t o0 = lanes_opened(), f0 = lane_frames(), n0 = data_messages();
 	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
@@ -1148,6 +1159,22 @@ static void test_tcp_lane(void **state)
 		    r1);
 	}
 	assert_int_equal(lane_frames(), f0 + 6);
+	/* Two small ones, 128 KiB together (ECX_TCP_LANE_MIN's default):
+	 * over the lane, a frame each (not neighbours in memory). */
+	ecx_item sm[2] = {{.id = "small"}, {.id = "small2"}};
+	assert_int_equal(ecx_consumer_lookup(c, sm, 2), 0);
+	for (int i = 0; i < 2; i++) {
+		sm[i].dst = calloc(1, 65536);
+		assert_non_null(sm[i].dst);
+	}
+	uint64_t n2 = data_messages();
+	assert_int_equal(ecx_consumer_load(c, sm, 2), 0);
+	assert_true(tu_check("small", sm[0].dst, 65536));
+	assert_true(tu_check("small2", sm[1].dst, 65536));
+	assert_int_equal(data_messages(), n2);
+	assert_int_equal(lane_frames(), f0 + 8);
+	for (int i = 0; i < 2; i++)
+		free(sm[i].dst);
 	ecx_consumer_destroy(c);
 	/* ECX_TCP_LANE_MIN=64KiB: the small one alone goes over it too. */
 	setenv("ECX_TCP_LANE_MIN", "64KiB", 1);
@@ -1447,7 +1474,8 @@ static void test_tcp_lane_frames(void **state)
 
 /* Over TCP, neighbours share a data message up to 512 KiB (serve.c
  * AM_RUN_MAX): 24 x 64 KiB in order come as 3 messages, and 3 x 1 MiB in
- * order as 3 (each alone), every byte where it belongs. */
+ * order as 3 (each alone), every byte where it belongs (active messages:
+ * a consumer without lanes; a lane's frames follow the same runs). */
 static void test_tcp_data_runs(void **state)
 {
 	(void)state;
@@ -1460,7 +1488,7 @@ static void test_tcp_data_runs(void **state)
 		producer_put(&p, ids[i], "uint8", i < S ? "65536" : "1048576",
 		             "ok");
 	}
-	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	ecx_consumer *c = consumer_am(p.url, tu_ms(5000));
 	ecx_item it[S + L];
 	memset(it, 0, sizeof(it));
 	int slot[S];
@@ -1528,7 +1556,8 @@ static void fold_load(ecx_consumer *c, const char **ids, size_t n,
  * item beside one the producer does not have (whose status the folded
  * reply carries); a pull of two messages, or of no data at all, is
  * answered apart. The producer's stats count the pull before the consumer
- * has its answer, as they do with a reply apart. */
+ * has its answer, as they do with a reply apart. (Active messages: a
+ * consumer without lanes, as one of a single small item goes anyway.) */
 static void test_tcp_fold(void **state)
 {
 	(void)state;
@@ -1538,7 +1567,7 @@ static void test_tcp_fold(void **state)
 	producer_put(&p, "f1m", "uint8", "1048576", "ok");
 	producer_put(&p, "fa", "uint8", "1048576", "ok");
 	producer_put(&p, "fb", "uint8", "1048576", "ok");
-	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	ecx_consumer *c = consumer_am(p.url, tu_ms(5000));
 	uint64_t d, r;
 	const char *one[] = {"f64"}, *big[] = {"f1m"};
 	const char *miss[] = {"f64", "nope"}, *two[] = {"fa", "fb"};
@@ -1648,7 +1677,8 @@ static void lead_loads(ecx_consumer *c, const char *id, size_t nbytes,
  * lead, as an older one (ECX_TEST_NO_LEAD), gets the reply in the data
  * header, still one message each way, and no padding; so does a 1 MiB
  * load from a producer whose CPU needs no padding (ECX_TEST_RNDV_LEAD=0:
- * ecx_copy_offset_slow said no). */
+ * ecx_copy_offset_slow said no). (Active messages: consumers without
+ * lanes.) */
 static void test_tcp_lead(void **state)
 {
 	(void)state;
@@ -1661,7 +1691,7 @@ static void test_tcp_lead(void **state)
 	producer_put(&p, "l64", "uint8", "65536", "ok");
 	producer_put(&p, "l1m", "uint8", "1048576", "ok");
 	producer_put(&p, "l1n", "uint8", "1048576", "ok");
-	ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	ecx_consumer *c = consumer_am(p.url, tu_ms(5000));
 	char *buf = aligned_alloc(4096, (1u << 20) + 8192);
 	assert_non_null(buf);
 	lead_loads(c, "l64", 65536, buf, 0, 128, 1, true);
@@ -1676,7 +1706,7 @@ static void test_tcp_lead(void **state)
 	assert_int_equal(lead_messages() - l0, 0);
 	ecx_consumer_destroy(c);
 	setenv("ECX_TEST_NO_LEAD", "1", 1);
-	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	c = consumer_am(p.url, tu_ms(5000));
 	unsetenv("ECX_TEST_NO_LEAD");
 	lead_loads(c, "l64", 65536, buf, 16, 17, 1, false);
 	lead_loads(c, "l1m", 1u << 20, buf, 16, 17, 1, false);
@@ -1693,7 +1723,7 @@ static void test_tcp_lead(void **state)
 	assert_true(started);
 	producer_put(&p, "l64", "uint8", "65536", "ok");
 	producer_put(&p, "l1m", "uint8", "1048576", "ok");
-	c = consumer(p.url, "tcp", tu_ms(5000), NULL);
+	c = consumer_am(p.url, tu_ms(5000));
 	lead_loads(c, "l64", 65536, buf, 16, 17, 1, true);
 	lead_loads(c, "l1m", 1u << 20, buf, 0, 128, 16, false);
 	ecx_consumer_destroy(c);
