@@ -133,7 +133,8 @@ static bool job_connect(ecx_producer *p, job *j)
 	/* Nothing starts on a connection that gets a goodbye. */
 	bool closing =
 	    j->c != NULL && __atomic_load_n(&j->c->closing, __ATOMIC_ACQUIRE);
-	if (j->c != NULL && j->c->ep == NULL && !j->c->failed && !closing) {
+	if (j->c != NULL && j->c->ep == NULL &&
+	    !__atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE) && !closing) {
 		char ewhy[200];
 		if (ecx_ucx_side_ep_create(p->ucx, j->c->side, j->c->addr,
 		                           j->c->addr_len, j->c->transport,
@@ -141,10 +142,11 @@ static bool job_connect(ecx_producer *p, job *j)
 		                           ewhy, sizeof(ewhy)) != 0) {
 			ecx_warn(MOD, "connection %llu: %s",
 			         (unsigned long long)j->c->id, ewhy);
-			j->c->failed = true;
+			__atomic_store_n(&j->c->failed, true, __ATOMIC_RELEASE);
 		}
 	}
-	return !(j->c == NULL || j->c->failed || closing);
+	return !(j->c == NULL ||
+	         __atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE) || closing);
 }
 
 /* Checks job j's decoded pull before a byte of it is written: its token,
@@ -477,7 +479,7 @@ void prod_progress(void *arg)
 			job *j = *jp;
 			if (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) &&
 			    now > j->deadline_ns && j->c != NULL &&
-			    !j->c->failed) {
+			    !__atomic_load_n(&j->c->failed, __ATOMIC_ACQUIRE)) {
 				/* A consumer that stalls: give up on it. */
 				ecx_warn(MOD,
 				         "pull %llu on connection %llu timed "
@@ -511,7 +513,8 @@ static void serve_byes(ecx_producer *p)
 	bool pending = false;
 	for (conn *c = p->conns; c != NULL; c = c->next) {
 		if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE) ||
-		    c->failed || c->closed || c->jobs > 0 || c->ep == NULL)
+		    __atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) ||
+		    c->closed || c->jobs > 0 || c->ep == NULL)
 			continue;
 		char *body = malloc(3);
 		if (body == NULL)
@@ -536,10 +539,11 @@ void prod_serve_shutdown(ecx_producer *p)
 	pthread_mutex_lock(&p->lock);
 	for (conn *c = p->conns; c != NULL; c = c->next) {
 		if (c->transport == ECX_TR_SHM && c->jobs == 0 &&
-		    c->ep != NULL && !c->failed)
+		    c->ep != NULL &&
+		    !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
 			__atomic_store_n(&c->closing, true, __ATOMIC_RELEASE);
 		else
-			c->failed = true;
+			__atomic_store_n(&c->failed, true, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&p->lock);
 	uint64_t until = ecx_now_ns() + 500000000u;
