@@ -391,8 +391,8 @@ static conn *lane_conn(ecx_producer *p, const ecx_lane_hello *h,
 }
 
 /* Makes fd connection h->conn's lane if h says so with its key: checked,
- * answered (the socket is ours alone until the lane is published), then
- * published, checked again; else NULL (why says). */
+ * then published (checked again under the lock) and answered; else NULL
+ * (why says). */
 static prod_lane *lane_take(ecx_producer *p, int fd, const ecx_lane_hello *h,
                             const char **why)
 {
@@ -408,14 +408,6 @@ static prod_lane *lane_take(ecx_producer *p, int fd, const ecx_lane_hello *h,
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-	/* The answer: the socket is empty, so 32 bytes go at once. A pull
-	 * that comes before the lane is published below goes as active
-	 * messages, which the consumer takes as well. */
-	if (send(fd, h, sizeof(*h), MSG_NOSIGNAL | MSG_DONTWAIT) !=
-	    (ssize_t)sizeof(*h)) {
-		*why = "its answer could not be sent";
-		return NULL;
-	}
 	prod_lane *l = calloc(1, sizeof(*l));
 	if (l == NULL) {
 		*why = "out of memory";
@@ -433,12 +425,14 @@ static prod_lane *lane_take(ecx_producer *p, int fd, const ecx_lane_hello *h,
 		*why = "no thread for it";
 		return NULL;
 	}
+	/* Published before it is answered, so every pull the consumer sends
+	 * once it has the answer finds it; answered before anything else is
+	 * sent on it (a frame waits for l->mu). */
 	pthread_mutex_lock(&p->lock);
 	conn *c = lane_conn(p, h, why);
 	if (c != NULL) {
 		pthread_mutex_lock(&l->mu);
 		l->cn = c;
-		pthread_mutex_unlock(&l->mu);
 		__atomic_store_n(&c->lane, l, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&p->lock);
@@ -447,6 +441,12 @@ static prod_lane *lane_take(ecx_producer *p, int fd, const ecx_lane_hello *h,
 		prod_lane_free(l);
 		return NULL;
 	}
+	/* The socket is empty: 32 bytes go at once. If they do not, the
+	 * lane fails, and its connection with it. */
+	if (send(fd, h, sizeof(*h), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+	    (ssize_t)sizeof(*h))
+		lane_break(l, "its answer could not be sent");
+	pthread_mutex_unlock(&l->mu);
 	return l;
 }
 
