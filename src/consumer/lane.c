@@ -111,10 +111,26 @@ static int lane_hello(int fd, const ecx_lane_hello *h, int ms)
 	if (send(fd, h, sizeof(*h), MSG_NOSIGNAL | MSG_DONTWAIT) !=
 	    (ssize_t)sizeof(*h))
 		return -1;
+	uint64_t until = ecx_now_ns() + (uint64_t)ms * 1000000u;
 	ecx_lane_hello a;
-	if (ecx_recv_until(fd, &a, sizeof(a),
-	                   ecx_now_ns() + (uint64_t)ms * 1000000u) != 0)
-		return -1;
+	size_t got = 0;
+	while (got < sizeof(a)) {
+		uint64_t now = ecx_now_ns();
+		if (now >= until)
+			return -1;
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		int r = poll(&pf, 1, (int)((until - now) / 1000000u) + 1);
+		if (r < 0 && errno != EINTR)
+			return -1;
+		if (r <= 0)
+			continue;
+		ssize_t n =
+		    recv(fd, (char *)&a + got, sizeof(a) - got, MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+			return -1;
+		if (n > 0)
+			got += (size_t)n;
+	}
 	return memcmp(&a, h, sizeof(a)) == 0 ? 0 : -1;
 }
 
@@ -405,11 +421,22 @@ int cons_load_read_lanes(ecx_load *l)
 {
 	if (!__atomic_load_n(&l->has_lane, __ATOMIC_ACQUIRE))
 		return 0;
-	cons_lane *lanes[16];
-	size_t n = cons_load_lanes(l, lanes, 16);
+	/* A lane per pull at most: on the stack for a load from a few
+	 * producers. Without memory for more, the first 16 now. */
+	cons_lane *buf[16], **lanes = NULL;
+	size_t cap = 16;
+	if (l->npulls > cap)
+		lanes = malloc(l->npulls * sizeof(*lanes));
+	if (lanes != NULL)
+		cap = l->npulls;
+	else
+		lanes = buf;
+	size_t n = cons_load_lanes(l, lanes, cap);
 	int did = lanes_read(lanes, n);
 	for (size_t i = 0; i < n; i++)
 		cons_lane_put(l->c, lanes[i]);
+	if (lanes != buf)
+		free(lanes);
 	return did;
 }
 

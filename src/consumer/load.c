@@ -180,9 +180,9 @@ static void pull_send(ecx_consumer *c, ecx_load *l, pull *p)
 	}
 	r.data_am = p->dstat != NULL;
 	/* Over the connection's data lane where the pull moves enough for it
-	 * to pay: all but a single small item, whose data and folded reply
-	 * go in one active message (docs/deploy.md, "The data lane for every
-	 * pull but the smallest"). */
+	 * to pay: 128 KiB by default; a single 64 KiB item, whose data and
+	 * folded reply go as one eager message, does not (docs/deploy.md,
+	 * "The data lane for every pull but the smallest"). */
 	uint64_t total = 0;
 	for (size_t k = 0; k < ni; k++)
 		total += it[k].nbytes;

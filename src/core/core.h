@@ -146,10 +146,6 @@ bool ecx_pid_exited(long pid, uint64_t start);
 /* ecx_pid_gone says, without blocking, whether the process of a descriptor
  * from ecx_pid_watch has exited. */
 bool ecx_pid_gone(int fd);
-/* ecx_recv_until reads exactly len bytes from socket fd into buf, without
- * blocking past until_ns (ecx_now_ns's clock): 0, or -1 when the peer
- * closes, the socket fails, or the time runs out first. */
-int ecx_recv_until(int fd, void *buf, size_t len, uint64_t until_ns);
 /* ecx_mem_fits returns 0 when len bytes of memory (what names them in a
  * failure: "an arena") fit in this host's available memory (MemAvailable
  * of /proc/meminfo), under the memory limit of its control group (v1 or

@@ -11,7 +11,6 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -366,24 +365,4 @@ bool ecx_pid_gone(int fd)
 {
 	struct pollfd pf = {.fd = fd, .events = POLLIN};
 	return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLIN | POLLHUP)) != 0;
-}
-
-int ecx_recv_until(int fd, void *buf, size_t len, uint64_t until_ns)
-{
-	size_t got = 0;
-	while (got < len) {
-		uint64_t now = ecx_now_ns();
-		if (now >= until_ns)
-			return -1;
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		if (poll(&pf, 1, (int)((until_ns - now) / 1000000u) + 1) <= 0)
-			continue;
-		ssize_t r =
-		    recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
-		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
-			return -1;
-		if (r > 0)
-			got += (size_t)r;
-	}
-	return 0;
 }

@@ -533,7 +533,8 @@ static void *lane_acceptor(void *arg)
 		int fd = accept4(p->lane_ls, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0) {
 			/* Out of descriptors, say: backs off, never spins. */
-			if (errno != EINTR && errno != ECONNABORTED)
+			if (errno != EINTR && errno != ECONNABORTED &&
+			    errno != EAGAIN && errno != EWOULDBLOCK)
 				usleep(10000);
 			continue;
 		}
@@ -585,7 +586,9 @@ int prod_lanes_start(ecx_producer *p, const char *host, char *why,
 		return ecx_why(why, whylen, ECX_EIO,
 		               "data lane: cannot bind %s: %s", host,
 		               gai_strerror(gai));
-	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	/* Not blocking: an accept after poll never holds the hellos up. */
+	int fd = socket(ai->ai_family,
+	                SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	int one = 1;
 	if (fd >= 0)
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));

@@ -166,6 +166,9 @@ static void load_ids(ecx_consumer *c, const char **ids, size_t n, int *st,
 	}
 }
 
+/* Data frames libecx's consumers read from lanes (lane.c). */
+extern uint64_t cons_lane_frames;
+
 /* Integrity: bytes that change in the producer's memory after put are
  * caught by a consumer that checks (ECX_ECORRUPT), and reach one that
  * does not (which is what the check is for); a checking consumer refuses
@@ -201,6 +204,31 @@ static void integrity(const char *transport)
 	load_ids(blind, ids, 1, st, good);
 	assert_int_equal(st[0], 0); /* delivered, and wrong */
 	assert_false(good[0]);
+	/* Small neighbours into one buffer (over TCP, 192 KiB: the lane, as
+	 * one frame where they are neighbours at the producer too), the
+	 * middle one changed: it alone is caught. */
+	const char *nb[] = {"n1", "n2", "n3"};
+	for (int i = 0; i < 3; i++)
+		producer_put(&p, nb[i], "uint8", "65536", "ok");
+	assert_true(tu_ask(&p.ch, ans, sizeof(ans), "corrupt n2"));
+	assert_string_equal(ans, "ok");
+	ecx_item ni[3] = {{.id = "n1"}, {.id = "n2"}, {.id = "n3"}};
+	assert_int_equal(ecx_consumer_lookup(c, ni, 3), 0);
+	char *nbuf = calloc(3, 65536);
+	assert_non_null(nbuf);
+	for (int i = 0; i < 3; i++)
+		ni[i].dst = nbuf + (size_t)i * 65536;
+	uint64_t fr0 = __atomic_load_n(&cons_lane_frames, __ATOMIC_RELAXED);
+	ecx_consumer_load(c, ni, 3);
+	assert_int_equal(ni[0].status, 0);
+	assert_int_equal(ni[1].status, ECX_ECORRUPT);
+	assert_int_equal(ni[2].status, 0);
+	assert_true(tu_check("n1", ni[0].dst, 65536));
+	assert_true(tu_check("n3", ni[2].dst, 65536));
+	if (strcmp(transport, "tcp") == 0)
+		assert_true(
+		    __atomic_load_n(&cons_lane_frames, __ATOMIC_RELAXED) > fr0);
+	free(nbuf);
 	ecx_consumer *c2 = consumer_checking(plain.url, transport);
 	const char *plain_ids[] = {"ic"};
 	load_ids(c2, plain_ids, 1, st, good);
@@ -1040,7 +1068,7 @@ static void test_runs(void **state)
 }
 
 /* Over TCP the data comes as active messages received into the
- * destinations (a single small item; the rest over the data lane,
+ * destinations (pulls under 128 KiB; the rest over the data lane,
  * test_tcp_lane); a consumer told ECX_TCP_DATA=put asks for puts,
  * and one that asks for active messages from a producer that puts anyway
  * (an older one) takes the puts: every size, and neighbours in one
@@ -1068,7 +1096,7 @@ static uint64_t lanes_opened(void)
 static void test_tcp_data_ways(void **state)
 {
 	(void)state;
-	/* The default: the batches with the 7 MiB item over the lane. */
+	/* The default: every batch of 128 KiB or more over the lane. */
 	uint64_t f0 = lane_frames();
 	roundtrip("tcp");
 	uint64_t f1 = lane_frames();
@@ -1328,8 +1356,12 @@ static void test_tcp_lane_frames(void **state)
 	for (size_t k = 0; k < 2; k++) {
 		setenv("ECX_TEST_LANE_FRAME", how[k], 1);
 		producer p;
-		producer_start(&p, "tcp", NULL);
-		unsetenv("ECX_TEST_LANE_FRAME");
+		char why[512] = "";
+		bool up = producer_startv(&p, "tcp", (char *[]){NULL}, why,
+		                          sizeof(why));
+		unsetenv("ECX_TEST_LANE_FRAME"); /* before any failure */
+		if (!up)
+			fail_msg("producer did not start: %s", why);
 		producer_put(&p, "big", "bfloat16", "1024x3584", "ok");
 		ecx_consumer *c = consumer(p.url, "tcp", tu_ms(5000), NULL);
 		ecx_item it = {.id = "big"};
@@ -1393,22 +1425,37 @@ static void test_tcp_lane_frames(void **state)
 	ecx_consumer_destroy(c);
 	producer_stop(&p);
 	/* A fixed port: the producer listens there (a second bind of it
-	 * fails), and a consumer's lane opens on it. */
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET,
-	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	 * fails), and a consumer's lane opens on it. A free port is found
+	 * first; another process may take it meanwhile (tried again, three
+	 * times at most). */
+	struct sockaddr_in a;
 	socklen_t al = sizeof(a);
-	assert_true(s >= 0);
-	assert_int_equal(bind(s, (struct sockaddr *)&a, al), 0);
-	assert_int_equal(getsockname(s, (struct sockaddr *)&a, &al), 0);
-	close(s); /* free again, for the producer */
-	char port[16];
-	snprintf(port, sizeof(port), "%u", ntohs(a.sin_port));
-	setenv("ECX_TCP_LANE_PORT", port, 1);
-	bool up = producer_try(&p, "tcp", (char *[]){NULL});
-	unsetenv("ECX_TCP_LANE_PORT");
-	if (up) { /* else another process took the port meanwhile */
-		s = socket(AF_INET, SOCK_STREAM, 0);
+	bool up = false;
+	char why[512] = "";
+	for (int tries = 0; tries < 3 && !up; tries++) {
+		int s = socket(AF_INET, SOCK_STREAM, 0);
+		a = (struct sockaddr_in){.sin_family = AF_INET,
+		                         .sin_addr.s_addr =
+		                             htonl(INADDR_LOOPBACK)};
+		al = sizeof(a);
+		assert_true(s >= 0);
+		assert_int_equal(bind(s, (struct sockaddr *)&a, al), 0);
+		assert_int_equal(getsockname(s, (struct sockaddr *)&a, &al), 0);
+		close(s); /* free again, for the producer */
+		char port[16];
+		snprintf(port, sizeof(port), "%u", ntohs(a.sin_port));
+		setenv("ECX_TCP_LANE_PORT", port, 1);
+		up = producer_startv(&p, "tcp", (char *[]){NULL}, why,
+		                     sizeof(why));
+		unsetenv("ECX_TCP_LANE_PORT");
+		if (!up && strstr(why, "in use") == NULL)
+			fail_msg("no producer with ECX_TCP_LANE_PORT=%s: %s",
+			         port, why);
+	}
+	if (!up)
+		fail_msg("no free port for ECX_TCP_LANE_PORT: %s", why);
+	{
+		int s = socket(AF_INET, SOCK_STREAM, 0);
 		assert_true(s >= 0);
 		assert_int_not_equal(bind(s, (struct sockaddr *)&a, al), 0);
 		assert_int_equal(errno, EADDRINUSE);
@@ -1416,10 +1463,10 @@ static void test_tcp_lane_frames(void **state)
 		producer_put(&p, "big", "bfloat16", "1024x3584", "ok");
 		/* Sockets that connect there and say nothing hold up no
 		 * lane: hellos are read side by side (one at a time, 100 ms
-		 * each, these three would keep the consumer's past its 200
-		 * ms). */
-		int quiet[3];
-		for (int q = 0; q < 3; q++) {
+		 * each, these eight would keep the consumer's past its 200
+		 * ms however slowly it comes). */
+		int quiet[8];
+		for (int q = 0; q < 8; q++) {
 			quiet[q] = socket(AF_INET, SOCK_STREAM, 0);
 			assert_true(quiet[q] >= 0);
 			assert_int_equal(
@@ -1445,8 +1492,8 @@ static void test_tcp_lane_frames(void **state)
 		producer_metrics(&p, m, sizeof(m));
 		assert_int_equal(
 		    metric(m, "ecx_producer_lanes_total{result=\"refused\"}"),
-		    3);
-		for (int q = 0; q < 3; q++)
+		    8);
+		for (int q = 0; q < 8; q++)
 			close(quiet[q]);
 		producer_stop(&p);
 	}
@@ -1457,7 +1504,7 @@ static void test_tcp_lane_frames(void **state)
 	                               {"ECX_TCP_LANE_PORT", "http"}};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		setenv(bad[i][0], bad[i][1], 1);
-		char why[512] = "";
+		why[0] = '\0';
 		bool started = producer_startv(&p, "tcp", (char *[]){NULL}, why,
 		                               sizeof(why));
 		unsetenv(bad[i][0]);
@@ -1559,7 +1606,7 @@ static void fold_load(ecx_consumer *c, const char **ids, size_t n,
  * reply carries); a pull of two messages, or of no data at all, is
  * answered apart. The producer's stats count the pull before the consumer
  * has its answer, as they do with a reply apart. (Active messages: a
- * consumer without lanes, as one of a single small item goes anyway.) */
+ * consumer without lanes, as a pull under 128 KiB goes anyway.) */
 static void test_tcp_fold(void **state)
 {
 	(void)state;
