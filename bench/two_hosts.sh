@@ -18,8 +18,9 @@
 # own stream (the faster of ucp_put_bw and ucp_am_bw); and ecx's 7 MiB
 # rows against ucp_put_bw of the same run. It also sets ecx's warm
 # batches of 64 KiB and 1 MiB against ucp_am_bw at their item's size, per
-# run, and the price of integrity (ecx bench's hash rows: loads checking
-# each item's XXH3 against the same loads unchecked, same run). Each
+# run, the tail of single loads (p99 over p50, per run), and the price of
+# integrity (ecx bench's hash rows: loads checking each item's XXH3
+# against the same loads unchecked, same run). Each
 # run's load average is printed as it starts (the machine may be shared).
 # Needs root, ip, unshare, sysctl, timeout, ucx_perftest and
 # /usr/bin/python3.
@@ -371,6 +372,17 @@ for key in sorted(k for k in rows if k[0] == "perftestlat"):
               key[2].replace("_rndv", ""), key[1],
               "rendezvous" if key[2].endswith("_rndv") else "eager", min(v),
               statistics.median(v), max(v)))
+# The tail of single loads: ecx's p99 over its p50 per run (--check's
+# target on one host: 3x at most), beside raw TCP's.
+for key in sorted(k for k in rows if not k[0].startswith("perftest") and
+                  k[0] != "hash" and k[1] == 1 and k[2] == "warm"):
+    v = rows[key]
+    print("%s %s x1 warm tail, p99/p50 per run: ecx %s; raw TCP %s" % (
+        key[3], key[0],
+        " ".join("%.1f" % (o["p99_us"] / o["p50_us"]) if o["p50_us"] > 0
+                 else "-" for o in v),
+        " ".join("%.1f" % (o["baseline_p99_us"] / o["baseline_p50_us"])
+                 if o["baseline_p50_us"] > 0 else "-" for o in v)))
 # The price of integrity: warm loads by a consumer checking each item's
 # XXH3 against the same loads by one that does not, alternating (ecx
 # bench's hash rows).
